@@ -1,0 +1,63 @@
+"""The `autotune` command. Each sub-command lives in its own module with a `register(subparsers)`.
+
+User errors (AutotuneError subclasses of UserError, argparse mistakes) print one line on stderr
+and exit 2, never a traceback (house rule 7). Heavy imports happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune import __version__
+from autotune.errors import UserError
+
+COMMAND_MODULES = ("_space_cmds", "_estimate_cmd", "_study_cmds", "_export_cmd", "_db_cmds", "_trace_cmds",
+                   "_dashboard_cmd")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = OneLineParser(prog="autotune", description="Tune Megatron-Bridge parallel layouts.")
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"autotune.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"autotune.cli.{name}":
+                continue  # a command module not written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        sys.stderr.write(f"autotune {args.command}: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("autotune: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

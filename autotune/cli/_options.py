@@ -1,0 +1,79 @@
+"""Options shared by several commands: the workload (model and cluster), knob flags and --fix."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from autotune.config import KNOBS, LayoutConfig, Workload, coerce_knob
+from autotune.errors import ConfigError
+
+
+def add_workload_options(parser: argparse.ArgumentParser, model_required: bool = True) -> None:
+    group = parser.add_argument_group("model and cluster (defaults come from the model's recipe)")
+    group.add_argument("--model", required=model_required, help="catalog name (see `autotune models`)")
+    group.add_argument("--space", help="a search-space YAML file to use instead of the model's own")
+    group.add_argument("--gpus", type=int, help="GPUs one trial uses (the world size)")
+    group.add_argument("--gpus-per-node", type=int)
+    group.add_argument("--gpu", help="GPU type: a100, h100, h200, b200, b300, gb200, gb300")
+    group.add_argument("--global-batch-size", type=int)
+    group.add_argument("--seq-length", type=int)
+    group.add_argument("--precision", help="bf16, fp8, mxfp8 or nvfp4")
+
+
+def add_fix_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fix", action="append", default=[], metavar="KNOB=V",
+                        help="pin a knob to one value (repeatable), e.g. --fix tp=2 --fix recompute=none")
+
+
+def add_knob_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("one layout (missing knobs take the neutral value)")
+    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+        group.add_argument(f"--{name}", type=int)
+    group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--dist-opt", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--recompute", choices=("none", "selective", "full"))
+    group.add_argument("--recompute-method", choices=("uniform", "block"))
+    group.add_argument("--recompute-num-layers", type=int)
+
+
+def knob_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The knob flags the user gave (those left unset are absent)."""
+    return {name: getattr(args, name) for name in KNOBS if getattr(args, name, None) is not None}
+
+
+def layout_from_flags(args: argparse.Namespace) -> LayoutConfig:
+    return LayoutConfig.from_mapping(knob_flags(args))
+
+
+def parse_fixes(items: list[str]) -> dict[str, Any]:
+    fixes: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--fix takes KNOB=VALUE, got {item!r}")
+        name = name.strip().replace("-", "_")
+        fixes[name] = coerce_knob(name, value.strip())
+    return fixes
+
+
+def load_space_and_workload(args: argparse.Namespace):
+    """The (SearchSpace, Workload) that the workload options describe, --fix applied."""
+    from autotune.space import load_space, make_workload
+
+    space = load_space(args.space or args.model)
+    if args.space and args.model and space.model.name != args.model:
+        raise ConfigError(f"--space {args.space} describes {space.model.name}, not --model {args.model}")
+    fixes = parse_fixes(getattr(args, "fix", []) or [])
+    if fixes:
+        space = space.fixed(fixes)
+    workload = make_workload(space, gpus=args.gpus, gpus_per_node=args.gpus_per_node, gpu=args.gpu,
+                             global_batch_size=args.global_batch_size, seq_length=args.seq_length,
+                             precision=args.precision)
+    return space, workload
+
+
+def workload_summary(workload: Workload) -> str:
+    c = workload.cluster
+    return (f"{workload.model.display_name} on {c.gpus}x {c.gpu.display_name} ({c.nodes} node(s) of "
+            f"{c.gpus_per_node}), GBS {workload.global_batch_size}, seq {workload.seq_length}, {workload.precision}")

@@ -1,0 +1,134 @@
+"""`autotune models`, `autotune space` and `autotune check`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autotune.cli._options import (add_fix_option, add_knob_flags, add_workload_options, knob_flags,
+                                   load_space_and_workload, workload_summary)
+from autotune.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="list the model catalog (and GPU types)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_models)
+
+    p = sub.add_parser("space", help="size of the legal set and rejections by rule")
+    add_workload_options(p)
+    add_fix_option(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--list", action="store_true", help="print every legal layout as one JSON object per line")
+    p.set_defaults(handler=cmd_space)
+
+    p = sub.add_parser("check", help="check layouts (JSON lines on stdin, or knob flags) against Megatron's rules")
+    add_workload_options(p)
+    add_knob_flags(p)
+    p.add_argument("--json", action="store_true", help="(output is always JSON lines; accepted for symmetry)")
+    p.set_defaults(handler=cmd_check)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from autotune.catalog import GPU_TYPES, list_models
+
+    models = list_models()
+    if args.json:
+        print(json.dumps({"models": [m.to_dict() for m in models],
+                          "gpus": [g.to_dict() for g in GPU_TYPES.values()]}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Models")
+    for col in ("name", "model", "layers", "hidden", "experts", "recipe", "recipe default"):
+        table.add_column(col)
+    for m in models:
+        a, d = m.architecture, m.defaults
+        experts = f"{a.num_moe_experts} top-{a.moe_router_topk}" if a.is_moe else "-"
+        default = f"{d.gpus}x{d.gpu} GBS{d.global_batch_size} s{d.seq_length}"
+        table.add_row(m.name, m.display_name, str(a.num_layers), str(a.hidden_size), experts, m.recipe_function, default)
+    gpus = Table(title="GPU types")
+    for col in ("name", "GPU", "memory GiB", "BF16 TFLOP/s", "precisions", "NVLink GB/s", "network GB/s"):
+        gpus.add_column(col)
+    for g in GPU_TYPES.values():
+        gpus.add_row(g.name, g.display_name, f"{g.memory_gib:g}", f"{g.bf16_peak_tflops:g}", ", ".join(g.peak_tflops),
+                     f"{g.nvlink_gbps:g}", f"{g.network_gbps:g}")
+    console = Console()
+    console.print(table)
+    console.print(gpus)
+    return 0
+
+
+def cmd_space(args: argparse.Namespace) -> int:
+    from autotune.space import enumerate_legal
+
+    space, workload = load_space_and_workload(args)
+    legal = enumerate_legal(space, workload)
+    if args.list:
+        out = sys.stdout
+        for config in legal.configs:
+            out.write(json.dumps(config.to_dict(), separators=(",", ":")) + "\n")
+        return 0
+    summary = {
+        "model": workload.model.name,
+        "workload": workload.to_dict(),
+        "candidates": legal.candidates,
+        "legal": len(legal.configs),
+        "megatron_legal": legal.megatron_legal,
+        "rejected_by_rule": dict(legal.rejected_by_rule.most_common()),
+        "filtered_by_policy": dict(legal.filtered_by_policy.most_common()),
+        "domains": {k: list(v) for k, v in space.domains.items()},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(workload_summary(workload))
+    console.print(f"{legal.candidates:,} candidates, [bold]{len(legal.configs):,} legal[/bold] "
+                  f"({legal.megatron_legal:,} pass Megatron's rules before policy filters)")
+    table = Table(title="Rejections (first failing check)")
+    table.add_column("check")
+    table.add_column("kind")
+    table.add_column("candidates", justify="right")
+    for name, count in legal.rejected_by_rule.most_common():
+        table.add_row(name, "rule", f"{count:,}")
+    for name, count in legal.filtered_by_policy.most_common():
+        table.add_row(name, "policy", f"{count:,}")
+    console.print(table)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from autotune.config import LayoutConfig
+    from autotune.space import policy_violations, violations
+
+    space, workload = load_space_and_workload(args)
+    flags = knob_flags(args)
+    if flags:
+        configs = [LayoutConfig.from_mapping(flags)]
+    else:
+        configs = [_parse_line(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
+    for config in configs:
+        bad = violations(config, workload)
+        policy = policy_violations(config, workload, space.policy)
+        print(json.dumps({"config": config.to_dict(), "legal": not bad,
+                          "violations": [v.to_dict() for v in bad], "policy": [v.to_dict() for v in policy]}))
+    return 0
+
+
+def _parse_line(number: int, line: str):
+    from autotune.config import LayoutConfig
+
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"stdin line {number} is not JSON ({exc.msg})") from None
+    try:
+        return LayoutConfig.from_mapping(value)
+    except ConfigError as exc:
+        raise ConfigError(f"stdin line {number}: {exc}") from None

@@ -1,0 +1,183 @@
+"""Reading `search_spaces/<model>.yaml`: a strict schema, errors that name the file and the key.
+
+A file holds values only (house rule 5): the model's architecture, its recipe, the recipe's defaults,
+the domain of every knob and the policy filters. Loaded with `yaml.safe_load`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
+from autotune.config import KNOBS, PRECISIONS, LayoutConfig, coerce_knob
+from autotune.errors import ConfigError
+
+POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
+SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A model plus the domain of every knob and the policy filters that apply to it."""
+
+    model: ModelSpec
+    domains: dict[str, tuple[Any, ...]]
+    policy: dict[str, bool]
+    source: str
+
+    def fixed(self, fixes: dict[str, Any]) -> "SearchSpace":
+        """The same space with some knobs pinned to one value (the value need not be in the domain)."""
+        domains = dict(self.domains)
+        for name, value in fixes.items():
+            domains[name] = (coerce_knob(name, value),)
+        return dataclasses.replace(self, domains=domains)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.name, "domains": {k: list(v) for k, v in self.domains.items()},
+                "policy": dict(self.policy), "source": self.source}
+
+
+def space_dir() -> Path:
+    """Where the YAML files are: $AUTOTUNE_SEARCH_SPACES, else the copy installed with the package."""
+    override = os.environ.get(SPACE_DIR_ENV)
+    if override:
+        return Path(override)
+    return Path(str(resources.files("autotune.search_spaces")))
+
+
+def available_space_names() -> list[str]:
+    return sorted(p.stem for p in space_dir().glob("*.yaml"))
+
+
+def load_space(name_or_path: str) -> SearchSpace:
+    """Load a model's space by catalog name (`qwen3_30b`) or by the path of a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not path.is_file():
+            raise ConfigError(f"search space file {name_or_path} does not exist")
+        return _load_path(str(path.resolve()))
+    candidate = space_dir() / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        known = ", ".join(available_space_names())
+        raise ConfigError(f"unknown model {name_or_path!r} (known: {known})")
+    return _load_path(str(candidate))
+
+
+@functools.lru_cache(maxsize=64)
+def _load_path(path: str) -> SearchSpace:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return _Reader(path).space(document)
+
+
+class _Reader:
+    """Turns the parsed document into typed objects, naming file and key in every error."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.path}: key '{key}': {message}")
+
+    def mapping(self, value: Any, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(key, "must be a mapping")
+        for name in value:
+            if name not in allowed:
+                raise self.fail(f"{key}.{name}" if key else str(name), f"unknown key (allowed: {', '.join(allowed)})")
+        for name in required:
+            if name not in value:
+                raise self.fail(f"{key}.{name}" if key else name, "is missing")
+        return value
+
+    def typed(self, value: Any, key: str, kind: type) -> Any:
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise self.fail(key, f"must be {kind.__name__}, got {value!r}")
+        return value
+
+    def space(self, doc: Any) -> SearchSpace:
+        top = ("name", "display_name", "recipe", "hf", "architecture", "pipeline", "defaults", "knobs", "policy")
+        doc = self.mapping(doc, "", top, required=top[:-1])
+        model = self.model(doc)
+        return SearchSpace(model=model, domains=self.knobs(doc["knobs"]), policy=self.policy(doc.get("policy") or {}),
+                           source=self.path)
+
+    def model(self, doc: dict) -> ModelSpec:
+        recipe = self.mapping(doc["recipe"], "recipe", ("function", "target"), ("function", "target"))
+        hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture"), ("model_type", "architecture"))
+        pipeline = self.mapping(doc["pipeline"], "pipeline", ("account_for_embedding", "account_for_loss", "layouts"))
+        layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair)
+                        for pair in pipeline.get("layouts") or [])
+        if any(len(pair) != 2 for pair in layouts):
+            raise self.fail("pipeline.layouts", "each entry must be a [pp, vpp] pair")
+        return ModelSpec(
+            name=self.typed(doc["name"], "name", str),
+            display_name=self.typed(doc["display_name"], "display_name", str),
+            recipe_function=self.typed(recipe["function"], "recipe.function", str),
+            recipe_target=self.typed(recipe["target"], "recipe.target", str),
+            hf_model_type=self.typed(hf["model_type"], "hf.model_type", str),
+            hf_architecture=self.typed(hf["architecture"], "hf.architecture", str),
+            architecture=self.architecture(doc["architecture"]),
+            defaults=self.defaults(doc["defaults"]),
+            account_for_embedding_in_pipeline_split=bool(pipeline.get("account_for_embedding", False)),
+            account_for_loss_in_pipeline_split=bool(pipeline.get("account_for_loss", False)),
+            pipeline_layouts=layouts,
+        )
+
+    def architecture(self, value: Any) -> Architecture:
+        fields = {f.name: f for f in dataclasses.fields(Architecture)}
+        required = tuple(n for n, f in fields.items() if f.default is dataclasses.MISSING)
+        arch = self.mapping(value, "architecture", tuple(fields), required)
+        typed = {}
+        for name, raw in arch.items():
+            kind = bool if fields[name].type in ("bool", bool) else int
+            typed[name] = self.typed(raw, f"architecture.{name}", kind)
+            if kind is int and typed[name] < 0:
+                raise self.fail(f"architecture.{name}", "must be >= 0")
+        return Architecture(**typed)
+
+    def defaults(self, value: Any) -> RecipeDefaults:
+        keys = ("gpus", "gpus_per_node", "gpu", "global_batch_size", "seq_length", "precision", "layout")
+        d = self.mapping(value, "defaults", keys, keys)
+        for key in ("gpus", "gpus_per_node", "global_batch_size", "seq_length"):
+            self.typed(d[key], f"defaults.{key}", int)
+        if d["precision"] not in PRECISIONS:
+            raise self.fail("defaults.precision", f"must be one of {', '.join(PRECISIONS)}")
+        try:
+            layout = LayoutConfig.from_mapping(self.mapping(d["layout"], "defaults.layout", KNOBS))
+        except ConfigError as exc:
+            raise self.fail("defaults.layout", str(exc)) from None
+        return RecipeDefaults(d["gpus"], d["gpus_per_node"], str(d["gpu"]), d["global_batch_size"],
+                              d["seq_length"], d["precision"], layout.to_dict())
+
+    def knobs(self, value: Any) -> dict[str, tuple[Any, ...]]:
+        knobs = self.mapping(value, "knobs", KNOBS, KNOBS)
+        domains: dict[str, tuple[Any, ...]] = {}
+        for name in KNOBS:
+            values = knobs[name]
+            if not isinstance(values, list) or not values:
+                raise self.fail(f"knobs.{name}", "must be a non-empty list of values")
+            try:
+                coerced = [coerce_knob(name, v) for v in values]
+            except ConfigError as exc:
+                raise self.fail(f"knobs.{name}", str(exc)) from None
+            domains[name] = tuple(dict.fromkeys(coerced))
+        return domains
+
+    def policy(self, value: Any) -> dict[str, bool]:
+        policy = self.mapping(value, "policy", POLICY_NAMES)
+        return {name: bool(self.typed(policy.get(name, True), f"policy.{name}", bool)) for name in POLICY_NAMES}

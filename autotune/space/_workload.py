@@ -1,0 +1,38 @@
+"""Turning command-line cluster options into a checked `Workload` (recipe defaults fill the gaps)."""
+
+from __future__ import annotations
+
+from autotune.catalog import get_gpu
+from autotune.config import PRECISIONS, Cluster, Workload
+from autotune.errors import ConfigError
+from autotune.space._files import SearchSpace
+
+
+def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
+                  gpu: str | None = None, global_batch_size: int | None = None,
+                  seq_length: int | None = None, precision: str | None = None) -> Workload:
+    """The workload of `space`'s model with the given overrides of its recipe defaults."""
+    defaults = space.model.defaults
+    gpu_type = get_gpu(gpu or defaults.gpu)
+    gpus = defaults.gpus if gpus is None else gpus
+    if gpus_per_node is None:
+        gpus_per_node = defaults.gpus_per_node if gpu is None else gpu_type.default_gpus_per_node
+    for name, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise ConfigError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}")
+    if gpus < gpus_per_node and gpus_per_node % gpus:
+        raise ConfigError(f"--gpus {gpus} is neither a multiple nor a divisor of --gpus-per-node {gpus_per_node}")
+    gbs = defaults.global_batch_size if global_batch_size is None else global_batch_size
+    seq = defaults.seq_length if seq_length is None else seq_length
+    for name, value in (("--global-batch-size", gbs), ("--seq-length", seq)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    precision = (precision or defaults.precision).lower()
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    if precision not in gpu_type.peak_tflops:
+        raise ConfigError(f"{gpu_type.display_name} has no {precision} tensor cores "
+                          f"(it has: {', '.join(gpu_type.peak_tflops)})")
+    return Workload(space.model, Cluster(gpus, min(gpus_per_node, gpus), gpu_type), gbs, seq, precision)

@@ -1,0 +1,60 @@
+"""Search-space YAML files: every shipped file loads; malformed ones name the file and the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.space import available_space_names, load_space, space_dir
+
+REQUIRED = {"qwen3_30b", "qwen3_235b", "qwen3_8b", "llama3_8b", "llama3_70b", "deepseek_v3", "gpt_oss_120b"}
+
+
+def test_catalog_has_the_required_models():
+    assert REQUIRED <= set(available_space_names())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_shipped_space_loads(name):
+    space = load_space(name)
+    assert space.model.name == name
+    assert space.model.recipe_function.endswith("_pretrain_config")
+    assert all(space.domains[k] for k in space.domains)
+
+
+def test_qwen3_30b_architecture_numbers():
+    a = load_space("qwen3_30b").model.architecture
+    assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.num_query_groups, a.kv_channels) == (48, 2048, 32, 4, 128)
+    assert (a.num_moe_experts, a.moe_router_topk, a.moe_ffn_hidden_size, a.vocab_size) == (128, 8, 768, 151936)
+
+
+def _write_variant(tmp_path, old: str, new: str):
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    assert old in text
+    path = tmp_path / "broken.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize("old,new,key", [
+    ("  tp: [1, 2, 4, 8]", "  tpp: [1, 2, 4, 8]", "knobs.tpp"),
+    ("  tp: [1, 2, 4, 8]", "  tp: [1, two]", "knobs.tp"),
+    ("  tp: [1, 2, 4, 8]", "  tp: []", "knobs.tp"),
+    ("  num_layers: 48", "  num_layer: 48", "architecture.num_layer"),
+    ("  num_layers: 48", "  num_layers: many", "architecture.num_layers"),
+    ("  precision: bf16", "  precision: fp64", "defaults.precision"),
+    ("recipe:", "recipee:", "recipee"),
+])
+def test_malformed_file_names_file_and_key(tmp_path, old, new, key):
+    path = _write_variant(tmp_path, old, new)
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert str(path) in str(info.value)
+    assert f"'{key}'" in str(info.value)
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path):
+    path = _write_variant(tmp_path, "  tp: [1, 2, 4, 8]", "  tp: [1, 2")
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert str(path) in str(info.value) and "line" in str(info.value)

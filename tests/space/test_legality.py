@@ -1,0 +1,149 @@
+"""Each Megatron rule, in both directions, for MoE and dense models (table-driven)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.config import LayoutConfig
+from autotune.space import RULE_NAMES, load_space, make_workload, policy_violations, violations
+
+
+def workload(model: str, arch: dict | None = None, **options):
+    space = load_space(model)
+    if arch:  # a catalog model with some architecture numbers changed
+        model_spec = dataclasses.replace(space.model, architecture=dataclasses.replace(space.model.architecture, **arch))
+        space = dataclasses.replace(space, model=model_spec)
+    return make_workload(space, **options)
+
+
+FULL = {"recompute": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+
+# (model, workload options, config, rule, broken?)
+CASES = [
+    # 1. world % (TP*PP*CP)
+    ("llama3_70b", {"gpus": 32}, {"tp": 4, "pp": 4, "cp": 2, "sp": True}, "world_divisible_by_tp_pp_cp", False),
+    ("llama3_70b", {"gpus": 32}, {"tp": 4, "pp": 5, "sp": True}, "world_divisible_by_tp_pp_cp", True),
+    # EP is not part of DP: TP*PP*CP = 1 divides 16 even though EP = 16.
+    ("qwen3_30b", {"gpus": 16}, {"ep": 16}, "world_divisible_by_tp_pp_cp", False),
+    # 2. MoE: world % (ETP*EP*PP)
+    ("qwen3_30b", {"gpus": 16}, {"pp": 2, "ep": 8}, "world_divisible_by_etp_ep_pp", False),
+    ("qwen3_30b", {"gpus": 16}, {"pp": 2, "ep": 16}, "world_divisible_by_etp_ep_pp", True),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 2, "sp": True, "ep": 8, "etp": 4}, "world_divisible_by_etp_ep_pp", True),
+    # 3. VPP needs PP
+    ("llama3_70b", {"gpus": 32}, {"pp": 2, "vpp": 2}, "vpp_needs_pp", False),
+    ("llama3_70b", {"gpus": 32}, {"pp": 1, "vpp": 2}, "vpp_needs_pp", True),
+    # 4. heads % TP
+    ("qwen3_30b", {"gpus": 16}, {"tp": 8, "sp": True}, "heads_divisible_by_tp", False),
+    ("gpt_oss_120b", {"gpus": 64}, {"tp": 8, "sp": True}, "heads_divisible_by_tp", False),
+    ("llama3_70b", {"gpus": 48, "gpus_per_node": 8}, {"tp": 3}, "heads_divisible_by_tp", True),
+    # 5. kv groups vs TP, including kv-groups smaller than TP (4 groups, TP 8: 8 % 4 == 0 is allowed)
+    ("qwen3_30b", {"gpus": 16}, {"tp": 8, "sp": True}, "query_groups_compatible_with_tp", False),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 2, "sp": True}, "query_groups_compatible_with_tp", False),
+    ("llama3_70b", {"gpus": 48}, {"tp": 6}, "query_groups_compatible_with_tp", True),
+    # 6. SP needs TP > 1
+    ("llama3_8b", {"gpus": 8}, {"tp": 2, "sp": True}, "sp_needs_tp", False),
+    ("llama3_8b", {"gpus": 8}, {"tp": 1, "sp": True}, "sp_needs_tp", True),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 1, "sp": True, "ep": 8}, "sp_needs_tp", True),
+    # 7. EP > 1 with TP > 1 needs SP
+    ("qwen3_30b", {"gpus": 16}, {"tp": 2, "ep": 8, "sp": True}, "ep_with_tp_needs_sp", False),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 2, "ep": 8, "sp": False}, "ep_with_tp_needs_sp", True),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 1, "ep": 8, "sp": False}, "ep_with_tp_needs_sp", False),
+    # 8. EP needs an MoE model; experts % EP
+    ("qwen3_30b", {"gpus": 16}, {"ep": 16}, "ep_needs_moe", False),
+    ("llama3_8b", {"gpus": 8}, {"ep": 2}, "ep_needs_moe", True),
+    ("llama3_8b", {"gpus": 8}, {"etp": 2}, "etp_needs_moe", True),
+    ("qwen3_30b", {"gpus": 16}, {"ep": 8}, "experts_divisible_by_ep", False),
+    ("deepseek_v3", {"gpus": 1024}, {"ep": 3, "pp": 4}, "experts_divisible_by_ep", True),
+    # 9. even layer split over PP, with embedding/loss accounted (qwen3_235b: 94 + 2 = 96 layers)
+    ("qwen3_235b", {"gpus": 256}, {"pp": 16}, "layers_divisible_by_pp", False),
+    ("qwen3_235b", {"gpus": 256}, {"pp": 8}, "layers_divisible_by_pp", False),
+    ("qwen3_235b", {"gpus": 240}, {"pp": 5}, "layers_divisible_by_pp", True),
+    ("qwen3_30b", {"gpus": 40}, {"pp": 5}, "layers_divisible_by_pp", True),
+    ("llama3_70b", {"gpus": 40}, {"pp": 5}, "layers_divisible_by_pp", False),
+    # DeepSeek-V3 uses the recipe's layout table instead of an even split
+    ("deepseek_v3", {"gpus": 1024}, {"pp": 16, "ep": 64}, "pipeline_layout_known", False),
+    ("deepseek_v3", {"gpus": 1024}, {"pp": 2, "ep": 64}, "pipeline_layout_known", True),
+    ("deepseek_v3", {"gpus": 1024}, {"pp": 16, "ep": 64}, "layers_divisible_by_pp", False),
+    # 10. (layers / PP) % VPP
+    ("llama3_70b", {"gpus": 32}, {"pp": 4, "vpp": 5, "tp": 4, "sp": True}, "stage_layers_divisible_by_vpp", False),
+    ("llama3_70b", {"gpus": 32}, {"pp": 4, "vpp": 3, "tp": 4, "sp": True}, "stage_layers_divisible_by_vpp", True),
+    ("qwen3_235b", {"gpus": 256}, {"pp": 16, "vpp": 2}, "stage_layers_divisible_by_vpp", False),
+    ("qwen3_235b", {"gpus": 256}, {"pp": 16, "vpp": 4}, "stage_layers_divisible_by_vpp", True),
+    # 11. CP: seq % (2*CP)
+    ("llama3_8b", {"gpus": 8}, {"cp": 4}, "cp_divides_sequence", False),
+    ("llama3_8b", {"gpus": 8, "seq_length": 4100}, {"cp": 4}, "cp_divides_sequence", True),
+    ("llama3_8b", {"gpus": 8, "seq_length": 4100}, {"cp": 1}, "cp_divides_sequence", False),
+    # 12. GBS % (MBS * DP)
+    ("qwen3_30b", {"gpus": 16}, {"mbs": 4}, "global_batch_divisible", False),
+    ("qwen3_30b", {"gpus": 16, "global_batch_size": 24}, {"mbs": 4}, "global_batch_divisible", True),
+    # EP is not part of DP: DP stays 16 at EP=16 (96 % 16 == 0), it is not 1
+    ("qwen3_30b", {"gpus": 16, "global_batch_size": 96}, {"ep": 16, "mbs": 2}, "global_batch_divisible", False),
+    # 13. interleaved schedule: microbatches % PP
+    ("llama3_70b", {"gpus": 32, "global_batch_size": 512}, {"tp": 4, "pp": 4, "vpp": 5, "sp": True},
+     "vpp_microbatches_divisible_by_pp", False),
+    ("llama3_70b", {"gpus": 32, "global_batch_size": 24}, {"tp": 4, "pp": 4, "vpp": 5, "sp": True},
+     "vpp_microbatches_divisible_by_pp", False),  # DP 2, 12 microbatches, a multiple of PP=4
+    ("llama3_70b", {"gpus": 32, "global_batch_size": 20}, {"tp": 4, "pp": 4, "vpp": 5, "sp": True},
+     "vpp_microbatches_divisible_by_pp", True),  # DP 2, 10 microbatches, not a multiple of 4
+    ("llama3_70b", {"gpus": 32, "global_batch_size": 20}, {"tp": 4, "pp": 4, "vpp": 1, "sp": True},
+     "vpp_microbatches_divisible_by_pp", False),  # without interleaving the rule does not apply
+    # 14. recompute
+    ("qwen3_30b", {"gpus": 16}, {"ep": 16, **FULL}, "recompute_method_matches_granularity", False),
+    ("qwen3_30b", {"gpus": 16}, {"ep": 16, "recompute": "full"}, "recompute_method_matches_granularity", True),
+    ("qwen3_30b", {"gpus": 16}, {"ep": 16, "recompute": "selective", "recompute_num_layers": 2},
+     "recompute_method_matches_granularity", True),
+    ("qwen3_30b", {"gpus": 16}, {"pp": 16, "recompute": "full", "recompute_method": "block",
+                                 "recompute_num_layers": 3}, "recompute_num_layers_within_stage", False),
+    ("qwen3_30b", {"gpus": 16}, {"pp": 16, "recompute": "full", "recompute_method": "block",
+                                 "recompute_num_layers": 4}, "recompute_num_layers_within_stage", True),
+    # dense FFN vs TP, expert FFN vs ETP
+    ("llama3_70b", {"gpus": 32}, {"tp": 8, "sp": True}, "ffn_divisible_by_tp", False),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 2, "sp": True, "ep": 4, "etp": 2}, "expert_ffn_divisible_by_etp", False),
+    ("qwen3_30b", {"gpus": 16}, {"tp": 2, "sp": True, "ep": 4, "etp": 2}, "etp_needs_moe", False),
+    # no catalog model breaks the FFN rules, so these use the catalog model with one number changed
+    ("llama3_8b", {"gpus": 8, "arch": {"ffn_hidden_size": 14001}}, {"tp": 2, "sp": True}, "ffn_divisible_by_tp", True),
+    ("qwen3_30b", {"gpus": 16, "arch": {"moe_ffn_hidden_size": 100}}, {"tp": 8, "sp": True, "ep": 2, "etp": 8},
+     "expert_ffn_divisible_by_etp", True),
+]
+
+@pytest.mark.parametrize("model,options,config,rule,broken", CASES,
+                         ids=[f"{c[0]}-{c[3]}-{'bad' if c[4] else 'ok'}-{i}" for i, c in enumerate(CASES)])
+def test_rule(model, options, config, rule, broken):
+    found = {v.rule: v.message for v in violations(LayoutConfig.from_mapping(config), workload(model, **options))}
+    assert (rule in found) == broken, found
+    if broken:
+        assert found[rule]  # a human message
+
+
+def test_every_rule_is_covered_both_ways():
+    broken = {c[3] for c in CASES if c[4]}
+    passing = {c[3] for c in CASES if not c[4]}
+    assert set(RULE_NAMES) <= broken
+    assert set(RULE_NAMES) <= passing
+
+
+def test_recipe_defaults_are_legal():
+    """Each model's recipe default layout is legal on the recipe's own cluster."""
+    from autotune.space import available_space_names
+
+    for name in available_space_names():
+        space = load_space(name)
+        w = make_workload(space)
+        layout = LayoutConfig.from_mapping(space.model.defaults.layout)
+        assert violations(layout, w) == [], (name, violations(layout, w))
+
+
+def test_policy_is_separate_from_legality():
+    w = workload("llama3_70b", gpus=32)
+    layout = LayoutConfig(tp=16, sp=True)
+    assert violations(layout, w) == []
+    assert [v.rule for v in policy_violations(layout, w)] == ["tp_within_nvlink_domain"]
+    assert policy_violations(layout, w, {"tp_within_nvlink_domain": False}) == []
+
+
+def test_nvl72_domain_allows_tp_across_trays():
+    w = workload("llama3_70b", gpus=32, gpu="gb200")
+    assert w.cluster.gpus_per_node == 4
+    assert policy_violations(LayoutConfig(tp=8, sp=True), w) == []
