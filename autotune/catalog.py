@@ -93,6 +93,8 @@ class Architecture:
     moe_ffn_hidden_size: int = 0
     moe_shared_expert_ffn_hidden_size: int = 0
     num_dense_layers: int = 0  # leading dense layers of an MoE model (DeepSeek-V3: 3)
+    # Node-limited routing: a token goes to experts in at most this many groups (DeepSeek-V3: 4 of 8); 0 = no limit.
+    moe_router_group_topk: int = 0
     gated_linear_unit: bool = True  # SwiGLU
     tie_embeddings: bool = False
     # Multi-latent attention (DeepSeek); 0 when the model uses ordinary (grouped-query) attention.
@@ -102,6 +104,10 @@ class Architecture:
     qk_pos_emb_head_dim: int = 0
     v_head_dim: int = 0
     mtp_num_layers: int = 0
+    # Sliding-window attention (GPT-OSS): window in tokens (0 = none); every `window_attn_skip_freq`-th
+    # layer keeps full attention (Megatron's window_attn_skip_freq).
+    sliding_window: int = 0
+    window_attn_skip_freq: int = 0
 
     @property
     def is_moe(self) -> bool:

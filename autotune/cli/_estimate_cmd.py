@@ -1,0 +1,66 @@
+"""`autotune estimate`: the cost model's prediction for one layout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autotune.cli._options import add_knob_flags, add_workload_options, layout_from_flags, load_space_and_workload
+from autotune.errors import IllegalLayoutError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("estimate", help="predict step time, throughput, MFU and memory of one layout")
+    add_workload_options(p)
+    add_knob_flags(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_estimate)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from autotune.cost import estimate
+    from autotune.space import policy_violations, violations
+
+    space, workload = load_space_and_workload(args)
+    layout = layout_from_flags(args)
+    bad = violations(layout, workload)
+    if bad:
+        details = "; ".join(f"{v.rule}: {v.message}" for v in bad)
+        raise IllegalLayoutError(f"illegal layout {layout.short()}: {details}", bad)
+    result = estimate(workload, layout)
+    payload = {"model": workload.model.name, "workload": workload.to_dict(), "config": layout.to_dict(),
+               "policy": [v.to_dict() for v in policy_violations(layout, workload, space.policy)],
+               **result.to_dict()}
+    if args.json:
+        print(json.dumps(payload, indent=2))
+        return 0
+    _print_table(workload, layout, result)
+    return 0
+
+
+def _print_table(workload, layout, result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.cli._options import workload_summary
+
+    console = Console()
+    console.print(workload_summary(workload))
+    console.print(f"layout: [bold]{layout.short()}[/bold]")
+    console.print(f"step {result.step_time_s:.3f} s | {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU | "
+                  f"{result.tflops_per_gpu:.0f} TFLOP/s/GPU | MFU {result.mfu:.1%} (of dense BF16 peak) | "
+                  f"peak memory {result.peak_mem_gib:.1f} / {result.memory_limit_gib:g} GiB "
+                  f"{'fits' if result.fits else '[red]does not fit[/red]'}")
+    table = Table(title="step time breakdown")
+    table.add_column("term")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for term, seconds in result.breakdown.items():
+        table.add_row(term, f"{seconds:.3f}", f"{seconds / result.step_time_s:.0%}")
+    memory = Table(title="memory (GiB)")
+    memory.add_column("term")
+    memory.add_column("GiB", justify="right")
+    for term, gib in result.memory.items():
+        memory.add_row(term.removesuffix("_gib"), f"{gib:.2f}")
+    console.print(table)
+    console.print(memory)

@@ -1,0 +1,171 @@
+"""Step time of one training iteration, as a breakdown (seconds per term, arrays over layouts).
+
+compute      GEMMs at peak(precision) x software efficiency x a shape factor that falls as per-GPU
+             matrices shrink (large TP or CP, small micro-batches, few tokens per local expert);
+             core attention runs in BF16 whatever the recipe.
+recompute    the extra forward of full recompute (share of layers recomputed) or of core attention
+             (selective).
+overhead     fixed per-layer, per-micro-batch kernel cost; MoE token permutation through HBM.
+tp/cp/ep/pp  exposed communication: volume / bandwidth of the link the group spans (NVLink inside an
+             NVLink domain, else the scale-out network; all-to-all mixes both), times the share
+             Megatron does not hide (calibration.EXPOSED_*).
+bubble       (PP-1) / (VPP*m) of the pipeline's busy time.
+dp           gradient reduce-scatter + parameter all-gather (distributed optimizer) or all-reduce,
+             hidden behind compute up to a window.
+optimizer    the Adam step, HBM-bound, over the parameters this rank updates.
+Groups are laid out as Megatron does (TP innermost, then CP, then DP; experts: ETP, EP, EDP; PP outermost).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autotune.config import Workload
+from autotune.cost import calibration as cal
+from autotune.cost._arrays import LayoutArrays
+from autotune.cost.flops import flops_per_token
+from autotune.cost.memory import microbatches, param_counts, stage_decoder_layers
+from autotune.space.legality import nvlink_domain_gpus
+
+TERMS = ("compute", "recompute", "overhead", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer")
+GRAD_REDUCE_BYTES = 4.0  # gradients are reduced in fp32 (Bridge's DDP default grad_reduce_in_fp32)
+ATTENTION_EFFICIENCY = 0.75  # flash attention relative to a GEMM of the same precision
+
+
+def _per_tp(x: LayoutArrays, w: Workload):
+    """FLOPs per token split (dense GEMM, expert GEMM, core attention) as arrays; depends on TP via vocab."""
+    a = w.model.architecture
+    dense = np.empty(len(x))
+    expert = np.empty(len(x))
+    core = np.empty(len(x))
+    for tp in np.unique(x.tp):
+        f = flops_per_token(a, w.seq_length, int(tp))
+        mask = x.tp == tp
+        dense[mask] = f.dense_mlp + f.attention_projections + f.logits
+        expert[mask] = f.expert_mlp
+        core[mask] = f.core_attention
+    return dense, expert, core
+
+
+def _shape_factor(tokens: np.ndarray, width: np.ndarray | float) -> np.ndarray:
+    return 1.0 / (1.0 + cal.GEMM_TOKENS_HALF / tokens) / (1.0 + cal.GEMM_WIDTH_HALF / width)
+
+
+def _link_bytes_per_s(span: np.ndarray, w: Workload) -> np.ndarray:
+    gpu = w.cluster.gpu
+    inside = span <= nvlink_domain_gpus(w)
+    return np.where(inside, gpu.nvlink_gbps, gpu.network_gbps) * 1e9 * cal.LINK_EFFICIENCY
+
+
+def _dispatch_s(tokens: np.ndarray, x: LayoutArrays, w: Workload) -> np.ndarray:
+    """Seconds of one token dispatch (or combine) of `tokens` hidden states across the EP group.
+
+    The recipes' flex dispatchers (DeepEP / HybridEP) send a token once per destination node, not
+    once per expert copy, so the network carries min(copies on other nodes, other nodes reached)
+    copies, further capped by node-limited routing (moe_router_group_topk). NVLink carries the
+    copies that stay inside the NVLink domain.
+    """
+    a = w.model.architecture
+    gpu = w.cluster.gpu
+    span = x.ep * x.etp
+    domain = float(nvlink_domain_gpus(w))
+    inside = np.minimum(1.0, domain / span)
+    k = a.moe_router_topk
+    copies_inside = k * inside * (x.ep - 1) / x.ep
+    other_nodes = np.maximum(0.0, np.ceil(span / domain) - 1)
+    copies_outside = np.minimum(k * (1 - inside), other_nodes)
+    if a.moe_router_group_topk:
+        copies_outside = np.minimum(copies_outside, a.moe_router_group_topk)
+    token_bytes = tokens * a.hidden_size * 2
+    return token_bytes * (copies_inside / (gpu.nvlink_gbps * 1e9 * cal.ALLTOALL_NVLINK_EFFICIENCY)
+                          + copies_outside / (gpu.network_gbps * 1e9 * cal.ALLTOALL_NETWORK_EFFICIENCY))
+
+
+def step_time_breakdown(x: LayoutArrays, w: Workload) -> dict[str, np.ndarray]:
+    a = w.model.architecture
+    gpu = w.cluster.gpu
+    world, s, h = w.cluster.gpus, w.seq_length, a.hidden_size
+    m = microbatches(x, w)
+    layers = stage_decoder_layers(x, w)
+    moe_share = a.num_moe_layers / a.num_layers if a.is_moe else 0.0
+    tokens_per_gpu_step = w.global_batch_size * s / world
+
+    # --- compute -------------------------------------------------------------------------------
+    dense_fpt, expert_fpt, core_fpt = _per_tp(x, w)
+    peak = gpu.peak_tflops[w.precision] * 1e12
+    peak_bf16 = gpu.peak_tflops["bf16"] * 1e12
+    eff = cal.software_efficiency(gpu.generation, w.precision)
+    eff_bf16 = cal.software_efficiency(gpu.generation, "bf16")
+    gemm_tokens = x.mbs * s / x.cp
+    t_dense = tokens_per_gpu_step * dense_fpt / (peak * eff * _shape_factor(gemm_tokens, h / x.tp))
+    t_core = tokens_per_gpu_step * core_fpt / (
+        peak_bf16 * eff_bf16 * ATTENTION_EFFICIENCY * _shape_factor(gemm_tokens, np.inf))
+    if a.is_moe:
+        tokens_per_rank = gemm_tokens / x.tp
+        tokens_per_expert = tokens_per_rank * x.etp * a.moe_router_topk * x.ep / a.num_moe_experts
+        expert_shape = _shape_factor(tokens_per_expert, a.moe_ffn_hidden_size / x.etp)
+        t_expert = tokens_per_gpu_step * expert_fpt * cal.MOE_IMBALANCE / (peak * eff * expert_shape)
+    else:
+        tokens_per_rank = gemm_tokens / x.tp
+        t_expert = np.zeros(len(x))
+    compute = t_dense + t_expert + t_core
+
+    # --- recompute -----------------------------------------------------------------------------
+    full = x.recompute == 2
+    n = np.maximum(1.0, x.recompute_num_layers)
+    recomputed_share = np.where(full, np.where(x.recompute_block, np.minimum(n, layers) / layers, 1.0), 0.0)
+    recompute = recomputed_share * (t_dense + t_expert + t_core) / 3 + (x.recompute == 1) * t_core / 3
+    forward_repeat = 1 + recomputed_share / 2  # recomputed forwards repeat their forward communication
+
+    # --- fixed overhead and MoE permutation ----------------------------------------------------
+    per_layer = moe_share * cal.MOE_LAYER_OVERHEAD_S + (1 - moe_share) * cal.DENSE_LAYER_OVERHEAD_S
+    permute_bytes = tokens_per_rank * a.moe_router_topk * h * 2 * cal.MOE_PERMUTE_PASSES if a.is_moe else 0.0
+    overhead = m * layers * (per_layer * (1 + recomputed_share / 3)
+                             + moe_share * permute_bytes / (gpu.hbm_tbps * 1e12))
+
+    # --- communication -------------------------------------------------------------------------
+    act_bytes = gemm_tokens * h * 2  # one micro-batch's hidden states on one CP rank, bf16
+    tp_volume = (x.tp - 1) / x.tp * act_bytes * (4 + 4 * (1 - moe_share)) \
+        + moe_share * 4 * (x.etp - 1) / x.etp * act_bytes
+    tp_s = m * layers * tp_volume / _link_bytes_per_s(x.tp, w) * forward_repeat
+    tp = tp_s * np.where(x.sp, cal.EXPOSED_TP_WITH_SP, cal.EXPOSED_TP_WITHOUT_SP)
+
+    if a.uses_mla:
+        kv_per_token = a.num_attention_heads * (a.qk_head_dim + a.qk_pos_emb_head_dim + a.v_head_dim) / x.tp
+    else:
+        kv_per_token = 2 * a.kv_channels * np.maximum(1.0, a.num_query_groups / x.tp)
+    cp_volume = 3 * (x.cp - 1) * gemm_tokens * kv_per_token * 2
+    cp = m * layers * cp_volume / _link_bytes_per_s(x.tp * x.cp, w) * cal.EXPOSED_CP * forward_repeat
+
+    if a.is_moe:
+        # dispatch + combine, forward and backward
+        ep = m * layers * moe_share * 4 * _dispatch_s(tokens_per_rank, x, w) * cal.EXPOSED_EP * forward_repeat
+    else:
+        ep = np.zeros(len(x))
+
+    pp_bytes = 2 * act_bytes / np.where(x.sp, x.tp, 1.0)
+    stage_span = world / x.pp
+    pp_link = np.where(2 * stage_span <= nvlink_domain_gpus(w), gpu.nvlink_gbps, gpu.network_gbps) * 1e9
+    pp = np.where(x.pp > 1, m * x.vpp * pp_bytes / (pp_link * cal.LINK_EFFICIENCY), 0.0) * cal.EXPOSED_PP
+
+    busy = compute + recompute + overhead + tp + cp + ep + pp
+    bubble = (x.pp - 1) / (x.vpp * m) * busy
+
+    # --- data parallel and optimizer -----------------------------------------------------------
+    p = param_counts(a)
+    dense_params = layers * (p.attention_per_layer + (1 - moe_share) * p.dense_mlp_per_layer
+                             + moe_share * p.moe_shared_per_layer) / x.tp + p.embedding / x.tp
+    expert_params = layers * moe_share * p.experts_per_layer / (x.ep * x.etp)
+    dense_group = world / (x.tp * x.pp)  # DP * CP
+    expert_group = world / (x.pp * x.ep * x.etp)
+    per_param = np.where(x.dist_opt, GRAD_REDUCE_BYTES + 2.0, 2 * GRAD_REDUCE_BYTES)
+    dp_bytes = per_param * ((dense_group - 1) / dense_group * dense_params
+                            + (expert_group - 1) / expert_group * expert_params)
+    dp_s = dp_bytes / _link_bytes_per_s(stage_span, w)
+    dp = np.maximum(cal.EXPOSED_DP_MIN * dp_s, dp_s - cal.DP_OVERLAP_WINDOW * compute)
+    updated = np.where(x.dist_opt, dense_params / dense_group + expert_params / expert_group,
+                       dense_params + expert_params)
+    optimizer = updated * cal.OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_tbps * 1e12)
+
+    return {"compute": compute, "recompute": recompute, "overhead": overhead, "tp": tp, "cp": cp, "ep": ep,
+            "pp": pp, "bubble": bubble, "dp": dp, "optimizer": optimizer}

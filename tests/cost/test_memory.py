@@ -1,0 +1,118 @@
+"""Memory terms against hand-computed cases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.config import LayoutConfig
+from autotune.cost import LayoutArrays, estimate, total_params
+from autotune.cost.memory import GIB, _activation_bytes, _layer_activation_bytes, _state_bytes, param_counts
+from autotune.space import load_space, make_workload
+
+
+def workload(model, **options):
+    return make_workload(load_space(model), **options)
+
+
+def test_total_params_match_the_published_sizes():
+    assert total_params(load_space("qwen3_30b").model.architecture) / 1e9 == pytest.approx(30.5, abs=0.1)
+    assert total_params(load_space("llama3_70b").model.architecture) / 1e9 == pytest.approx(70.6, abs=0.1)
+    assert total_params(load_space("deepseek_v3").model.architecture) / 1e9 == pytest.approx(671, abs=1)
+
+
+def test_dense_state_is_18_bytes_per_param_without_dist_opt():
+    w = workload("llama3_8b", gpus=8)
+    a = w.model.architecture
+    p = param_counts(a)
+    x = LayoutArrays.from_configs([LayoutConfig(dist_opt=False)])
+    params = a.num_layers * (p.attention_per_layer + p.dense_mlp_per_layer) + 2 * 128256 * 4096
+    assert _state_bytes(x, w)[0] == pytest.approx(18 * params)
+
+
+def test_dist_opt_is_6_plus_12_over_shard():
+    w = workload("llama3_8b", gpus=8)
+    a = w.model.architecture
+    p = param_counts(a)
+    # TP 2, CP 2: DP 2, dense shard DP*CP = 4; per GPU params / TP
+    x = LayoutArrays.from_configs([LayoutConfig(tp=2, cp=2, sp=True, dist_opt=True)])
+    params = (a.num_layers * (p.attention_per_layer + p.dense_mlp_per_layer) + 2 * 128256 * 4096) / 2
+    assert _state_bytes(x, w)[0] == pytest.approx(params * (6 + 12 / 4))
+
+
+def test_all_routed_experts_count_not_only_the_active_ones():
+    w = workload("qwen3_30b", gpus=16)
+    a = w.model.architecture
+    p = param_counts(a)
+    x = LayoutArrays.from_configs([LayoutConfig(ep=16, dist_opt=False)])
+    experts_per_gpu = a.num_layers * p.experts_per_layer / 16
+    assert experts_per_gpu == pytest.approx(a.num_layers * 128 * 3 * 2048 * 768 / 16)
+    dense_per_gpu = a.num_layers * (p.attention_per_layer + p.moe_shared_per_layer) + 2 * 151936 * 2048
+    assert _state_bytes(x, w)[0] == pytest.approx(18 * (experts_per_gpu + dense_per_gpu))
+
+
+def test_expert_shard_is_the_expert_data_parallel_size():
+    w = workload("qwen3_30b", gpus=16)
+    p = param_counts(w.model.architecture)
+    x = LayoutArrays.from_configs([LayoutConfig(ep=4, dist_opt=True)])
+    experts = 48 * p.experts_per_layer / 4
+    dense = 48 * (p.attention_per_layer + p.moe_shared_per_layer) + 2 * 151936 * 2048
+    edp = 16 / 4
+    assert _state_bytes(x, w)[0] == pytest.approx(experts * (6 + 12 / edp) + dense * (6 + 12 / 16))
+
+
+def test_activation_per_layer_korthikanti_with_and_without_sp():
+    w = workload("llama3_70b", gpus=32)
+    s, h, ffn = 8192, 8192, 28672
+    ratio = ffn / h
+    x = LayoutArrays.from_configs([LayoutConfig(tp=4, sp=True), LayoutConfig(tp=4, sp=False)])
+    per_layer = _layer_activation_bytes(x, w)
+    assert per_layer[0] == pytest.approx(s * h * (18 + 4 * ratio) / 4)
+    assert per_layer[1] == pytest.approx(s * h * (10 + (8 + 4 * ratio) / 4))
+
+
+def test_full_recompute_keeps_only_layer_inputs():
+    w = workload("llama3_70b", gpus=32, global_batch_size=512)
+    none = LayoutConfig(tp=4, pp=4, sp=True)
+    full = LayoutConfig(tp=4, pp=4, sp=True, recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    x = LayoutArrays.from_configs([none, full])
+    layers = 80 // 4
+    per_layer = _layer_activation_bytes(x, w)[0]
+    layer_input = 2 * 8192 * 8192 / 4  # 2*s*b*h bytes, / TP under SP
+    acts = _activation_bytes(x, w)
+    in_flight = 4  # PP micro-batches on the first stage
+    assert acts[0] == pytest.approx(layers * per_layer * in_flight)
+    assert acts[1] == pytest.approx((layers * layer_input + per_layer) * in_flight)
+    assert acts[1] < acts[0] / 5
+
+
+def test_more_memory_for_larger_micro_batch_and_less_with_recompute():
+    w = workload("qwen3_30b", gpus=16)
+    base = LayoutConfig(ep=16, dist_opt=True)
+    e1 = estimate(w, base)
+    assert estimate(w, base.replace(mbs=2)).peak_mem_gib > e1.peak_mem_gib
+    selective = estimate(w, base.replace(recompute="selective")).peak_mem_gib
+    full = estimate(w, base.replace(recompute="full", recompute_method="uniform", recompute_num_layers=1))
+    assert full.peak_mem_gib < selective
+    assert full.breakdown["recompute"] > 0
+
+
+def test_fits_compares_with_the_gpu_memory():
+    w = workload("llama3_70b", gpus=8)
+    big = estimate(w, LayoutConfig(tp=1, pp=1, dist_opt=False))
+    assert not big.fits and big.peak_mem_gib > 79.6
+    small = estimate(w, LayoutConfig(tp=8, sp=True, dist_opt=True, recompute="full",
+                                     recompute_method="uniform", recompute_num_layers=1))
+    assert small.peak_mem_gib < big.peak_mem_gib
+    total = sum(small.memory.values())
+    assert total == pytest.approx(small.peak_mem_gib)
+    assert small.memory["overhead_gib"] > 1.5  # CUDA context at least
+    assert GIB == 2 ** 30
+
+
+def test_fp8_shrinks_activations():
+    bf16 = workload("llama3_70b", gpus=32)
+    fp8 = dataclasses.replace(bf16, precision="fp8")
+    layout = LayoutConfig(tp=4, pp=4, vpp=5, cp=2, sp=True, dist_opt=True)
+    assert estimate(fp8, layout).memory["activations_gib"] < estimate(bf16, layout).memory["activations_gib"]
