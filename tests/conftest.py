@@ -27,3 +27,51 @@ def json_lines(text: str) -> list:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+FAKE_LAUNCHER = os.path.join(os.path.dirname(__file__), "fixtures", "fake_launcher.py")
+POSTGRES_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session: 16 logical GPUs on this CPU machine."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, num_gpus=16, namespace="autotune", include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def _postgres_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def postgres_url():
+    """A clean PostgreSQL database (the server on 127.0.0.1:5432); autotune's and Optuna's tables dropped."""
+    if not _postgres_available():
+        pytest.skip("no PostgreSQL server on 127.0.0.1:5432")
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(POSTGRES_URL)
+    with engine.begin() as connection:
+        connection.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public;"))
+    engine.dispose()
+    return POSTGRES_URL
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request, tmp_path):
+    """Every storage test runs on a real SQLite file and on the real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'autotune.db'}"
+    return request.getfixturevalue("postgres_url")

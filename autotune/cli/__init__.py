@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = OneLineParser(prog="autotune", description="Tune Megatron-Bridge parallel layouts.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"autotune.cli.{name}")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except UserError as exc:
-        sys.stderr.write(f"autotune {args.command}: error: {exc}\n")
+        sys.stderr.write(f"autotune {args.subcommand}: error: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("autotune: interrupted\n")

@@ -1,0 +1,8 @@
+"""Storage: autotune's tables (SQLAlchemy 2 + Alembic) beside Optuna's, in SQLite or PostgreSQL."""
+
+from autotune.storage._engine import default_storage_url, engine_kwargs, make_engine, normalize_url
+from autotune.storage.migrations import current_revision, ensure_schema, head_revision, upgrade
+from autotune.storage.repository import Repository, Study, Trial
+
+__all__ = ["Repository", "Study", "Trial", "current_revision", "default_storage_url", "engine_kwargs",
+           "ensure_schema", "head_revision", "make_engine", "normalize_url", "upgrade"]

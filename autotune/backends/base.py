@@ -1,0 +1,161 @@
+"""The protocol between the controller and the backends that run trials.
+
+The controller decides, backends only execute (house rule 2). A backend gets a `TrialSpec`, may
+report `StepReport`s while it runs, and returns exactly one `TrialOutcome`. It classifies its own
+failures into a `TrialStatus`: a crash is data (an outcome), never an exception that escapes `run`.
+
+Every type is a frozen dataclass that round-trips through JSON (`to_dict` / `from_dict`) and
+carries the protocol version, so specs and outcomes can cross process and machine boundaries
+(Ray actors, the command backend's stdin/stdout, files written by GPU workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PROTOCOL_VERSION = 1
+
+
+class TrialStatus(str, enum.Enum):
+    COMPLETED = "completed"  # measured steps done, metrics valid
+    OOM = "oom"  # out of memory on any rank: infeasible, never a failure
+    PRUNED = "pruned"  # stopped by the controller (too slow)
+    FAILED = "failed"  # crash, NCCL error, config error legality missed, no result
+    TIMEOUT = "timeout"  # over the trial's time limit
+    LOST = "lost"  # the worker or its node died: retried once
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    """What one trial holds: `nodes` bundles of `gpus_per_node` GPUs, gang-scheduled.
+
+    `strategy` is Ray's placement strategy: STRICT_SPREAD puts one bundle per node (a real
+    multi-node launch needs that); PACK lets a backend that does not launch per node share nodes.
+    """
+
+    gpus: int
+    gpus_per_node: int
+    strategy: str = "PACK"
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.gpus_per_node))
+
+    def bundles(self) -> list[dict[str, float]]:
+        per_bundle = min(self.gpus, self.gpus_per_node)
+        return [{"GPU": float(per_bundle)} for _ in range(self.nodes)]
+
+    @classmethod
+    def for_workload(cls, gpus: int, gpus_per_node: int, one_bundle_per_node: bool) -> "ResourceRequest":
+        """Resources computed from the trial's config (Ray Tune's PlacementGroupFactory idea)."""
+        return cls(gpus, min(gpus, gpus_per_node), "STRICT_SPREAD" if one_bundle_per_node else "PACK")
+
+
+class _JsonMixin:
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]
+        for key, value in data.items():
+            if isinstance(value, enum.Enum):
+                data[key] = value.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {k: v for k, v in data.items() if k in names}
+        if "status" in values:
+            values["status"] = TrialStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TrialSpec(_JsonMixin):
+    """Everything a backend needs to run one trial; JSON as the command backend's stdin."""
+
+    study: str
+    trial: int
+    model: str
+    gpus: int
+    gpus_per_node: int
+    gpu: str
+    global_batch_size: int
+    seq_length: int
+    precision: str
+    config: dict[str, Any]
+    overrides: list[str]
+    attempt: int = 1
+    timeout_s: float = 3600.0
+    warmup_steps: int = 3
+    measured_steps: int = 5
+    seed: int = 0
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class StepReport(_JsonMixin):
+    """One training iteration's time, reported while the trial runs (for slow-branch pruning)."""
+
+    trial: int
+    step: int
+    step_time_s: float
+    warmup: bool = False
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class TrialOutcome(_JsonMixin):
+    """How a trial ended. Metrics are set for COMPLETED (and what is known for the others)."""
+
+    trial: int
+    status: TrialStatus
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_mem_gib: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    wall_time_s: float = 0.0  # how long the trial held its GPUs (simulated for `simulate`)
+    error: str | None = None  # failure class or message; stderr / log tail for crashes
+    artifacts: dict[str, str] = field(default_factory=dict)
+    version: int = PROTOCOL_VERSION
+
+    def metrics(self) -> dict[str, float | None]:
+        return {"step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "peak_mem_gib": self.peak_mem_gib}
+
+
+Reporter = Callable[[StepReport], None]
+
+
+class Backend(ABC):
+    """Runs trials. One instance lives inside each Ray trial actor (or in-process in tests).
+
+    Contract for implementations:
+    - `run` blocks until the trial ends and returns exactly one TrialOutcome for `spec.trial`;
+      it never raises for a trial's own failure (classify it as FAILED / OOM / TIMEOUT instead).
+    - It calls `report` for each iteration it can observe, in step order, warm-up steps flagged.
+    - It polls `cancelled` and, once set, stops the trial promptly, releases every process and
+      resource it started, and returns PRUNED (the controller decided to stop it).
+    - It enforces `spec.timeout_s` itself and returns TIMEOUT past it.
+    - Missing throughput metrics may be left None: the controller derives them from step_time_s.
+    - `one_bundle_per_node` says whether the trial must span one placement bundle per node.
+    """
+
+    name: str = "base"
+    one_bundle_per_node: bool = False
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
+
+    @abstractmethod
+    def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
+        """Run one trial to its end (see the class contract)."""
+
+    def close(self) -> None:
+        """Release anything held across trials (default: nothing)."""

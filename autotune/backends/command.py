@@ -1,0 +1,186 @@
+"""The `command` backend: a user command runs each trial (a team's own Slurm / Kubernetes launcher).
+
+The command is an argv (split with shlex, never passed through a shell; to use shell features,
+say so explicitly: `--command "bash -c '...'"`). The TrialSpec is written as JSON to its stdin.
+Lines of stdout of the form {"step": k, "step_time_s": t} are intermediate reports; the last JSON
+line of stdout is the result: {"status": "completed"|"oom"|"failed", "step_time_s", ...}.
+A non-zero exit, no result line, or running past the trial timeout is a failed / timed-out trial
+with the stderr tail kept. The child runs in its own process group, which is killed on cancel and
+on timeout, and dies with its parent (PR_SET_PDEATHSIG) so no orphan outlives a dead worker.
+Options: `command` (the argv or a string to split), `env` (extra environment variables).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.errors import ConfigError
+
+STDERR_TAIL_LINES = 40
+KILL_GRACE_S = 5.0
+
+
+def parse_command(command: str | list[str]) -> list[str]:
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if not argv:
+        raise ConfigError("--command is empty")
+    return argv
+
+
+def check_command(command: str | list[str]) -> list[str]:
+    """The argv, checked to name an executable that exists (ConfigError otherwise)."""
+    import shutil
+
+    argv = parse_command(command)
+    program = argv[0]
+    found = shutil.which(program) if os.sep not in program else (program if os.access(program, os.X_OK) else None)
+    if not found:
+        raise ConfigError(f"--command: {program!r} is not an executable file or a program on PATH")
+    return argv
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def kill_group(process: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the child's whole process group, then SIGKILL whatever is left after `grace_s`."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def outcome_from_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wall_s: float) -> TrialOutcome:
+    status = str(result.get("status", "completed")).lower()
+    if status not in ("completed", "oom", "failed"):
+        return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
+                            error=f"result has unknown status {status!r}")
+
+    def number(key: str) -> float | None:
+        value = result.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    step_time = number("step_time_s")
+    if status == "completed" and step_time is None:
+        if len(times) > spec.warmup_steps:
+            measured = times[spec.warmup_steps:]
+            step_time = sum(measured) / len(measured)
+        else:
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
+                                error="result says completed but has no step_time_s")
+    return TrialOutcome(spec.trial, TrialStatus(status), step_time_s=step_time,
+                        tokens_per_s_per_gpu=number("tokens_per_s_per_gpu"), tflops_per_gpu=number("tflops_per_gpu"),
+                        mfu=number("mfu"), peak_mem_gib=number("peak_mem_gib"), step_times_s=times,
+                        wall_time_s=number("wall_time_s") or wall_s, error=result.get("error"),
+                        artifacts={str(k): str(v) for k, v in (result.get("artifacts") or {}).items()})
+
+
+class CommandBackend(Backend):
+    name = "command"
+
+    def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
+        argv = parse_command(self.options["command"])
+        env = {**os.environ, **{str(k): str(v) for k, v in (self.options.get("env") or {}).items()}}
+        start = time.monotonic()
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, start_new_session=True, preexec_fn=_die_with_parent, env=env)
+        except OSError as exc:
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, error=f"cannot start {argv[0]!r}: {exc}")
+        stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        stdout_lines: deque[str] = deque(maxlen=1000)
+        times: list[float] = []
+        readers = [threading.Thread(target=self._read_stdout, args=(process, spec, report, stdout_lines, times),
+                                    daemon=True),
+                   threading.Thread(target=lambda: stderr_tail.extend(process.stderr), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            process.stdin.write(json.dumps(spec.to_dict()))
+            process.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # the command may exit without reading its input; its exit code tells
+        ended = self._wait(process, spec, cancelled, start)
+        for reader in readers:
+            reader.join(timeout=5)
+        wall = time.monotonic() - start
+        tail = "".join(stderr_tail)[-4000:] or None
+        if ended == "cancelled":
+            return TrialOutcome(spec.trial, TrialStatus.PRUNED, step_times_s=times, wall_time_s=wall,
+                                error="cancelled by the controller")
+        if ended == "timeout":
+            return TrialOutcome(spec.trial, TrialStatus.TIMEOUT, step_times_s=times, wall_time_s=wall,
+                                error=f"over the trial timeout of {spec.timeout_s:g} s; stderr tail:\n{tail or ''}")
+        if process.returncode != 0:
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
+                                error=f"exit code {process.returncode}; stderr tail:\n{tail or ''}")
+        result = self._last_json(stdout_lines)
+        if result is None:
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
+                                error=f"the command printed no result JSON line; stderr tail:\n{tail or ''}")
+        return outcome_from_result(spec, result, times, wall)
+
+    @staticmethod
+    def _wait(process: subprocess.Popen, spec: TrialSpec, cancelled: threading.Event, start: float) -> str:
+        while process.poll() is None:
+            if cancelled.wait(0.05):
+                kill_group(process)
+                return "cancelled"
+            if time.monotonic() - start > spec.timeout_s:
+                kill_group(process)
+                return "timeout"
+        return "exited"
+
+    @staticmethod
+    def _read_stdout(process, spec, report, lines, times) -> None:
+        for line in process.stdout:
+            line = line.strip()
+            if not line:
+                continue
+            lines.append(line)
+            value = _json_object(line)
+            if value is not None and "step" in value and "status" not in value:
+                try:
+                    step, seconds = int(value["step"]), float(value["step_time_s"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                times.append(seconds)
+                report(StepReport(spec.trial, step, seconds, step <= spec.warmup_steps))
+
+    @staticmethod
+    def _last_json(lines) -> dict[str, Any] | None:
+        for line in reversed(lines):
+            value = _json_object(line)
+            if value is not None and not ("step" in value and "status" not in value):
+                return value
+        return None
+
+
+def _json_object(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except (json.JSONDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

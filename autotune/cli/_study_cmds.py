@@ -1,0 +1,307 @@
+"""`autotune start / resume / status / leaderboard / show`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
+
+
+def add_storage_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE or a SQLite file in the "
+                                          "user's data directory); postgresql+psycopg://user@host/db works too")
+
+
+def add_ray_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("dispatch")
+    group.add_argument("--ray-address", help="join an existing Ray cluster (default: $RAY_ADDRESS, else a local one)")
+    group.add_argument("--local-gpus", type=int, help="logical GPUs of the local Ray cluster (default: the study's GPUs)")
+    group.add_argument("--max-concurrent", type=int, help="trials at once (default: what the Ray cluster holds)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("start", help="start a tuning study")
+    add_workload_options(p)
+    add_fix_option(p)
+    p.add_argument("--budget", type=int, default=40, help="profiling runs to dispatch (default 40)")
+    p.add_argument("--backend", default="simulate", help="simulate (default), command, replay or megatron")
+    p.add_argument("--command", help="command backend: the program run per trial (an argv, no shell)")
+    p.add_argument("--replay", help="replay backend: CSV or Parquet table of measured layouts")
+    p.add_argument("--sampler", default="auto", help="auto (model-guided, default), tpe, random or grid")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--study", help="study name (default: MODEL-GPUSg-TIMESTAMP)")
+    p.add_argument("--trial-timeout", type=float, default=3600.0, help="seconds per trial (default 3600)")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--measured-steps", type=int, default=5)
+    p.add_argument("--no-prune", action="store_true", help="never stop slow trials early")
+    p.add_argument("--noise", type=float, help="simulate backend: relative measurement noise (default 0.01)")
+    p.add_argument("--sim-seconds", type=float, help="simulate backend: real seconds per trial (default 0.05)")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    add_storage_option(p)
+    add_ray_options(p)
+    p.set_defaults(handler=cmd_start)
+
+    p = sub.add_parser("resume", help="continue an interrupted study up to its budget")
+    p.add_argument("study")
+    p.add_argument("--json", action="store_true")
+    add_storage_option(p)
+    add_ray_options(p)
+    p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("status", help="list studies and their progress")
+    p.add_argument("study", nargs="?")
+    p.add_argument("--json", action="store_true")
+    add_storage_option(p)
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("leaderboard", help="a study's trials, best first")
+    p.add_argument("study")
+    p.add_argument("--top", type=int)
+    p.add_argument("--all", action="store_true", help="include layouts rejected before dispatch")
+    p.add_argument("--watch", action="store_true", help="refresh until the study ends")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    add_storage_option(p)
+    p.set_defaults(handler=cmd_leaderboard)
+
+    p = sub.add_parser("show", help="one trial: config, metrics, prediction, overrides, artifacts")
+    p.add_argument("study")
+    p.add_argument("trial", type=int)
+    p.add_argument("--json", action="store_true")
+    add_storage_option(p)
+    p.set_defaults(handler=cmd_show)
+
+
+def wide_console():
+    """A rich console; when output is not a terminal (a pipe, a log), wide enough for the leaderboard."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=150)
+
+
+def open_repo(args: argparse.Namespace):
+    from autotune.storage import Repository, default_storage_url
+
+    return Repository.open(args.storage or default_storage_url())
+
+
+def _ray_address(args: argparse.Namespace) -> str | None:
+    import os
+
+    return args.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def _check_positive(name: str, value: int | float | None) -> None:
+    from autotune.errors import ConfigError
+
+    if value is not None and value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from autotune.controller.session import check_study_inputs, create_study
+
+    for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
+        _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
+    space, workload = load_space_and_workload(args)
+    backend_options = {k: v for k, v in (("command", args.command), ("replay", args.replay), ("noise", args.noise),
+                                         ("seconds_per_trial", args.sim_seconds)) if v is not None}
+    options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
+               "measured_steps": args.measured_steps, "prune_slow": not args.no_prune}
+    check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
+    repo = open_repo(args)
+    study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
+                         sampler=args.sampler, backend=args.backend, backend_options=backend_options,
+                         seed=args.seed, options=options)
+    if not args.json:
+        print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
+              f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
+    return _run(repo, study, args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from autotune.errors import StudyError
+
+    repo = open_repo(args)
+    study = repo.get_study(args.study)
+    counts = repo.counts(study.id)
+    if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
+        raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials")
+    if not args.json:
+        print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
+    return _run(repo, study, args)
+
+
+def _run(repo, study, args: argparse.Namespace) -> int:
+    from autotune.controller.session import build_controller
+
+    view = _LiveView(repo, study, quiet=args.json)
+    with view:
+        controller = build_controller(repo, study, ray_address=_ray_address(args), local_gpus=args.local_gpus,
+                                      max_concurrent=args.max_concurrent, on_tick=view.tick)
+        summary = controller.run()
+    from autotune import leaderboard
+
+    board = leaderboard.build(repo, repo.get_study(study.name), top=10)
+    if args.json:
+        print(json.dumps({**board.summary, "elapsed_s": summary.elapsed_s, "stop_reason": summary.stop_reason,
+                          "controller_s_per_trial": summary.controller_s_per_trial}, indent=2, default=str))
+        return 0
+    _print_final(board, summary)
+    return 0
+
+
+def _print_final(board, summary) -> None:
+    from rich.console import Console
+
+    from autotune import leaderboard
+    from autotune.config import LayoutConfig
+
+    console = wide_console()
+    console.print(leaderboard.rich_table(board, title=f"{board.study.name}: top 10"))
+    console.print(leaderboard.summary_line(board.summary))
+    s = board.summary
+    if s["best_config"] is None:
+        console.print("[red]no trial completed[/red]")
+        return
+    best = LayoutConfig.from_mapping(s["best_config"])
+    speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""
+    console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
+                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{speedup}")
+    console.print(f"{summary.elapsed_s:.1f} s; controller overhead {1000 * summary.controller_s_per_trial:.0f} "
+                  f"ms/trial; export with `autotune export {board.study.name} --format recipe`")
+
+
+class _LiveView:
+    """A live leaderboard with a progress bar on a terminal; one line per finished trial otherwise."""
+
+    def __init__(self, repo, study, quiet: bool) -> None:
+        self.repo, self.study, self.quiet = repo, study, quiet
+        self._live = None
+        self._last = 0.0
+        self._reported: set[int] = set()
+
+    def __enter__(self):
+        from rich.console import Console
+
+        self.console = wide_console()
+        if not self.quiet and self.console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tick(None, force=True)
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def tick(self, _controller, force: bool = False) -> None:
+        if self.quiet or (not force and time.monotonic() - self._last < 0.25):
+            return
+        self._last = time.monotonic()
+        from autotune import leaderboard
+
+        board = leaderboard.build(self.repo, self.study, top=12)
+        if self._live is not None:
+            from rich.console import Group
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
+            done = board.summary["dispatched"] - board.summary["running"]
+            progress.add_task(leaderboard.summary_line(board.summary), total=self.study.budget, completed=done)
+            self._live.update(Group(progress, leaderboard.rich_table(board)))
+            return
+        for row in sorted(board.rows, key=lambda r: r["trial"]):
+            if row["status"] != "dispatched" and row["trial"] not in self._reported:
+                self._reported.add(row["trial"])
+                speed = f"{row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU" if row["tokens_per_s_per_gpu"] else row["reason"]
+                from autotune.config import LayoutConfig
+
+                print(f"[{len(self._reported)}/{self.study.budget}] trial {row['trial']} {row['status']}: "
+                      f"{LayoutConfig.from_mapping(row['config']).short()} {speed or ''}", flush=True)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from autotune import leaderboard
+
+    repo = open_repo(args)
+    studies = [repo.get_study(args.study)] if args.study else repo.list_studies()
+    summaries = [leaderboard.build(repo, s, top=0).summary for s in studies]
+    if args.json:
+        print(json.dumps(summaries, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="studies")
+    for column in ("study", "model", "GPUs", "status", "dispatched", "done", "OOM", "best tok/s/GPU", "vs recipe"):
+        table.add_column(column)
+    for s in summaries:
+        done = s["completed"] + s["oom"] + s["pruned"] + s["failed"] + s["timeout"]
+        table.add_row(s["study"], s["model"], str(s["workload"]["gpus"]), s["status"],
+                      f"{s['dispatched']}/{s['budget']}", str(done), str(s["oom"]),
+                      f"{s['best_tokens_per_s_per_gpu']:,.0f}" if s["best_tokens_per_s_per_gpu"] else "",
+                      f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "")
+    wide_console().print(table)
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from autotune import leaderboard
+
+    repo = open_repo(args)
+    study = repo.get_study(args.study)
+    if args.watch and args.format == "table":
+        from rich.console import Console, Group
+        from rich.live import Live
+        from rich.text import Text
+
+        with Live(console=Console(), refresh_per_second=2) as live:
+            while True:
+                study = repo.get_study(args.study)
+                board = leaderboard.build(repo, study, args.all, args.top)
+                live.update(Group(leaderboard.rich_table(board), Text(leaderboard.summary_line(board.summary))))
+                if study.status in ("finished", "interrupted") and board.summary["running"] == 0:
+                    return 0
+                time.sleep(1.0)
+    board = leaderboard.build(repo, study, args.all, args.top)
+    if args.format == "json":
+        print(leaderboard.to_json(board))
+    elif args.format == "csv":
+        sys.stdout.write(leaderboard.to_csv(board))
+    else:
+        console = wide_console()
+        console.print(leaderboard.rich_table(board))
+        console.print(leaderboard.summary_line(board.summary))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from autotune.config import LayoutConfig
+    from autotune.controller.session import study_space_and_workload
+    from autotune.overrides import layout_overrides
+
+    repo = open_repo(args)
+    study = repo.get_study(args.study)
+    trial = repo.trial(study.id, args.trial)
+    _, workload = study_space_and_workload(study)
+    data = {**trial.to_dict(), "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)}
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{study.name} trial {trial.number}: {LayoutConfig.from_mapping(trial.config).short()}",
+                  show_header=False)
+    for key in ("status", "reason", "message", "strategy_note", "attempt", "step_time_s", "tokens_per_s_per_gpu",
+                "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "implied_by_trial", "artifacts", "predicted"):
+        value = data.get(key)
+        if value not in (None, {}, []):
+            table.add_row(key, json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+    table.add_row("overrides", " ".join(data["overrides"]))
+    wide_console().print(table)
+    return 0

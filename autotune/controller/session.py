@@ -1,0 +1,136 @@
+"""Creating, opening and running studies: what `autotune start` and `autotune resume` do.
+
+Everything a user can get wrong is checked before the database changes (house rule: bad input
+leaves the database untouched): the model and space, an empty legal set (naming the rule that
+empties it), budget, sampler, backend and its options, a taken study name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any, Callable
+
+from autotune.backends import ResourceRequest, backend_class
+from autotune.config import LayoutConfig, Workload
+from autotune.controller.loop import Controller, RunSummary
+from autotune.controller.strategies import STRATEGIES, make_strategy
+from autotune.errors import ConfigError, StudyError
+from autotune.space import SearchSpace, enumerate_legal, load_space, make_workload
+from autotune.storage import Repository, Study
+
+DEFAULT_OPTIONS = {"warmup_steps": 3, "measured_steps": 5, "trial_timeout_s": 3600.0, "prune_slow": True,
+                   "slow_margin": 0.25}
+
+
+def check_backend(backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Validate the backend name and its options here, before anything is written or dispatched."""
+    cls = backend_class(backend)
+    if backend == "command":
+        from autotune.backends.command import check_command
+
+        if not options.get("command"):
+            raise ConfigError("--backend command needs --command \"CMD ARGS\"")
+        check_command(options["command"])
+    if backend == "replay":
+        from autotune.backends.replay import read_table, table_index
+
+        if not options.get("replay"):
+            raise ConfigError("--backend replay needs --replay FILE (CSV or Parquet)")
+        table_index(read_table(options["replay"]))
+    if backend == "megatron":
+        cls.check_options(options)  # type: ignore[attr-defined]
+    return options
+
+
+def check_sampler(sampler: str) -> str:
+    if sampler not in STRATEGIES:
+        raise ConfigError(f"unknown sampler {sampler!r} (known: {', '.join(STRATEGIES)})")
+    return sampler
+
+
+def check_space_not_empty(space: SearchSpace, workload: Workload) -> int:
+    legal = enumerate_legal(space, workload)
+    if not legal.configs:
+        rule = legal.emptiest_rule()
+        raise ConfigError(f"no legal layout for {workload.model.name} on {workload.cluster.gpus} GPUs with these "
+                          f"--fix values: rule {rule} rejects most candidates (see `autotune space`)")
+    return len(legal.configs)
+
+
+def default_study_name(workload: Workload) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{workload.model.name}-{workload.cluster.gpus}g-{stamp}"
+
+
+def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, sampler: str, backend: str,
+                       backend_options: dict[str, Any]) -> None:
+    """Every check of `create_study` that needs no database: run it before storage is even opened."""
+    if budget <= 0:
+        raise ConfigError(f"--budget must be a positive number of trials, got {budget}")
+    check_sampler(sampler)
+    check_backend(backend, backend_options)
+    check_space_not_empty(space, workload)
+
+
+def create_study(repo: Repository, *, name: str | None, space: SearchSpace, workload: Workload, budget: int,
+                 sampler: str, backend: str, backend_options: dict[str, Any], seed: int | None,
+                 options: dict[str, Any] | None = None) -> Study:
+    from autotune.controller._optuna import OptunaStudy
+
+    check_study_inputs(space, workload, budget, sampler, backend, backend_options)
+    name = name or default_study_name(workload)
+    if repo.find_study(name) is not None:
+        raise StudyError(f"study {name!r} already exists: continue it with `autotune resume {name}` "
+                         "or choose another --study")
+    optuna_name = f"autotune:{name}"
+    OptunaStudy(repo.url, optuna_name, space, sampler, seed, create=True)
+    return repo.create_study(name=name, model=workload.model.name, workload=workload.to_dict(),
+                             space=space.to_dict(), budget=budget, sampler=sampler, backend=backend,
+                             backend_options=backend_options,
+                             options={**DEFAULT_OPTIONS, **(options or {}), "seed": seed},
+                             optuna_study_name=optuna_name, status="created")
+
+
+def study_space_and_workload(study: Study) -> tuple[SearchSpace, Workload]:
+    """Rebuild the space (domains as recorded) and the workload of a stored study."""
+    space = load_space(study.space.get("source") or study.model)
+    space = dataclasses.replace(space, domains={k: tuple(v) for k, v in study.space["domains"].items()},
+                                policy=dict(study.space.get("policy", space.policy)))
+    w = study.workload
+    workload = make_workload(space, gpus=w["gpus"], gpus_per_node=w["gpus_per_node"], gpu=w["gpu"],
+                             global_batch_size=w["global_batch_size"], seq_length=w["seq_length"],
+                             precision=w["precision"])
+    return space, workload
+
+
+def recipe_baseline(space: SearchSpace) -> LayoutConfig:
+    return LayoutConfig.from_mapping(space.model.defaults.layout)
+
+
+def build_controller(repo: Repository, study: Study, *, ray_address: str | None = None,
+                     local_gpus: int | None = None, max_concurrent: int | None = None,
+                     on_tick: Callable[[Controller], None] | None = None, dispatcher=None) -> Controller:
+    from autotune.backends._ray import RayDispatcher
+
+    space, workload = study_space_and_workload(study)
+    cls = backend_class(study.backend)
+    resources = ResourceRequest.for_workload(workload.cluster.gpus, workload.cluster.gpus_per_node,
+                                             cls.one_bundle_per_node)
+    if dispatcher is None:
+        dispatcher = RayDispatcher(study.backend, study.backend_options, resources, address=ray_address,
+                                   local_gpus=local_gpus, max_concurrent=max_concurrent,
+                                   slot_name_prefix=study.name)
+        dispatcher.start()
+    try:
+        strategy = make_strategy(study.sampler, study.budget, study.options.get("seed"), recipe_baseline(space))
+        return Controller(repo, study, space, workload, strategy, dispatcher, baseline=recipe_baseline(space),
+                          on_tick=on_tick)
+    except BaseException:
+        dispatcher.shutdown()  # never leave placement groups or a local Ray behind
+        raise
+
+
+def run_study(repo: Repository, study: Study, **kwargs: Any) -> RunSummary:
+    controller = build_controller(repo, study, **kwargs)
+    return controller.run()

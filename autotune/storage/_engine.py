@@ -1,0 +1,83 @@
+"""Storage URLs and engines: SQLite in WAL mode with a busy timeout, or PostgreSQL through psycopg 3.
+
+The default store is a SQLite file in the user's data directory ($AUTOTUNE_HOME, else
+$XDG_DATA_HOME/autotune, else ~/.local/share/autotune), overridden by --storage or AUTOTUNE_STORAGE.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+
+from autotune.errors import StorageError
+
+STORAGE_ENV = "AUTOTUNE_STORAGE"
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+def data_dir() -> Path:
+    if os.environ.get("AUTOTUNE_HOME"):
+        return Path(os.environ["AUTOTUNE_HOME"])
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "autotune"
+
+
+def default_storage_url() -> str:
+    return os.environ.get(STORAGE_ENV) or f"sqlite:///{data_dir() / 'autotune.db'}"
+
+
+def normalize_url(url: str) -> str:
+    """Check the URL's form and pick our driver: postgresql:// means psycopg 3 here."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StorageError(f"--storage {url!r} is not a database URL (e.g. sqlite:///path.db, "
+                           "postgresql+psycopg://user@host/db)") from None
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise StorageError(f"--storage: unsupported database {backend!r} (use sqlite or postgresql)")
+    if backend == "postgresql" and parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return parsed.render_as_string(hide_password=False)
+
+
+def engine_kwargs(url: str) -> dict:
+    """Keyword arguments for create_engine, shared by our engine and Optuna's RDBStorage."""
+    if make_url(url).get_backend_name() == "sqlite":
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+    return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers (dashboard, --watch) never block the controller
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`, checked to answer (StorageError with one clear line otherwise)."""
+    url = normalize_url(url)
+    try:
+        engine = create_engine(url, **engine_kwargs(url))
+    except (ArgumentError, ImportError) as exc:
+        raise StorageError(f"--storage {url!r}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StorageError(f"cannot reach storage {engine.url.render_as_string(hide_password=True)}: {first}") from None
+    except SQLAlchemyError as exc:
+        raise StorageError(f"storage {url!r} failed: {exc.__class__.__name__}") from None
+    return engine

@@ -1,0 +1,74 @@
+"""Running autotune's Alembic migrations programmatically (no alembic.ini needed).
+
+`ensure_schema` is what every command that opens storage calls: it creates the schema of an empty
+database, and refuses (StorageError, one line) a database whose schema is older ("run autotune db
+upgrade") or newer ("upgrade autotune") than this code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+from sqlalchemy.engine import Engine
+
+from autotune.errors import StorageError
+
+VERSION_TABLE = "autotune_alembic_version"
+
+
+def migrations_dir() -> Path:
+    """The Alembic script directory: installed as autotune/migrations, or the checkout's alembic/."""
+    package_dir = Path(__file__).resolve().parent.parent
+    for candidate in (package_dir / "migrations", package_dir.parent / "alembic"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError("autotune's Alembic migrations are missing from this installation")
+
+
+def _config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("version_table", VERSION_TABLE)
+    return config
+
+
+def head_revision(engine: Engine) -> str:
+    return ScriptDirectory.from_config(_config(engine)).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    config = _config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the schema in an empty database; refuse one that is behind or ahead of this code."""
+    current = current_revision(engine)
+    head = head_revision(engine)
+    if current == head:
+        return
+    script = ScriptDirectory.from_config(_config(engine))
+    if current is None:
+        if inspect(engine).has_table("autotune_trials"):
+            raise StorageError("the database has autotune tables but no autotune_alembic_version: "
+                               "it was not created by autotune's migrations")
+        upgrade(engine)
+        return
+    known = {rev.revision for rev in script.walk_revisions()}
+    if current not in known:
+        raise StorageError(f"the database schema is at revision {current}, newer than this autotune ({head}): "
+                           "upgrade autotune to use it")
+    raise StorageError(f"the database schema is at revision {current}, older than this autotune ({head}): "
+                       "run `autotune db upgrade --storage URL` first")

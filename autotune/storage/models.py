@@ -1,0 +1,96 @@
+"""autotune's own tables (SQLAlchemy 2). Optuna's tables live in the same database, owned by Optuna.
+
+A study row holds what the study is (model, workload, space, budget, strategy, backend). A trial row
+is one proposal: either rejected before dispatch (never ran, `dispatched` false) or dispatched to a
+backend, with its status, metrics, timings, GPU-seconds and artifacts. Every trial of a study has a
+unique `number`; a layout is dispatched at most once per study (unique dispatch key).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+SCHEMA_REVISION = "0002_trial_prediction_owner"  # the newest Alembic revision this code writes
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class StudyRow(Base):
+    __tablename__ = "autotune_studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    model: Mapped[str] = mapped_column(String(100))
+    workload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    space: Mapped[dict[str, Any]] = mapped_column(JSON)  # domains after --fix, policy, source file
+    budget: Mapped[int] = mapped_column(Integer)
+    sampler: Mapped[str] = mapped_column(String(40))
+    backend: Mapped[str] = mapped_column(String(40))
+    backend_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # seed, timeouts, pruning settings
+    optuna_study_name: Mapped[str] = mapped_column(String(250))
+    status: Mapped[str] = mapped_column(String(20), default="running")  # running, finished, interrupted
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    controller_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    controller_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+
+    trials: Mapped[list["TrialRow"]] = relationship(back_populates="study", cascade="all, delete-orphan")
+
+
+class TrialRow(Base):
+    __tablename__ = "autotune_trials"
+    __table_args__ = (
+        UniqueConstraint("study_id", "number", name="uq_trial_number"),
+        UniqueConstraint("study_id", "dispatch_key", name="uq_trial_dispatch_key"),
+        Index("ix_trial_study_status", "study_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    optuna_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_key: Mapped[str] = mapped_column(Text)
+    # Equal to config_key for dispatched trials, NULL otherwise: the unique constraint then says
+    # "a layout is dispatched at most once per study", also across concurrent controllers.
+    dispatch_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dispatched: Mapped[bool] = mapped_column(Boolean, default=False)
+    # rejected | dispatched | completed | oom | pruned | failed | timeout | lost
+    status: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # rule name or failure class
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)  # human text, stderr tail
+    implied_by_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # OOM-frontier source
+    strategy_note: Mapped[str | None] = mapped_column(String(100), nullable=True)  # why it was chosen
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens_per_s_per_gpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tflops_per_gpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mfu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_mem_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step_times_s: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    artifacts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    dispatched_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    # added by revision 0002: the cost model's prediction at proposal time, and the controller
+    # that runs the trial (a controller adopts only trials whose owner stopped heartbeating)
+    predicted: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    controller_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+
+    study: Mapped[StudyRow] = relationship(back_populates="trials")
+
+
+TERMINAL_STATUSES = ("completed", "oom", "pruned", "failed", "timeout", "lost")

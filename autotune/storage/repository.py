@@ -1,0 +1,326 @@
+"""The repository: the only API to autotune's tables. Returns plain records, never live ORM rows.
+
+Every write is its own short transaction, committed before the caller acts on it (a trial is
+recorded as dispatched before it is submitted; an outcome is committed before Optuna is told).
+Trial numbers and "dispatched at most once" are enforced by unique constraints, so concurrent
+controllers on one PostgreSQL study cannot collide: the loser of a race gets None / a retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from autotune.errors import StudyError
+from autotune.storage._engine import make_engine, normalize_url
+from autotune.storage.migrations import ensure_schema
+from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
+
+METRIC_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
+
+
+@dataclass(frozen=True)
+class Study:
+    id: int
+    name: str
+    model: str
+    workload: dict[str, Any]
+    space: dict[str, Any]
+    budget: int
+    sampler: str
+    backend: str
+    backend_options: dict[str, Any]
+    options: dict[str, Any]
+    optuna_study_name: str
+    status: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    controller_heartbeat_at: dt.datetime | None = None
+    controller_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    study_id: int
+    number: int
+    optuna_trial_number: int | None
+    config: dict[str, Any]
+    config_key: str
+    dispatched: bool
+    status: str
+    reason: str | None = None
+    message: str | None = None
+    implied_by_trial: int | None = None
+    strategy_note: str | None = None
+    attempt: int = 0
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_mem_gib: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    gpu_seconds: float = 0.0
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    predicted: dict[str, Any] | None = None
+    controller_id: str | None = None
+    created_at: dt.datetime | None = None
+    dispatched_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    heartbeat_at: dt.datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for key in ("created_at", "dispatched_at", "finished_at", "heartbeat_at"):
+            data[key] = data[key].isoformat() if data[key] else None
+        return data
+
+
+def _study(row: StudyRow) -> Study:
+    return Study(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Study)})
+
+
+def _trial(row: TrialRow) -> Trial:
+    return Trial(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Trial)})
+
+
+class Repository:
+    """autotune's tables in one database (SQLite file or PostgreSQL)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> "Repository":
+        """Connect, check the schema (creating it in an empty database) and return the repository."""
+        engine = make_engine(url)
+        ensure_schema(engine)
+        return cls(engine)
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=False)
+
+    @staticmethod
+    def normalize(url: str) -> str:
+        return normalize_url(url)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- studies -------------------------------------------------------------------------------
+
+    def create_study(self, **values: Any) -> Study:
+        try:
+            with self.session() as s:
+                row = StudyRow(**values)
+                s.add(row)
+                s.flush()
+                return _study(row)
+        except IntegrityError:
+            raise StudyError(f"study {values['name']!r} already exists: continue it with "
+                             f"`autotune resume {values['name']}` or choose another --study") from None
+
+    def get_study(self, name: str) -> Study:
+        with self.session() as s:
+            row = s.scalar(select(StudyRow).where(StudyRow.name == name))
+            if row is None:
+                raise StudyError(f"no study named {name!r} (see `autotune status`)")
+            return _study(row)
+
+    def find_study(self, name: str) -> Study | None:
+        with self.session() as s:
+            row = s.scalar(select(StudyRow).where(StudyRow.name == name))
+            return _study(row) if row else None
+
+    def list_studies(self) -> list[Study]:
+        with self.session() as s:
+            return [_study(r) for r in s.scalars(select(StudyRow).order_by(StudyRow.created_at))]
+
+    def set_study_status(self, study_id: int, status: str) -> None:
+        with self.session() as s:
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status, updated_at=utcnow()))
+
+    def controller_heartbeat(self, study_id: int, controller_id: str) -> None:
+        with self.session() as s:
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(
+                controller_heartbeat_at=utcnow(), controller_id=controller_id))
+
+    # --- trials --------------------------------------------------------------------------------
+
+    def _insert_trial(self, study_id: int, **values: Any) -> Trial:
+        """Insert with the next free number (retrying when a concurrent controller took it)."""
+        for _ in range(50):
+            try:
+                with self.session() as s:
+                    number = (s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
+                              or 0) + 1
+                    row = TrialRow(study_id=study_id, number=number, **values)
+                    s.add(row)
+                    s.flush()
+                    return _trial(row)
+            except IntegrityError:
+                continue  # lost the race for this number: take the next one
+        raise RuntimeError("could not allocate a trial number after 50 attempts")
+
+    def is_dispatched(self, study_id: int, config_key: str) -> bool:
+        with self.session() as s:
+            return s.scalar(select(func.count()).select_from(TrialRow).where(
+                TrialRow.study_id == study_id, TrialRow.dispatch_key == config_key)) > 0
+
+    def add_rejected_many(self, study_id: int, rows: list[dict[str, Any]]) -> None:
+        """Record several rejected layouts in one transaction (strategy skips, e.g. the OOM frontier)."""
+        if not rows:
+            return
+        for _ in range(50):
+            try:
+                with self.session() as s:
+                    number = s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id)) or 0
+                    for offset, values in enumerate(rows, 1):
+                        s.add(TrialRow(study_id=study_id, number=number + offset, dispatched=False,
+                                       status="rejected", finished_at=utcnow(), **values))
+                return
+            except IntegrityError:
+                continue
+        raise RuntimeError("could not record rejected layouts after 50 attempts")
+
+    def add_rejected(self, study_id: int, config: dict, config_key: str, reason: str, message: str,
+                     optuna_trial_number: int | None = None, implied_by_trial: int | None = None,
+                     predicted: dict | None = None, strategy_note: str | None = None) -> Trial:
+        trial = self._insert_trial(study_id, config=config, config_key=config_key, dispatched=False,
+                                   status="rejected", reason=reason, message=message,
+                                   optuna_trial_number=optuna_trial_number, implied_by_trial=implied_by_trial,
+                                   predicted=predicted, strategy_note=strategy_note, finished_at=utcnow())
+        return trial
+
+    def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
+                       controller_id: str, budget: int, predicted: dict | None = None,
+                       strategy_note: str | None = None) -> Trial | str:
+        """Record a trial as dispatched, committed before anything runs it.
+
+        Returns the trial, or a reason it was not recorded: "budget" (the study has dispatched its
+        budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
+        or "duplicate" (this layout was already dispatched in the study).
+        """
+        for _ in range(50):
+            try:
+                with self.session() as s:
+                    s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+                    dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
+                        TrialRow.study_id == study_id, TrialRow.dispatched.is_(True)))
+                    if dispatched >= budget:
+                        return "budget"
+                    if s.scalar(select(func.count()).select_from(TrialRow).where(
+                            TrialRow.study_id == study_id, TrialRow.dispatch_key == config_key)):
+                        return "duplicate"
+                    number = (s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
+                              or 0) + 1
+                    now = utcnow()
+                    row = TrialRow(study_id=study_id, number=number, config=config, config_key=config_key,
+                                   dispatch_key=config_key, dispatched=True, status="dispatched", attempt=1,
+                                   optuna_trial_number=optuna_trial_number, predicted=predicted,
+                                   strategy_note=strategy_note, dispatched_at=now, heartbeat_at=now,
+                                   controller_id=controller_id)
+                    s.add(row)
+                    s.flush()
+                    return _trial(row)
+            except IntegrityError:
+                if self.is_dispatched(study_id, config_key):
+                    return "duplicate"
+        raise RuntimeError("could not record a dispatch after 50 attempts")
+
+    def stale_trials(self, study_id: int, older_than_s: float, exclude_controller: str) -> list[Trial]:
+        """Dispatched, unfinished trials of other controllers whose heartbeat stopped."""
+        cutoff = utcnow() - dt.timedelta(seconds=older_than_s)
+        with self.session() as s:
+            rows = s.scalars(select(TrialRow).where(
+                TrialRow.study_id == study_id, TrialRow.status == "dispatched",
+                (TrialRow.controller_id.is_(None)) | (TrialRow.controller_id != exclude_controller),
+                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < cutoff)).order_by(TrialRow.number))
+            return [_trial(r) for r in rows]
+
+    def adopt_trial(self, study_id: int, number: int, controller_id: str, stale_before: dt.datetime) -> bool:
+        """Take over a stale trial (compare-and-set on its heartbeat, so two adopters cannot both win)."""
+        with self.session() as s:
+            result = s.execute(update(TrialRow).where(
+                TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.status == "dispatched",
+                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < stale_before)).values(
+                controller_id=controller_id, heartbeat_at=utcnow()))
+            return result.rowcount == 1
+
+    def heartbeat_trials(self, study_id: int, numbers: list[int]) -> None:
+        if not numbers:
+            return
+        with self.session() as s:
+            s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number.in_(numbers))
+                      .values(heartbeat_at=utcnow()))
+
+    def finish_trial(self, study_id: int, number: int, status: str, *, reason: str | None = None,
+                     message: str | None = None, metrics: dict[str, Any] | None = None,
+                     step_times_s: list[float] | None = None, gpu_seconds: float = 0.0,
+                     artifacts: dict[str, Any] | None = None) -> None:
+        values: dict[str, Any] = {"status": status, "reason": reason, "message": message,
+                                  "finished_at": utcnow(), "gpu_seconds": TrialRow.gpu_seconds + gpu_seconds}
+        for key in METRIC_FIELDS:
+            if metrics and metrics.get(key) is not None:
+                values[key] = float(metrics[key])
+        if step_times_s is not None:
+            values["step_times_s"] = list(step_times_s)
+        if artifacts:
+            values["artifacts"] = artifacts
+        with self.session() as s:
+            s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number).values(**values))
+
+    def retry_trial(self, study_id: int, number: int, message: str, controller_id: str,
+                    gpu_seconds: float = 0.0) -> None:
+        """A lost trial goes back to dispatched for its next attempt (its GPU time so far is kept)."""
+        with self.session() as s:
+            s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number).values(
+                status="dispatched", attempt=TrialRow.attempt + 1, message=message, dispatched_at=utcnow(),
+                heartbeat_at=utcnow(), controller_id=controller_id, gpu_seconds=TrialRow.gpu_seconds + gpu_seconds))
+
+    def trials(self, study_id: int, dispatched_only: bool = False) -> list[Trial]:
+        with self.session() as s:
+            query = select(TrialRow).where(TrialRow.study_id == study_id)
+            if dispatched_only:
+                query = query.where(TrialRow.dispatched.is_(True))
+            return [_trial(r) for r in s.scalars(query.order_by(TrialRow.number))]
+
+    def trial(self, study_id: int, number: int) -> Trial:
+        with self.session() as s:
+            row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
+            if row is None:
+                raise StudyError(f"study has no trial {number}")
+            return _trial(row)
+
+    def counts(self, study_id: int) -> dict[str, int]:
+        """How many trials were dispatched, rejected, and ended in each status."""
+        with self.session() as s:
+            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, func.count()).where(
+                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched)).all()
+        counts = {"dispatched": 0, "rejected": 0, "running": 0, "completed": 0, "oom": 0, "pruned": 0,
+                  "failed": 0, "timeout": 0, "lost": 0}
+        for status, dispatched, count in rows:
+            if dispatched:
+                counts["dispatched"] += count
+                counts["running" if status == "dispatched" else status] += count
+            else:
+                counts["rejected"] += count
+        return counts

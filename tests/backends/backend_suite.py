@@ -1,0 +1,63 @@
+"""The shared test suite every backend runs (house rule 1; like Optuna's pytest_storages and Hydra's
+launcher_common_tests). A backend's test module subclasses BackendContract and provides `backend()`
+and `spec()` for a trial that completes."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from autotune.backends import Backend, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.config import LayoutConfig
+from autotune.overrides import layout_overrides
+from autotune.space import load_space, make_workload
+
+
+def make_spec(trial: int = 1, config: dict | None = None, **changes) -> TrialSpec:
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    layout = LayoutConfig.from_mapping(config or {"ep": 8, "dist_opt": True, "mbs": 1})
+    values = dict(study="suite", trial=trial, model="qwen3_30b", gpus=16, gpus_per_node=8, gpu="h100",
+                  global_batch_size=1024, seq_length=4096, precision="bf16", config=layout.to_dict(),
+                  overrides=layout_overrides(layout, workload), warmup_steps=2, measured_steps=3, timeout_s=3600.0)
+    values.update(changes)
+    return TrialSpec(**values)
+
+
+class BackendContract:
+    def backend(self) -> Backend:
+        raise NotImplementedError
+
+    def spec(self, **changes) -> TrialSpec:
+        return make_spec(**changes)
+
+    def run(self, spec: TrialSpec, cancel: threading.Event | None = None):
+        reports: list[StepReport] = []
+        outcome = self.backend().run(spec, reports.append, cancel or threading.Event())
+        return outcome, reports
+
+    def test_completed_trial_has_one_outcome_with_metrics(self):
+        spec = self.spec(trial=7)
+        outcome, _ = self.run(spec)
+        assert isinstance(outcome, TrialOutcome)
+        assert outcome.trial == 7
+        assert outcome.status == TrialStatus.COMPLETED
+        assert outcome.step_time_s and outcome.step_time_s > 0
+
+    def test_outcome_round_trips_through_json(self):
+        outcome, reports = self.run(self.spec())
+        again = TrialOutcome.from_dict(json.loads(json.dumps(outcome.to_dict())))
+        assert again == outcome
+        for report in reports:
+            assert StepReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+    def test_reports_come_in_step_order(self):
+        _, reports = self.run(self.spec())
+        steps = [r.step for r in reports]
+        assert steps == sorted(steps)
+
+    def test_cancel_before_start_ends_the_trial(self):
+        cancel = threading.Event()
+        cancel.set()
+        outcome, _ = self.run(self.spec(), cancel)
+        assert outcome.status in (TrialStatus.PRUNED, TrialStatus.COMPLETED)  # fast backends may finish first

@@ -1,0 +1,154 @@
+"""Each backend runs the shared suite, plus its own cases."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from autotune.backends import TrialSpec, TrialStatus, create_backend
+from autotune.backends.command import CommandBackend
+from autotune.backends.simulate import HiddenLandscape
+from autotune.config import LayoutConfig
+from tests.backends.backend_suite import BackendContract, make_spec
+from tests.conftest import FAKE_LAUNCHER
+
+
+def test_spec_round_trips_through_json():
+    spec = make_spec()
+    assert TrialSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict()["version"] == 1
+
+
+class TestSimulate(BackendContract):
+    def backend(self):
+        return create_backend("simulate", {"seconds_per_trial": 0.0})
+
+    def test_layout_that_does_not_fit_is_oom(self):
+        outcome, reports = self.run(self.spec(config={"ep": 1, "mbs": 8}))
+        assert outcome.status == TrialStatus.OOM
+        assert outcome.peak_mem_gib > 79.6 and reports == []
+
+    def test_hidden_landscape_changes_speed_but_is_deterministic(self):
+        plain = create_backend("simulate", {"seconds_per_trial": 0.0, "noise": 0.0})
+        hidden = create_backend("simulate", {"seconds_per_trial": 0.0, "noise": 0.0, "landscape_seed": 5})
+        spec = self.spec()
+        a = plain.run(spec, lambda r: None, threading.Event())
+        b = hidden.run(spec, lambda r: None, threading.Event())
+        c = hidden.run(spec, lambda r: None, threading.Event())
+        assert a.step_time_s != b.step_time_s and b.step_time_s == c.step_time_s
+        land = HiddenLandscape(5)
+        factor = land.speed_factor(LayoutConfig.from_mapping(spec.config))
+        assert 0.25 < factor < 4 and 0.95 <= land.memory_factor(LayoutConfig()) <= 1.05
+
+    def test_timeout(self):
+        outcome, _ = self.run(self.spec(timeout_s=100.0))  # 90 s start-up + steps > 100 s
+        assert outcome.status == TrialStatus.TIMEOUT
+
+
+class TestCommand(BackendContract):
+    mode = "model"
+
+    def backend(self):
+        return CommandBackend({"command": f"python3 {FAKE_LAUNCHER}"})
+
+    @pytest.fixture(autouse=True)
+    def _mode(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("FAKE_MODE", self.mode)
+        self.pid_file = tmp_path / "pids"
+        monkeypatch.setenv("FAKE_PID_FILE", str(self.pid_file))
+
+    def test_intermediate_reports_are_parsed(self):
+        outcome, reports = self.run(self.spec())
+        assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+        assert reports[0].warmup and not reports[-1].warmup
+        assert outcome.tokens_per_s_per_gpu and outcome.peak_mem_gib
+
+    def test_crash_is_failed_with_stderr_tail(self, monkeypatch):
+        monkeypatch.setenv("FAKE_MODE", "crash")
+        outcome, _ = self.run(self.spec())
+        assert outcome.status == TrialStatus.FAILED
+        assert "exit code 3" in outcome.error and "NCCL error" in outcome.error
+
+    def test_garbage_output_is_failed(self, monkeypatch):
+        monkeypatch.setenv("FAKE_MODE", "garbage")
+        outcome, _ = self.run(self.spec())
+        assert outcome.status == TrialStatus.FAILED and "no result JSON" in outcome.error
+
+    def test_oom_result(self, monkeypatch):
+        monkeypatch.setenv("FAKE_MODE", "oom")
+        outcome, _ = self.run(self.spec())
+        assert outcome.status == TrialStatus.OOM and outcome.peak_mem_gib == 81.0
+
+    def test_partial_result_keeps_step_time(self, monkeypatch):
+        monkeypatch.setenv("FAKE_MODE", "partial")
+        outcome, _ = self.run(self.spec())
+        assert outcome.status == TrialStatus.COMPLETED and outcome.tokens_per_s_per_gpu is None
+
+    def _group_alive(self) -> list[int]:
+        """Recorded processes still running (a zombie, dead but not yet reaped by PID 1, does not count)."""
+        alive = []
+        for line in self.pid_file.read_text().split("\n"):
+            if line.strip():
+                pid = int(line.split()[0])
+                try:
+                    state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+                except FileNotFoundError:
+                    continue
+                if state not in ("Z", "X"):
+                    alive.append(pid)
+        return alive
+
+    def test_hang_times_out_and_the_whole_group_dies(self, monkeypatch):
+        monkeypatch.setenv("FAKE_MODE", "hang")
+        start = time.monotonic()
+        outcome, _ = self.run(self.spec(timeout_s=1.5))
+        assert outcome.status == TrialStatus.TIMEOUT
+        assert time.monotonic() - start < 15
+        time.sleep(0.2)
+        assert len(self.pid_file.read_text().split()) >= 4  # the launcher and its child
+        assert self._group_alive() == []
+
+    def test_cancel_kills_the_process_group(self, monkeypatch):
+        monkeypatch.setenv("FAKE_MODE", "hang")
+        cancel = threading.Event()
+        threading.Timer(1.0, cancel.set).start()
+        outcome, _ = self.run(self.spec(timeout_s=60), cancel)
+        assert outcome.status == TrialStatus.PRUNED
+        time.sleep(0.2)
+        assert self._group_alive() == []
+
+    def test_missing_program_is_failed_not_raised(self):
+        outcome = CommandBackend({"command": "/nonexistent/launcher"}).run(self.spec(), lambda r: None,
+                                                                        threading.Event())
+        assert outcome.status == TrialStatus.FAILED and "cannot start" in outcome.error
+
+
+class TestReplay(BackendContract):
+    @pytest.fixture(autouse=True)
+    def _table(self, tmp_path):
+        rows = [{**LayoutConfig.from_mapping(make_spec().config).to_dict(), "status": "completed",
+                 "step_time_s": 30.0, "peak_mem_gib": 70.0},
+                {**LayoutConfig(ep=16).to_dict(), "status": "oom", "peak_mem_gib": 85.0}]
+        self.path = tmp_path / "table.csv"
+        pd.DataFrame(rows).to_csv(self.path, index=False)
+
+    def backend(self):
+        return create_backend("replay", {"replay": str(self.path)})
+
+    def test_missing_layout_is_failed(self):
+        outcome, _ = self.run(self.spec(config={"ep": 4}))
+        assert outcome.status == TrialStatus.FAILED and "not in the replay table" in outcome.error
+
+    def test_oom_row(self):
+        outcome, _ = self.run(self.spec(config={"ep": 16}))
+        assert outcome.status == TrialStatus.OOM
+
+    def test_parquet_table(self, tmp_path):
+        pytest.importorskip("pyarrow")
+        parquet = tmp_path / "t.parquet"
+        pd.read_csv(self.path).to_parquet(parquet)
+        backend = create_backend("replay", {"replay": str(parquet)})
+        assert backend.run(self.spec(), lambda r: None, threading.Event()).status == TrialStatus.COMPLETED

@@ -1,0 +1,148 @@
+"""Whole studies on the session's local Ray (16 logical GPUs), real SQLite files and PostgreSQL."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.controller.session import build_controller, create_study
+from autotune.space import load_space, make_workload
+from autotune.storage import Repository
+from tests.conftest import FAKE_LAUNCHER
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def run(url, name="s", model="qwen3_30b", gpus=8, budget=8, sampler="auto", backend="simulate",
+        backend_options=None, fixes=None, options=None, seed=0):
+    repo = Repository.open(url)
+    space = load_space(model)
+    if fixes:
+        space = space.fixed(fixes)
+    workload = make_workload(space, gpus=gpus)
+    opts = {"seconds_per_trial": 0.0, **(backend_options or {})} if backend == "simulate" else (backend_options or {})
+    study = create_study(repo, name=name, space=space, workload=workload, budget=budget, sampler=sampler,
+                         backend=backend, backend_options=opts, seed=seed, options=options)
+    summary = build_controller(repo, study).run()
+    return repo, repo.get_study(name), summary
+
+
+def optuna_trials(url, name):
+    return optuna.load_study(study_name=f"autotune:{name}", storage=url).trials
+
+
+def test_simulate_study_dispatches_exactly_its_budget(storage_url):
+    repo, study, summary = run(storage_url, budget=8, gpus=16)  # the recipe default is legal on 16
+    trials = repo.trials(study.id, dispatched_only=True)
+    assert len(trials) == 8 == summary.counts["dispatched"]
+    assert len({t.config_key for t in trials}) == 8  # each layout once
+    assert all(t.status == "completed" and t.tokens_per_s_per_gpu for t in trials)
+    assert study.status == "finished"
+    assert trials[0].strategy_note == "baseline"  # the recipe's layout is measured first
+    assert summary.best.tokens_per_s_per_gpu >= trials[0].tokens_per_s_per_gpu
+    completed = [t for t in optuna_trials(storage_url, "s") if t.state == TrialState.COMPLETE]
+    assert len(completed) == 8
+    assert {t.number for t in completed} == {t.optuna_trial_number for t in trials}
+    assert all(t.gpu_seconds > 0 and t.dispatched_at and t.finished_at for t in trials)
+
+
+def test_two_trials_run_at_once_when_the_cluster_holds_two(tmp_path):
+    """8-GPU trials on the 16-GPU local Ray: two placement groups, two trials at a time."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    repo = Repository.open(url)
+    space = load_space("llama3_8b")
+    workload = make_workload(space, gpus=8)
+    study = create_study(repo, name="c", space=space, workload=workload, budget=4, sampler="random",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.5}, seed=1,
+                         options={"prune_slow": False})
+    controller = build_controller(repo, study)
+    assert controller.dispatcher.capacity == 2
+    seen = []
+    controller.on_tick = lambda c: seen.append(len(c.running))
+    controller.run()
+    assert max(seen) == 2
+    assert repo.counts(study.id)["completed"] == 4
+
+
+def test_tpe_rejections_are_recorded_and_told_infeasible(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    repo, study, summary = run(url, name="tpe", sampler="tpe", budget=4)
+    counts = repo.counts(study.id)
+    assert counts["dispatched"] == 4
+    assert counts["rejected"] > 0  # random knob combinations are mostly illegal
+    rejected = [t for t in repo.trials(study.id) if t.status == "rejected"]
+    assert all(t.reason and t.message and not t.dispatched for t in rejected)
+    by_number = {t.number: t for t in optuna_trials(url, "tpe")}
+    for trial in rejected[:20]:
+        frozen = by_number[trial.optuna_trial_number]
+        assert frozen.state == TrialState.PRUNED  # never FAIL: that makes samplers re-propose
+        constraints = [v for k, v in frozen.system_attrs.items() if k.startswith("constraints")]
+        assert constraints and max(constraints) > 0
+
+
+def test_oom_trials_are_infeasible_and_imply_a_frontier(tmp_path):
+    """A hidden 40% memory-model error makes measured OOMs; dominated layouts are skipped with their source."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    repo, study, _ = run(url, name="oom", gpus=8, budget=10,
+                         backend_options={"landscape_seed": 3, "memory_error": 0.4, "knob_bias": 0.0})
+    trials = repo.trials(study.id)
+    oom = [t for t in trials if t.status == "oom"]
+    assert oom, "the landscape should make some layouts run out of memory"
+    assert all(t.reason == "out_of_memory" and t.peak_mem_gib for t in oom)
+    by_number = {t.number: t for t in optuna_trials(url, "oom")}
+    for t in oom:
+        frozen = by_number[t.optuna_trial_number]
+        assert frozen.state == TrialState.PRUNED
+    implied = [t for t in trials if t.reason == "oom_frontier"]
+    assert all(t.implied_by_trial in {o.number for o in oom} for t in implied)
+    assert repo.counts(study.id)["dispatched"] == 10
+
+
+def test_slow_branches_are_pruned(tmp_path):
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    repo, study, _ = run(url, name="slow", sampler="random", budget=10, seed=4,
+                         backend_options={"seconds_per_trial": 0.6},  # steps must arrive while it runs
+                         options={"slow_margin": 0.0, "warmup_steps": 1})
+    trials = repo.trials(study.id, dispatched_only=True)
+    pruned = [t for t in trials if t.status == "pruned"]
+    assert pruned and all(t.reason == "slow_branch" for t in pruned)
+    assert all(len(t.step_times_s) < 6 for t in pruned)  # stopped before all 6 steps
+    states = {t.number: t.state for t in optuna_trials(url, "slow")}
+    assert all(states[t.optuna_trial_number] == TrialState.PRUNED for t in pruned)
+
+
+def test_command_backend_study_survives_crashes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    repo, study, summary = run(url, name="crash", backend="command", budget=3,
+                               backend_options={"command": f"python3 {FAKE_LAUNCHER}", "env": {"FAKE_MODE": "crash"}})
+    trials = repo.trials(study.id, dispatched_only=True)
+    assert len(trials) == 3 and all(t.status == "failed" for t in trials)
+    assert all("NCCL error" in t.message for t in trials)
+    assert summary.best is None
+
+
+def test_command_backend_partial_results_are_completed_by_the_controller(tmp_path):
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    repo, study, _ = run(url, name="partial", backend="command", budget=2,
+                         backend_options={"command": f"python3 {FAKE_LAUNCHER}", "env": {"FAKE_MODE": "partial"}})
+    for t in repo.trials(study.id, dispatched_only=True):
+        assert t.status == "completed"
+        assert t.tokens_per_s_per_gpu and t.tflops_per_gpu and 0 < t.mfu < 1
+        assert t.tokens_per_s_per_gpu == pytest.approx(1024 * 4096 / (t.step_time_s * 8))
+
+
+def test_grid_and_random_strategies_finish(tmp_path):
+    for sampler in ("grid", "random"):
+        url = f"sqlite:///{tmp_path / (sampler + '.db')}"
+        repo, study, _ = run(url, name=sampler, sampler=sampler, budget=5)
+        assert repo.counts(study.id)["dispatched"] == 5
+
+
+def test_a_small_space_is_exhausted_before_the_budget(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    fixes = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "etp": 1, "mbs": 1, "recompute": "none", "dist_opt": True,
+             "sp": False}
+    repo, study, summary = run(url, name="small", budget=40, fixes=fixes)
+    assert summary.stop_reason == "exhausted"
+    assert repo.counts(study.id)["dispatched"] < 40
