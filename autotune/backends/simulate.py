@@ -47,6 +47,21 @@ class HiddenLandscape:
             factor *= 1.0 + self.knob_bias * _unit_hash(self.seed, "knob", knob, values[knob])
         return factor * (1.0 + self.layout_noise * _unit_hash(self.seed, "layout", config.key()))
 
+    def speed_factors(self, configs: list[LayoutConfig]) -> np.ndarray:
+        """speed_factor of many layouts (knob factors computed once per knob value)."""
+        per_value: dict[tuple, float] = {}
+        out = np.empty(len(configs))
+        for j, config in enumerate(configs):
+            values = config.to_dict()
+            factor = 1.0
+            for knob in KNOBS:
+                key = (knob, values[knob])
+                if key not in per_value:
+                    per_value[key] = 1.0 + self.knob_bias * _unit_hash(self.seed, "knob", knob, values[knob])
+                factor *= per_value[key]
+            out[j] = factor * (1.0 + self.layout_noise * _unit_hash(self.seed, "layout", config.key()))
+        return out
+
     def memory_factor(self, config: LayoutConfig) -> float:
         structural = (config.tp, config.pp, config.cp, config.ep, config.etp)
         return 1.0 + self.memory_error * _unit_hash(self.seed, "memory", structural)

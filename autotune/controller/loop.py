@@ -336,13 +336,13 @@ class Controller:
 
     def _finish(self, run: _Running, outcome: TrialOutcome) -> None:
         trial, number = run.trial, run.trial.number
-        del self.running[number]
+        self.running.pop(number, None)  # an adopted trial was never ours
         gpu_seconds = outcome.wall_time_s * self.workload.cluster.gpus
         optuna_number = trial.optuna_trial_number
         if outcome.status == TrialStatus.LOST:
-            if trial.attempt < MAX_ATTEMPTS:
+            if self.repo.worker_losses(self.study.id, number) + 1 < MAX_ATTEMPTS:
                 self.repo.retry_trial(self.study.id, number, f"attempt {trial.attempt} lost: {outcome.error}",
-                                      self.controller_id, gpu_seconds)
+                                      self.controller_id, gpu_seconds, worker_lost=True)
                 retried = dataclasses.replace(trial, attempt=trial.attempt + 1)
                 self._submit(retried, LayoutConfig.from_mapping(trial.config))
                 return
@@ -406,7 +406,11 @@ class Controller:
                            outcome, _Running(trial, None, list(trial.step_times_s)))  # type: ignore[arg-type]
 
     def _adopt_stale(self) -> None:
-        """Adopt trials whose controller stopped heartbeating: re-run once (lost), else fail them."""
+        """Adopt trials whose controller stopped heartbeating and run them again.
+
+        A controller's death says nothing about the layout, so this does not use up the one retry
+        that a worker or node death gets (MAX_ATTEMPTS applies to those only).
+        """
         if self.dispatcher.free_slots() == 0:
             return
         stale_s = STALE_AFTER_HEARTBEATS * HEARTBEAT_S
@@ -416,6 +420,7 @@ class Controller:
                 return
             if not self.repo.adopt_trial(self.study.id, trial.number, self.controller_id, cutoff):
                 continue
-            outcome = TrialOutcome(trial.number, TrialStatus.LOST,
-                                   error="its controller stopped while it ran (no heartbeat)")
-            self._finish(_Running(trial, self._spec(trial, LayoutConfig.from_mapping(trial.config))), outcome)
+            self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
+                                  self.controller_id)
+            retried = dataclasses.replace(trial, attempt=trial.attempt + 1, controller_id=self.controller_id)
+            self._submit(retried, LayoutConfig.from_mapping(trial.config))

@@ -283,18 +283,34 @@ class Repository:
                 values[key] = float(metrics[key])
         if step_times_s is not None:
             values["step_times_s"] = list(step_times_s)
-        if artifacts:
-            values["artifacts"] = artifacts
         with self.session() as s:
+            if artifacts:  # merge: keep what earlier attempts recorded (e.g. worker_losses)
+                current = s.scalar(select(TrialRow.artifacts).where(TrialRow.study_id == study_id,
+                                                                      TrialRow.number == number)) or {}
+                values["artifacts"] = {**current, **artifacts}
             s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number).values(**values))
 
     def retry_trial(self, study_id: int, number: int, message: str, controller_id: str,
-                    gpu_seconds: float = 0.0) -> None:
-        """A lost trial goes back to dispatched for its next attempt (its GPU time so far is kept)."""
+                    gpu_seconds: float = 0.0, worker_lost: bool = False) -> None:
+        """A trial goes back to dispatched for its next attempt (its GPU time so far is kept).
+
+        `worker_lost` counts the attempt as lost to a dead worker or node (in artifacts, key
+        `worker_losses`, with the messages under `losses`): those get one retry; re-runs after a
+        controller death do not count.
+        """
         with self.session() as s:
-            s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number).values(
-                status="dispatched", attempt=TrialRow.attempt + 1, message=message, dispatched_at=utcnow(),
-                heartbeat_at=utcnow(), controller_id=controller_id, gpu_seconds=TrialRow.gpu_seconds + gpu_seconds))
+            row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
+            artifacts = dict(row.artifacts or {})
+            if worker_lost:
+                artifacts["worker_losses"] = int(artifacts.get("worker_losses", 0)) + 1
+                artifacts["losses"] = [*artifacts.get("losses", []), message]
+            row.status, row.attempt, row.message = "dispatched", row.attempt + 1, message
+            row.dispatched_at = row.heartbeat_at = utcnow()
+            row.controller_id, row.gpu_seconds, row.artifacts = controller_id, row.gpu_seconds + gpu_seconds, artifacts
+
+    def worker_losses(self, study_id: int, number: int) -> int:
+        """How many attempts of this trial ended because its worker or node died."""
+        return int((self.trial(study_id, number).artifacts or {}).get("worker_losses", 0))
 
     def trials(self, study_id: int, dispatched_only: bool = False) -> list[Trial]:
         with self.session() as s:

@@ -1,0 +1,53 @@
+"""`autotune db upgrade` and `autotune db current`: autotune's schema migrations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("db", help="database schema: current revision, upgrade")
+    db = p.add_subparsers(dest="db_command", metavar="ACTION", parser_class=type(p))
+    for name, handler, text in (("current", cmd_current, "show the schema revision of the database"),
+                                ("upgrade", cmd_upgrade, "migrate the database to this autotune's schema")):
+        q = db.add_parser(name, help=text)
+        q.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE or the user's SQLite file)")
+        q.add_argument("--json", action="store_true")
+        q.set_defaults(handler=handler)
+
+
+def _engine(args: argparse.Namespace):
+    from autotune.storage import default_storage_url, make_engine
+
+    return make_engine(args.storage or default_storage_url())
+
+
+def cmd_current(args: argparse.Namespace) -> int:
+    from autotune.storage import current_revision, head_revision
+
+    engine = _engine(args)
+    current, head = current_revision(engine), head_revision(engine)
+    info = {"current": current, "head": head, "up_to_date": current == head}
+    print(json.dumps(info) if args.json else f"schema revision {current or '(none)'}; this autotune writes {head}"
+          + ("" if current == head else " (run `autotune db upgrade`)"))
+    return 0
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from alembic.util.exc import CommandError
+
+    from autotune.errors import StorageError
+    from autotune.storage import current_revision, head_revision, upgrade
+
+    engine = _engine(args)
+    before = current_revision(engine)
+    try:
+        upgrade(engine)
+    except CommandError as exc:
+        raise StorageError(f"cannot upgrade from revision {before}: {exc} (is it from a newer autotune?)") from None
+    after = current_revision(engine)
+    print(json.dumps({"from": before, "to": after}) if args.json else
+          f"schema upgraded from {before or '(empty)'} to {after}" if before != after else
+          f"schema already at {after} (head {head_revision(engine)})")
+    return 0

@@ -1,0 +1,152 @@
+"""`autotune start / resume / status / leaderboard / show` through the real command, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+
+import pytest
+
+from tests.conftest import FAKE_LAUNCHER
+
+ENV = {"RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    home = tmp_path_factory.mktemp("home")
+    url = f"sqlite:///{home / 'studies.db'}"
+    result = run_cli("start", "--model", "qwen3_30b", "--budget", "6", "--study", "demo", "--storage", url,
+                     "--sim-seconds", "0", env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return url, result
+
+
+def test_start_prints_leaderboard_and_best_layout(finished_study):
+    _, result = finished_study
+    assert "best layout" in result.stdout and "tokens/s/GPU" in result.stdout
+    assert "dispatched 6/6" in result.stdout
+
+
+def test_leaderboard_json_rows_and_summary(cli, finished_study):
+    url, _ = finished_study
+    result = cli("leaderboard", "demo", "--storage", url, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("dispatched", "rejected_before_dispatch", "completed", "oom", "pruned", "failed"):
+        assert key in data["summary"]
+    assert data["summary"]["dispatched"] == 6
+    row = data["trials"][0]
+    for key in ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+                "peak_mem_gib", "gpu_seconds"):
+        assert key in row
+    speeds = [r["tokens_per_s_per_gpu"] for r in data["trials"] if r["status"] == "completed"]
+    assert speeds == sorted(speeds, reverse=True)
+    assert data["summary"]["baseline_trial"] == 1 and data["summary"]["speedup_vs_baseline"] >= 1.0
+
+
+def test_leaderboard_csv_and_top(cli, finished_study):
+    url, _ = finished_study
+    result = cli("leaderboard", "demo", "--storage", url, "--format", "csv", "--top", "3")
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) == 3 and json.loads(rows[0]["config"])["tp"] >= 1
+
+
+def test_status_and_show(cli, finished_study):
+    url, _ = finished_study
+    status = json.loads(cli("status", "--storage", url, "--json").stdout)
+    assert status[0]["study"] == "demo" and status[0]["status"] == "finished"
+    shown = json.loads(cli("show", "demo", "1", "--storage", url, "--json").stdout)
+    assert shown["number"] == 1 and shown["predicted"]["tokens_per_s_per_gpu"] > 0
+    assert any(o.startswith("model.expert_model_parallel_size=") for o in shown["overrides"])
+
+
+def test_resume_of_a_finished_study_is_refused(cli, finished_study):
+    url, _ = finished_study
+    result = cli("resume", "demo", "--storage", url, env=ENV)
+    assert result.returncode == 2 and "already finished" in result.stderr
+
+
+def _table_counts(url: str) -> dict[str, int]:
+    path = url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        return {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("autotune_studies", "autotune_trials", "trials", "studies")}
+
+
+BAD_INPUTS = [
+    (["start", "--model", "nope"], "unknown model"),
+    (["start", "--model", "qwen3_30b", "--gpu", "v100"], "unknown GPU type"),
+    (["start", "--model", "qwen3_30b", "--backend", "slurm"], "unknown backend"),
+    (["start", "--model", "qwen3_30b", "--sampler", "bayes"], "unknown sampler"),
+    (["start", "--model", "qwen3_30b", "--budget", "0"], "--budget must be a positive"),
+    (["start", "--model", "qwen3_30b", "--budget", "-3"], "--budget must be a positive"),
+    (["start", "--model", "qwen3_30b", "--gpus", "12"], "not a multiple of --gpus-per-node"),
+    (["start", "--model", "qwen3_30b", "--fix", "tp=3"], "no legal layout"),
+    (["start", "--model", "qwen3_30b", "--fix", "tpp=2"], "unknown knob"),
+    (["start", "--model", "qwen3_30b", "--study", "demo"], "already exists"),
+    (["start", "--model", "qwen3_30b", "--backend", "command"], "needs --command"),
+    (["start", "--model", "qwen3_30b", "--backend", "command", "--command", "/no/such/launcher"], "not an executable"),
+    (["start", "--model", "qwen3_30b", "--backend", "replay", "--replay", "/no/such.csv"], "does not exist"),
+    (["start", "--model", "qwen3_30b", "--max-concurrent", "0"], "--max-concurrent must be > 0"),
+    (["resume", "ghost"], "no study named"),
+    (["show", "demo", "999"], "no trial 999"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUTS, ids=[" ".join(a[:4]) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_leaves_the_database_alone(cli, finished_study, args, needle):
+    url, _ = finished_study
+    before = _table_counts(url)
+    result = cli(*args, "--storage", url, env=ENV)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert _table_counts(url) == before
+
+
+@pytest.mark.parametrize("url,needle", [
+    ("postgresql+psycopg://nobody@127.0.0.1:1/nowhere", "cannot reach storage"),
+    ("mysql://x@localhost/db", "unsupported database"),
+    ("::::", "not a database URL"),
+])
+def test_bad_storage_url(cli, url, needle):
+    result = cli("status", "--storage", url)
+    assert result.returncode == 2 and needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_newer_schema_says_which_upgrade(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    assert cli("status", "--storage", url).returncode == 0
+    with sqlite3.connect(tmp_path / "new.db") as db:
+        db.execute("UPDATE autotune_alembic_version SET version_num = '0099_future'")
+    result = cli("status", "--storage", url)
+    assert result.returncode == 2 and "newer than this autotune" in result.stderr
+
+
+def test_command_backend_end_to_end(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 'cmd.db'}"
+    result = cli("start", "--model", "llama3_8b", "--gpus", "8", "--budget", "3", "--study", "cmd", "--storage", url,
+                 "--backend", "command", "--command", f"python3 {FAKE_LAUNCHER}", "--json", env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["dispatched"] == 3 and summary["completed"] + summary["oom"] + summary["pruned"] == 3
+
+
+def test_db_current_and_upgrade_from_the_first_schema(cli, tmp_path):
+    from autotune.storage import make_engine, upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(make_engine(url), "0001_initial")
+    current = json.loads(cli("db", "current", "--storage", url, "--json").stdout)
+    assert current["current"] == "0001_initial" and not current["up_to_date"]
+    refused = cli("status", "--storage", url)
+    assert refused.returncode == 2 and "autotune db upgrade" in refused.stderr
+    upgraded = json.loads(cli("db", "upgrade", "--storage", url, "--json").stdout)
+    assert upgraded == {"from": "0001_initial", "to": current["head"]}
+    assert cli("status", "--storage", url).returncode == 0
