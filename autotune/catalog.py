@@ -151,6 +151,8 @@ class ModelSpec:
     account_for_loss_in_pipeline_split: bool = False
     # (pp, vpp) pairs with a predefined pipeline layout; empty means "split layers evenly".
     pipeline_layouts: tuple[tuple[int, int], ...] = ()
+    # module:function that recomputes the recipe's pipeline layout after PP/VPP change (DeepSeek-V3)
+    pipeline_layout_function: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -167,6 +169,7 @@ class ModelSpec:
             "account_for_embedding_in_pipeline_split": self.account_for_embedding_in_pipeline_split,
             "account_for_loss_in_pipeline_split": self.account_for_loss_in_pipeline_split,
             "pipeline_layouts": [list(p) for p in self.pipeline_layouts],
+            "pipeline_layout_function": self.pipeline_layout_function,
         }
 
 

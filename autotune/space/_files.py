@@ -116,10 +116,23 @@ class _Reader:
         return SearchSpace(model=model, domains=self.knobs(doc["knobs"]), policy=self.policy(doc.get("policy") or {}),
                            source=self.path)
 
+    def python_name(self, value: Any, key: str, with_function: bool) -> str:
+        """A dotted Python name (module or module:function): it is written into exported recipes."""
+        text = self.typed(value, key, str)
+        module, sep, function = text.partition(":")
+        parts = module.split(".") + ([function] if with_function else [])
+        if (with_function and not sep) or not all(p.isidentifier() for p in parts):
+            form = "package.module:function" if with_function else "an identifier"
+            raise self.fail(key, f"must be {form}, got {text!r}")
+        return text
+
     def model(self, doc: dict) -> ModelSpec:
         recipe = self.mapping(doc["recipe"], "recipe", ("function", "target"), ("function", "target"))
+        self.python_name(recipe["function"], "recipe.function", with_function=False)
+        self.python_name(recipe["target"], "recipe.target", with_function=True)
         hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture"), ("model_type", "architecture"))
-        pipeline = self.mapping(doc["pipeline"], "pipeline", ("account_for_embedding", "account_for_loss", "layouts"))
+        pipeline = self.mapping(doc["pipeline"], "pipeline",
+                                ("account_for_embedding", "account_for_loss", "layouts", "layout_function"))
         layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair)
                         for pair in pipeline.get("layouts") or [])
         if any(len(pair) != 2 for pair in layouts):
@@ -136,6 +149,8 @@ class _Reader:
             account_for_embedding_in_pipeline_split=bool(pipeline.get("account_for_embedding", False)),
             account_for_loss_in_pipeline_split=bool(pipeline.get("account_for_loss", False)),
             pipeline_layouts=layouts,
+            pipeline_layout_function=(self.python_name(pipeline["layout_function"], "pipeline.layout_function", True)
+                                      if pipeline.get("layout_function") else ""),
         )
 
     def architecture(self, value: Any) -> Architecture:

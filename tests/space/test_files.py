@@ -44,6 +44,8 @@ def _write_variant(tmp_path, old: str, new: str):
     ("  num_layers: 48", "  num_layers: many", "architecture.num_layers"),
     ("  precision: bf16", "  precision: fp64", "defaults.precision"),
     ("recipe:", "recipee:", "recipee"),
+    ("  function: qwen3_30b_a3b_pretrain_config", "  function: x; import os", "recipe.function"),
+    ("  target: megatron.bridge.recipes.qwen.h100.qwen3_moe:", "  target: os.system('x'):", "recipe.target"),
 ])
 def test_malformed_file_names_file_and_key(tmp_path, old, new, key):
     path = _write_variant(tmp_path, old, new)

@@ -1,0 +1,36 @@
+"""`autotune export`: the winner as a Megatron-Bridge recipe, overrides, YAML/JSON, or a replay table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from autotune.cli._study_cmds import add_storage_option
+
+    p = sub.add_parser("export", help="export a completed trial (default: the best) for Megatron-Bridge")
+    p.add_argument("study")
+    p.add_argument("--trial", type=int, help="trial number (default: the fastest completed trial)")
+    p.add_argument("--format", required=True, choices=("recipe", "overrides", "yaml", "json", "table"))
+    p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table)")
+    add_storage_option(p)
+    p.set_defaults(handler=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from autotune import export
+    from autotune.cli._study_cmds import open_repo
+
+    repo = open_repo(args)
+    study = repo.get_study(args.study)
+    if args.format == "table" and args.output and Path(args.output).suffix in (".parquet", ".pq"):
+        export.table_frame(repo, study).to_parquet(args.output, index=False)
+        return 0
+    text = export.render(repo, study, args.format, args.trial)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
