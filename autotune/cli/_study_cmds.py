@@ -20,6 +20,7 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ray-address", help="join an existing Ray cluster (default: $RAY_ADDRESS, else a local one)")
     group.add_argument("--local-gpus", type=int, help="logical GPUs of the local Ray cluster (default: the study's GPUs)")
     group.add_argument("--max-concurrent", type=int, help="trials at once (default: what the Ray cluster holds)")
+    group.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while running")
 
 
 def register(sub) -> None:
@@ -138,6 +139,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _run(repo, study, args: argparse.Namespace) -> int:
     from autotune.controller.session import build_controller
 
+    if args.metrics_port:
+        from autotune.metrics import serve
+
+        serve(repo, args.metrics_port)
     view = _LiveView(repo, study, quiet=args.json)
     with view:
         controller = build_controller(repo, study, ray_address=_ray_address(args), local_gpus=args.local_gpus,

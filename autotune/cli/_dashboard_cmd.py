@@ -1,0 +1,70 @@
+"""`autotune dashboard` (the web dashboard) and `autotune compare` (studies side by side)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    from autotune.cli._study_cmds import add_storage_option
+
+    p = sub.add_parser("dashboard", help="serve the web dashboard (reads the SQL store only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    add_storage_option(p)
+    p.set_defaults(handler=cmd_dashboard)
+
+    p = sub.add_parser("compare", help="several studies side by side")
+    p.add_argument("studies", nargs="+")
+    p.add_argument("--json", action="store_true")
+    add_storage_option(p)
+    p.set_defaults(handler=cmd_compare)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from autotune.cli._study_cmds import open_repo
+    from autotune.dashboard.server import make_server
+    from autotune.errors import ConfigError
+
+    repo = open_repo(args)
+    try:
+        server = make_server(repo, args.host, args.port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    host, port = server.server_address[:2]
+    print(f"autotune dashboard on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from autotune import leaderboard
+    from autotune.cli._study_cmds import open_repo, wide_console
+    from autotune.config import LayoutConfig
+
+    repo = open_repo(args)
+    summaries = [leaderboard.build(repo, repo.get_study(name), top=0).summary for name in args.studies]
+    if args.json:
+        print(json.dumps(summaries, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="studies compared")
+    for column in ("study", "model", "GPUs", "GPU", "dispatched", "OOM", "best layout", "best tok/s/GPU",
+                   "vs recipe", "GPU-hours"):
+        table.add_column(column)
+    for s in summaries:
+        best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
+        table.add_row(s["study"], s["model"], str(s["workload"]["gpus"]), s["workload"]["gpu"],
+                      f"{s['dispatched']}/{s['budget']}", str(s["oom"]), best,
+                      f"{s['best_tokens_per_s_per_gpu']:,.0f}" if s["best_tokens_per_s_per_gpu"] else "",
+                      f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "",
+                      f"{s['gpu_seconds'] / 3600:.1f}")
+    wide_console().print(table)
+    return 0

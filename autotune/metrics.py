@@ -1,0 +1,59 @@
+"""Prometheus metrics of every study, read from the SQL store at scrape time.
+
+Served by `autotune dashboard` at /metrics and by the controller itself with
+`autotune start/resume --metrics-port PORT`. dashboards/grafana-autotune.json charts them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from autotune import leaderboard
+from autotune.storage import Repository
+
+COUNTERS = (("dispatched", "trials dispatched to workers"), ("completed", "trials completed"),
+            ("oom", "trials that ran out of memory"), ("pruned", "trials stopped early as too slow"),
+            ("failed", "trials that failed"), ("timeout", "trials over their time limit"),
+            ("rejected_before_dispatch", "layouts rejected before dispatch"))
+
+
+class StudyCollector:
+    def __init__(self, repo: Repository) -> None:
+        self.repo = repo
+
+    def collect(self):
+        families = {name: CounterMetricFamily(f"autotune_trials_{name}", text, labels=["study", "model"])
+                    for name, text in COUNTERS}
+        running = GaugeMetricFamily("autotune_trials_running", "trials running now", labels=["study", "model"])
+        best = GaugeMetricFamily("autotune_best_tokens_per_s_per_gpu", "best measured throughput",
+                                 labels=["study", "model"])
+        gpu = CounterMetricFamily("autotune_gpu_seconds", "GPU-seconds spent by dispatched trials",
+                                  labels=["study", "model"])
+        budget = GaugeMetricFamily("autotune_budget_trials", "the study's budget", labels=["study", "model"])
+        for study in self.repo.list_studies():
+            s = leaderboard.build(self.repo, study, top=0).summary
+            labels = [study.name, study.model]
+            for name, _ in COUNTERS:
+                families[name].add_metric(labels, s[name])
+            running.add_metric(labels, s["running"])
+            best.add_metric(labels, s["best_tokens_per_s_per_gpu"] or 0.0)
+            gpu.add_metric(labels, s["gpu_seconds"])
+            budget.add_metric(labels, study.budget)
+        yield from families.values()
+        yield from (running, best, gpu, budget)
+
+
+def registry_for(repo: Repository) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StudyCollector(repo))
+    return registry
+
+
+def render_latest(repo: Repository) -> bytes:
+    return generate_latest(registry_for(repo))
+
+
+def serve(repo: Repository, port: int, host: str = "127.0.0.1"):
+    """Expose the metrics on http://host:port/metrics (a daemon thread)."""
+    return start_http_server(port, addr=host, registry=registry_for(repo))
