@@ -153,6 +153,7 @@ class ModelSpec:
     pipeline_layouts: tuple[tuple[int, int], ...] = ()
     # module:function that recomputes the recipe's pipeline layout after PP/VPP change (DeepSeek-V3)
     pipeline_layout_function: str = ""
+    hf_extra: dict = field(default_factory=dict)  # HF config values that are not architecture numbers
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

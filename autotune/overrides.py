@@ -55,6 +55,10 @@ def layout_fields(config: LayoutConfig, workload: Workload) -> dict[str, Any]:
         "optimizer.use_distributed_optimizer": config.dist_opt,
         "mixed_precision": MIXED_PRECISION[workload.precision],
     })
+    if not config.dist_opt:
+        # Recipes that enable the precision-aware optimizer (Qwen3-30B-A3B) fail validate() without
+        # the distributed optimizer ("only supported with distributed optimizer", seen with megatron-probe).
+        fields["optimizer.use_precision_aware_optimizer"] = False
     if config.recompute == "full":
         # validate() rejects full recompute under Transformer Engine CUDA graphs (which the
         # Qwen3-30B-A3B recipe enables) unless the graph covers the full iteration.

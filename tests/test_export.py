@@ -24,7 +24,7 @@ BRIDGE_FIELDS = {
     "model.expert_model_parallel_size", "model.expert_tensor_parallel_size", "model.seq_length",
     "model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers", "model.cuda_graph_impl",
     "train.micro_batch_size", "train.global_batch_size", "dataset.seq_length", "ddp.use_distributed_optimizer",
-    "optimizer.use_distributed_optimizer", "mixed_precision",
+    "optimizer.use_distributed_optimizer", "optimizer.use_precision_aware_optimizer", "mixed_precision",
 }
 
 

@@ -130,7 +130,9 @@ class _Reader:
         recipe = self.mapping(doc["recipe"], "recipe", ("function", "target"), ("function", "target"))
         self.python_name(recipe["function"], "recipe.function", with_function=False)
         self.python_name(recipe["target"], "recipe.target", with_function=True)
-        hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture"), ("model_type", "architecture"))
+        hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture", "extra"), ("model_type", "architecture"))
+        if not isinstance(hf.get("extra", {}), dict):
+            raise self.fail("hf.extra", "must be a mapping of HF config values")
         pipeline = self.mapping(doc["pipeline"], "pipeline",
                                 ("account_for_embedding", "account_for_loss", "layouts", "layout_function"))
         layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair)
@@ -149,6 +151,7 @@ class _Reader:
             account_for_embedding_in_pipeline_split=bool(pipeline.get("account_for_embedding", False)),
             account_for_loss_in_pipeline_split=bool(pipeline.get("account_for_loss", False)),
             pipeline_layouts=layouts,
+            hf_extra=dict(hf.get("extra") or {}),
             pipeline_layout_function=(self.python_name(pipeline["layout_function"], "pipeline.layout_function", True)
                                       if pipeline.get("layout_function") else ""),
         )
