@@ -93,3 +93,19 @@ def test_layouts_our_rules_reject_are_rejected_by_megatron_too(probe, model, gpu
     else:
         assert rule in ours
         assert not result["ok"], f"Megatron accepted a layout our rule {rule} rejects"
+
+
+@pytest.mark.parametrize("model,gpus", [("qwen3_30b", 16), ("llama3_70b", 32)])
+def test_the_workers_short_run_settings_are_accepted(probe, model, gpus):
+    """The overrides workers.launcher adds (iterations, logging, no checkpoints, mock data, nsys,
+    memory snapshot, alltoall dispatcher) exist and validate in Megatron-Bridge."""
+    from workers.launcher import short_run_overrides
+
+    python, directory = probe
+    workload = make_workload(load_space(model), gpus=gpus)
+    layout = LayoutConfig.from_mapping(workload.model.defaults.layout)
+    req = request(workload, layout)
+    spec = {"model": model, "warmup_steps": 3, "measured_steps": 5, "backend_options": {}}
+    req["overrides"] = req["overrides"] + short_run_overrides(spec, [0], "/tmp/autotune-snapshot.pickle")
+    [result] = run_probe(python, directory, [req])
+    assert result["ok"], result

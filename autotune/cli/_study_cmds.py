@@ -41,6 +41,15 @@ def register(sub) -> None:
     p.add_argument("--noise", type=float, help="simulate backend: relative measurement noise (default 0.01)")
     p.add_argument("--sim-seconds", type=float, help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    gpu = p.add_argument_group("megatron backend (GPU clusters)")
+    gpu.add_argument("--dry-run", action="store_true",
+                     help="print each trial's per-node commands and overrides; run nothing, store nothing")
+    gpu.add_argument("--workdir", help="where trials write specs, results and traces (default /tmp/autotune-runs)")
+    gpu.add_argument("--worker-python", help="the worker image's python (default: python)")
+    gpu.add_argument("--nsys-ranks", help="comma-separated ranks to trace with Nsight Systems, e.g. 0")
+    gpu.add_argument("--memory-snapshot", action="store_true", help="record a CUDA memory snapshot per trial")
+    gpu.add_argument("--dispatcher", choices=("alltoall", "recipe"),
+                     help="MoE token dispatcher: alltoall (default) or the recipe's own (flex)")
     add_storage_option(p)
     add_ray_options(p)
     p.set_defaults(handler=cmd_start)
@@ -109,10 +118,18 @@ def cmd_start(args: argparse.Namespace) -> int:
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
     space, workload = load_space_and_workload(args)
     backend_options = {k: v for k, v in (("command", args.command), ("replay", args.replay), ("noise", args.noise),
-                                         ("seconds_per_trial", args.sim_seconds)) if v is not None}
+                                         ("seconds_per_trial", args.sim_seconds), ("workdir", args.workdir),
+                                         ("python", args.worker_python), ("dispatcher", args.dispatcher))
+                       if v is not None}
+    if args.nsys_ranks:
+        backend_options["nsys_ranks"] = _ranks(args.nsys_ranks)
+    if args.memory_snapshot:
+        backend_options["memory_snapshot"] = True
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune}
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
+    if args.dry_run:
+        return _dry_run(space, workload, args, backend_options, options)
     repo = open_repo(args)
     study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
                          sampler=args.sampler, backend=args.backend, backend_options=backend_options,
@@ -121,6 +138,37 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
               f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
     return _run(repo, study, args)
+
+
+def _ranks(text: str) -> list[int]:
+    from autotune.errors import ConfigError
+
+    try:
+        return [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise ConfigError(f"--nsys-ranks takes comma-separated rank numbers, got {text!r}") from None
+
+
+def _dry_run(space, workload, args, backend_options, options) -> int:
+    """Print the launch commands of the trials a study would start with; store and run nothing."""
+    import tempfile
+
+    from autotune.backends._dryrun import DryRunDispatcher
+    from autotune.controller.session import build_controller, create_study
+    from autotune.errors import ConfigError
+    from autotune.storage import Repository
+
+    if args.backend != "megatron":
+        raise ConfigError("--dry-run shows the megatron backend's launch commands: use --backend megatron")
+    with tempfile.TemporaryDirectory() as directory:
+        repo = Repository.open(f"sqlite:///{directory}/dry-run.db")
+        study = create_study(repo, name=args.study or "dry-run", space=space, workload=workload,
+                             budget=args.budget, sampler=args.sampler, backend="megatron",
+                             backend_options=backend_options, seed=args.seed, options=options)
+        print(f"dry run of {study.name}: {workload_summary(workload)}; nothing runs, nothing is stored")
+        build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options)).run()
+        repo.close()
+    return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -99,6 +99,16 @@ class OptunaStudy:
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         return self.storage.get_trial_number_from_id(trial_id), config
 
+    def add_measured(self, config: LayoutConfig, value: float | None, oom: bool) -> int:
+        """Record a run made outside the controller (an imported log) as a finished trial."""
+        state = TrialState.COMPLETE if value is not None and not oom else TrialState.PRUNED
+        system_attrs = {"constraints:memory": 1.0} if oom else {}
+        frozen = optuna.trial.create_trial(state=state, value=value if state == TrialState.COMPLETE else None,
+                                           params=params_of(config), distributions=self.distributions,
+                                           system_attrs=system_attrs, user_attrs={"autotune_source": "imported log"})
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=frozen)
+        return self.storage.get_trial_number_from_id(trial_id)
+
     def _trial(self, number: int) -> optuna.trial.Trial:
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         return optuna.trial.Trial(self.study, trial_id)

@@ -22,7 +22,13 @@ from autotune.cost import Estimates, LayoutArrays, estimate_many
 
 FAMILY = ("tp", "pp", "cp", "ep", "etp")
 UNMEASURED_MEMORY_MARGIN = 1.03  # before any measurement, keep 3% away from the memory limit
-RIDGE_LAMBDA = 1.0
+# Speed correction: log(measured / predicted) = one-hot(knob values) . w + noise. A prior of
+# PRIOR_STD on each weight (model errors of about +-12% per knob value) and NOISE_STD of
+# measurement noise plus what the knobs do not explain give the ridge penalty (NOISE/PRIOR)^2.
+PRIOR_STD = 0.07
+NOISE_STD = 0.03
+RIDGE_LAMBDA = (NOISE_STD / PRIOR_STD) ** 2
+UCB_POOL = 2000  # optimism is computed for this many best-by-mean candidates
 
 
 def recompute_strength(config: LayoutConfig) -> int:
@@ -58,6 +64,7 @@ class SearchState:
     max_memory_ratio: float = UNMEASURED_MEMORY_MARGIN
     _features: np.ndarray | None = None
     _correction: np.ndarray | None = None
+    _posterior: np.ndarray | None = None  # (A^T A + lambda I)^-1 of the speed correction
 
     @classmethod
     def build(cls, workload: Workload, legal: list[LayoutConfig]) -> "SearchState":
@@ -147,9 +154,28 @@ class SearchState:
             residual = np.log(np.array([self.measured_speed[i] for i in rows]) / base[rows])
             offset = residual.mean()
             a = features[rows].astype(np.float64)
-            weights = np.linalg.solve(a.T @ a + RIDGE_LAMBDA * np.eye(a.shape[1]), a.T @ (residual - offset))
+            self._posterior = np.linalg.inv(a.T @ a + RIDGE_LAMBDA * np.eye(a.shape[1]))
+            weights = self._posterior @ (a.T @ (residual - offset))
             self._correction = features @ weights.astype(np.float32) + offset
         return base * np.exp(self._correction)
+
+    def optimistic_best(self, open_: np.ndarray, kappa: float) -> int | None:
+        """The open layout with the best upper confidence bound of its corrected speed.
+
+        The bound adds kappa posterior standard deviations of the log-correction, so layouts whose
+        knob values were rarely measured get a chance; it is computed for the UCB_POOL layouts with
+        the best mean, which keeps a proposal cheap on large legal sets.
+        """
+        mean = np.where(open_, self.corrected_speed(), -np.inf)
+        if not np.isfinite(mean).any():
+            return None
+        if self._posterior is None or kappa <= 0:
+            return int(np.argmax(mean))
+        pool = np.argsort(-mean)[:UCB_POOL]
+        pool = pool[np.isfinite(mean[pool])]
+        x = self._feature_matrix()[pool].astype(np.float64)
+        sigma = NOISE_STD * np.sqrt(np.einsum("ij,jk,ik->i", x, self._posterior, x))
+        return int(pool[np.argmax(np.log(mean[pool]) + kappa * sigma)])
 
     _unmeasured_ratio: float | None = None  # None: conservative (the largest measured ratio)
 

@@ -19,6 +19,7 @@ from autotune.controller.state import SearchState
 from autotune.errors import ConfigError
 
 EXPLORE_SHARE = 0.35  # of the budget spent on distinct structural families before refining
+UCB_KAPPA = 1.0  # optimism of refinement, in posterior standard deviations
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class AutoStrategy(Strategy):
             i = self._best_new_family(state, score)
             if i is not None:
                 return Proposal(state.legal[i], "explore")
-        return Proposal(state.legal[int(np.argmax(score))], "refine")
+        i = state.optimistic_best(open_, UCB_KAPPA)
+        return Proposal(state.legal[int(np.argmax(score)) if i is None else i], "refine")
 
     @staticmethod
     def _best_new_family(state: SearchState, score: np.ndarray) -> int | None:

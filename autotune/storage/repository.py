@@ -24,6 +24,8 @@ from autotune.storage._engine import make_engine, normalize_url
 from autotune.storage.migrations import ensure_schema
 from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
 
+# Imported runs (strategy_note "imported") were not dispatched by autotune: outside the budget.
+NOT_IMPORTED = (TrialRow.strategy_note.is_(None)) | (TrialRow.strategy_note != "imported")
 METRIC_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
 
 
@@ -224,7 +226,7 @@ class Repository:
                 with self.session() as s:
                     s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
                     dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
-                        TrialRow.study_id == study_id, TrialRow.dispatched.is_(True)))
+                        TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), NOT_IMPORTED))
                     if dispatched >= budget:
                         return "budget"
                     if s.scalar(select(func.count()).select_from(TrialRow).where(
@@ -245,6 +247,15 @@ class Repository:
                 if self.is_dispatched(study_id, config_key):
                     return "duplicate"
         raise RuntimeError("could not record a dispatch after 50 attempts")
+
+    def add_imported(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int, status: str,
+                     metrics: dict[str, Any], step_times_s: list[float], source: str) -> Trial:
+        """A measured run that autotune did not dispatch (an imported log): outside the budget."""
+        values = {k: metrics.get(k) for k in METRIC_FIELDS}
+        return self._insert_trial(study_id, config=config, config_key=config_key, dispatched=True, status=status,
+                                  optuna_trial_number=optuna_trial_number, strategy_note="imported",
+                                  step_times_s=step_times_s, artifacts={"log": source}, finished_at=utcnow(),
+                                  reason="out_of_memory" if status == "oom" else None, **values)
 
     def stale_trials(self, study_id: int, older_than_s: float, exclude_controller: str) -> list[Trial]:
         """Dispatched, unfinished trials of other controllers whose heartbeat stopped."""
@@ -328,13 +339,16 @@ class Repository:
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""
+        imported = TrialRow.strategy_note == "imported"
         with self.session() as s:
-            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, func.count()).where(
-                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched)).all()
+            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, imported, func.count()).where(
+                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched, imported)).all()
         counts = {"dispatched": 0, "rejected": 0, "running": 0, "completed": 0, "oom": 0, "pruned": 0,
-                  "failed": 0, "timeout": 0, "lost": 0}
-        for status, dispatched, count in rows:
-            if dispatched:
+                  "failed": 0, "timeout": 0, "lost": 0, "imported": 0}
+        for status, dispatched, is_imported, count in rows:
+            if is_imported:
+                counts["imported"] += count  # measured by hand: outside the budget and the status counts
+            elif dispatched:
                 counts["dispatched"] += count
                 counts["running" if status == "dispatched" else status] += count
             else:

@@ -1,0 +1,46 @@
+"""`--dry-run`: print what a study would launch, run nothing.
+
+Stands in for the Ray dispatcher: each submitted trial's per-node commands and overrides are
+printed, and the cost model answers in its place so the proposal sequence is the one a real study
+would start with (later proposals depend on real measurements, which a dry run cannot have).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from autotune.backends.base import StepReport, TrialOutcome, TrialSpec
+from autotune.backends.megatron import dry_run_lines
+from autotune.backends.simulate import SimulateBackend
+
+
+class DryRunDispatcher:
+    capacity = 1
+
+    def __init__(self, options: dict[str, Any], emit: Callable[[str], None] = print) -> None:
+        self.options, self.emit = options, emit
+        self._simulate = SimulateBackend({"seconds_per_trial": 0.0, "noise": 0.0})
+        self._done: list[tuple[int, list[StepReport], TrialOutcome]] = []
+
+    def free_slots(self) -> int:
+        return 0 if self._done else 1
+
+    def submit(self, spec: TrialSpec) -> None:
+        for line in dry_run_lines(spec, {**self.options, **spec.backend_options}):
+            self.emit(line)
+        outcome = self._simulate.run(spec, lambda r: None, threading.Event())
+        self._done.append((spec.trial, [], outcome))
+
+    def poll(self, timeout_s: float = 0.0):
+        done, self._done = self._done, []
+        return done
+
+    def cancel(self, trial: int) -> None:
+        pass
+
+    def active_trials(self) -> list[int]:
+        return [t for t, _, _ in self._done]
+
+    def shutdown(self) -> None:
+        pass

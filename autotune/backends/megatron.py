@@ -1,0 +1,253 @@
+"""The `megatron` backend: a short real Megatron-Bridge run per trial, one torchrun per node.
+
+For a trial of N GPUs on nodes of G, the trial's placement group has N/G bundles, one per node
+(STRICT_SPREAD). The trial's runner (in bundle 0) starts one NodeLauncher actor per bundle, each
+holding that node's G GPUs; node 0's address is the master address. Each launcher runs
+
+    torchrun --nnodes N/G --nproc-per-node G --node-rank R --master-addr A --master-port P \\
+        -m workers.launcher --spec SPEC --result RESULT
+
+(wrapped per rank in Nsight Systems with `nsys_ranks`), streams rank 0's per-step lines back as
+StepReports, and on cancel kills its torchrun's process group. The outcome comes from rank 0's
+result file, else from the ranks' failure files (OOM on any rank wins), else from the log.
+
+Options: workdir (shared or per-node directory for specs, results, traces; default
+/tmp/autotune-runs), python (the worker image's python, default "python"), nsys_ranks (list),
+memory_snapshot (bool), dispatcher ("alltoall" default, "recipe" keeps the recipe's), env (dict),
+master_port (default: a free port on node 0), dry_run (print commands, run nothing).
+This backend has not run on a GPU: it is built from Megatron-Bridge's API and tested on CPU with a
+stand-in for torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result
+from autotune.errors import ConfigError
+from autotune.logparse import classify_failure, parse_log
+
+STEP_MARKER = "AUTOTUNE_STEP "
+
+
+def trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
+    root = Path(options.get("workdir") or "/tmp/autotune-runs")
+    safe_study = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in spec.study)
+    return root / safe_study / f"trial{spec.trial}-attempt{spec.attempt}"
+
+
+def node_command(spec: TrialSpec, options: dict[str, Any], node_rank: int, master_addr: str,
+                 master_port: int) -> list[str]:
+    """The exact command one node runs for a trial (an argv; no shell)."""
+    directory = trial_dir(options, spec)
+    nodes = max(1, spec.gpus // spec.gpus_per_node)
+    python = options.get("python", "python")
+    worker = [python, "-m", "workers.launcher", "--spec", str(directory / "spec.json"),
+              "--result", str(directory / "result.json")]
+    nsys_ranks = [int(r) for r in options.get("nsys_ranks", [])]
+    if nsys_ranks:
+        worker += ["--nsys-ranks", ",".join(map(str, nsys_ranks))]
+    if options.get("memory_snapshot"):
+        worker += ["--memory-snapshot", str(directory / "memory_snapshot.pickle")]
+    command = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={spec.gpus_per_node}",
+               f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    if nsys_ranks:
+        command += ["--no-python", python, "-m", "workers.rank_wrapper", "--nsys-ranks",
+                    ",".join(map(str, nsys_ranks)), "--nsys-out", str(directory / "nsys"), "--", *worker]
+    else:
+        command += worker[1:] if worker[1] == "-m" else worker
+    return command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class NodeLauncher:
+    """Ray actor body, one per node of a trial: runs that node's torchrun and streams its output."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.lines: deque[str] = deque(maxlen=20000)
+        self._new: list[str] = []
+        self._lock = threading.Lock()
+
+    def address(self) -> str:
+        return socket.gethostbyname(socket.gethostname())
+
+    def port(self) -> int:
+        return free_port()
+
+    def write(self, path: str, text: str) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+    def read(self, path: str) -> str | None:
+        return Path(path).read_text() if Path(path).is_file() else None
+
+    def glob(self, directory: str, pattern: str) -> dict[str, str]:
+        return {str(p): p.read_text() for p in Path(directory).glob(pattern) if p.is_file()}
+
+    def start(self, command: list[str], env: dict[str, str]) -> int:
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, **env}, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
+        threading.Thread(target=self._pump, daemon=True).start()
+        return self.process.pid
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            with self._lock:
+                self.lines.append(line)
+                self._new.append(line)
+
+    def poll(self) -> tuple[int | None, list[str]]:
+        with self._lock:
+            new, self._new = self._new, []
+        return (self.process.poll() if self.process else None), new
+
+    def log_tail(self, lines: int = 200) -> str:
+        with self._lock:
+            return "".join(list(self.lines)[-lines:])
+
+    def cancel(self) -> None:
+        if self.process is not None:
+            kill_group(self.process, KILL_GRACE_S)
+
+
+class MegatronBackend(Backend):
+    name = "megatron"
+    one_bundle_per_node = True
+
+    @staticmethod
+    def check_options(options: dict[str, Any]) -> None:
+        for rank in options.get("nsys_ranks", []):
+            if not isinstance(rank, int) or rank < 0:
+                raise ConfigError(f"--nsys-ranks takes rank numbers, got {rank!r}")
+        if options.get("dispatcher", "alltoall") not in ("alltoall", "recipe"):
+            raise ConfigError("megatron dispatcher option must be alltoall or recipe")
+
+    def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
+        import ray
+        from ray.util import get_current_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        nodes = max(1, spec.gpus // spec.gpus_per_node)
+        group = get_current_placement_group()
+        launcher_cls = ray.remote(NodeLauncher)
+        launchers = [launcher_cls.options(num_cpus=0, num_gpus=spec.gpus_per_node, max_concurrency=4,
+                                          scheduling_strategy=PlacementGroupSchedulingStrategy(group, i))
+                     .remote() for i in range(nodes)]
+        try:
+            return self._run(spec, report, cancelled, launchers)
+        finally:
+            for launcher in launchers:
+                try:
+                    ray.get(launcher.cancel.remote(), timeout=KILL_GRACE_S + 10)
+                except Exception:
+                    pass
+                ray.kill(launcher)
+
+    def _run(self, spec, report, cancelled, launchers) -> TrialOutcome:
+        import ray
+
+        options = {**self.options, **spec.backend_options}
+        directory = trial_dir(options, spec)
+        master = ray.get(launchers[0].address.remote())
+        port = int(options.get("master_port") or ray.get(launchers[0].port.remote()))
+        spec_text = json.dumps(spec.to_dict())
+        ray.get([l.write.remote(str(directory / "spec.json"), spec_text) for l in launchers])
+        env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
+        for rank, launcher in enumerate(launchers):
+            ray.get(launcher.start.remote(node_command(spec, options, rank, master, port), env))
+        start, times, status = time.monotonic(), [], None
+        while status is None:
+            if cancelled.wait(0.5):
+                status = "cancelled"
+                break
+            if time.monotonic() - start > spec.timeout_s:
+                status = "timeout"
+                break
+            polls = ray.get([l.poll.remote() for l in launchers])
+            for code, lines in polls:
+                for line in lines:
+                    if line.startswith(STEP_MARKER):
+                        step = json.loads(line[len(STEP_MARKER):])
+                        times.append(float(step["step_time_s"]))
+                        report(StepReport(spec.trial, int(step["step"]), times[-1],
+                                          int(step["step"]) <= spec.warmup_steps))
+            codes = [code for code, _ in polls]
+            if any(code not in (None, 0) for code in codes) or all(code == 0 for code in codes):
+                status = "exited"
+        wall = time.monotonic() - start
+        if status == "cancelled":
+            return TrialOutcome(spec.trial, TrialStatus.PRUNED, step_times_s=times, wall_time_s=wall,
+                                error="cancelled by the controller")
+        if status == "timeout":
+            return TrialOutcome(spec.trial, TrialStatus.TIMEOUT, step_times_s=times, wall_time_s=wall,
+                                error=f"over the trial timeout of {spec.timeout_s:g} s")
+        return self._outcome(spec, launchers, directory, times, wall, options)
+
+    def _outcome(self, spec, launchers, directory, times, wall, options) -> TrialOutcome:
+        import ray
+
+        from workers.result import merge_rank_failures
+
+        result_text = ray.get(launchers[0].read.remote(str(directory / "result.json")))
+        artifacts = self._artifacts(launchers, directory, options)
+        if result_text:
+            result = json.loads(result_text)
+            outcome = outcome_from_result(spec, result, result.get("step_times_s", times), wall)
+            return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts})
+        failures = [json.loads(text) for l in launchers
+                    for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()]
+        failure = merge_rank_failures(failures)
+        logs = "".join(ray.get([l.log_tail.remote() for l in launchers]))
+        if failure is None:  # no file at all: fall back to the log
+            parsed = parse_log(logs)
+            kind = parsed.failure or classify_failure(logs)
+            failure = {"status": "oom" if kind == "oom" else "failed", "error": f"{kind}; log tail:\n{logs[-3000:]}"}
+        return TrialOutcome(spec.trial, TrialStatus.OOM if failure["status"] == "oom" else TrialStatus.FAILED,
+                            step_times_s=times, wall_time_s=wall, artifacts=artifacts,
+                            error=(failure.get("error") or "") + ("\n" + failure.get("log_tail", "")[-3000:]))
+
+    @staticmethod
+    def _artifacts(launchers, directory, options) -> dict[str, str]:
+        import ray
+
+        found: dict[str, str] = {}
+        if options.get("nsys_ranks"):
+            for path in ray.get(launchers[0].glob.remote(str(directory / "nsys"), "*.nsys-rep")):
+                found[f"nsys:{Path(path).stem}"] = path
+        if options.get("memory_snapshot"):
+            for path in ray.get(launchers[0].glob.remote(str(directory), "memory_snapshot*.pickle")):
+                found[f"memory:{Path(path).stem}"] = path
+        return found
+
+
+def dry_run_lines(spec: TrialSpec, options: dict[str, Any]) -> list[str]:
+    """What `--dry-run` prints for one trial: each node's command and the override strings."""
+    nodes = max(1, spec.gpus // spec.gpus_per_node)
+    lines = [f"trial {spec.trial}: {nodes} node(s) x {spec.gpus_per_node} GPUs (MASTER_ADDR: node 0's address); "
+             f"config {json.dumps(spec.config)}"]
+    for rank in range(nodes):
+        command = node_command(spec, options, rank, "$MASTER_ADDR", int(options.get("master_port") or 29500))
+        # $MASTER_ADDR stays unquoted so that a pasted command expands it
+        lines.append(f"  node {rank}: " + " ".join(c if "$MASTER_ADDR" in c else shlex.quote(c) for c in command))
+    lines.append("  overrides: " + " ".join(spec.overrides))
+    return lines
+
+
+__all__ = ["MegatronBackend", "NodeLauncher", "dry_run_lines", "node_command"]

@@ -1,0 +1,70 @@
+"""`autotune trace summarize` and `autotune import-log`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    from autotune.cli._options import add_knob_flags
+    from autotune.cli._study_cmds import add_storage_option
+
+    p = sub.add_parser("trace", help="Nsight Systems traces")
+    actions = p.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=type(p))
+    q = actions.add_parser("summarize", help="compute, NCCL, overlapped and exposed time per device")
+    q.add_argument("file", help="an .nsys-rep (needs nsys) or its `nsys export --type sqlite` file")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=cmd_summarize)
+
+    p = sub.add_parser("import-log", help="bring a finished run's Megatron log into a study as a trial")
+    p.add_argument("log", help="the run's log (stdout of the last rank and rank 0)")
+    p.add_argument("--study", required=True)
+    add_knob_flags(p)
+    add_storage_option(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_import_log)
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from autotune import trace
+
+    summaries = trace.summarize(args.file)
+    data = trace.to_dict(summaries)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.table import Table
+
+    from autotune.cli._study_cmds import wide_console
+
+    table = Table(title=f"{args.file}: kernel time per device (interval unions)")
+    for column in ("device", "kernels", "busy s", "compute s", "NCCL s", "overlapped s", "exposed NCCL s", "overlap"):
+        table.add_column(column, justify="right")
+    for s in summaries:
+        table.add_row(str(s.device), str(s.kernels), f"{s.busy_s:.4f}", f"{s.compute_s:.4f}",
+                      f"{s.communication_s:.4f}", f"{s.overlapped_s:.4f}", f"{s.exposed_communication_s:.4f}",
+                      f"{s.overlap_share:.0%}")
+    wide_console().print(table)
+    return 0
+
+
+def cmd_import_log(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autotune.cli._options import layout_from_flags
+    from autotune.cli._study_cmds import open_repo
+    from autotune.controller.imports import import_log
+    from autotune.errors import ConfigError
+
+    path = Path(args.log)
+    if not path.is_file():
+        raise ConfigError(f"log file {path} does not exist")
+    repo = open_repo(args)
+    trial = import_log(repo, repo.get_study(args.study), layout_from_flags(args), path.read_text(errors="replace"),
+                       source=str(path))
+    if args.json:
+        print(json.dumps(trial.to_dict(), indent=2, default=str))
+    else:
+        print(f"imported as trial {trial.number} ({trial.status}) of {args.study}")
+    return 0

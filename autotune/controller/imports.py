@@ -1,0 +1,42 @@
+"""Bringing runs launched by hand into a study (`autotune import-log`).
+
+The log is parsed with Megatron's own line formats (autotune.logparse); the run becomes a trial of
+the study (strategy note "imported"), told to Optuna as an ordinary trial, and feeds the search
+like any measurement. It does not use up the study's dispatch budget: autotune did not run it.
+"""
+
+from __future__ import annotations
+
+from autotune.config import LayoutConfig
+from autotune.controller._optuna import OptunaStudy
+from autotune.controller.session import study_space_and_workload
+from autotune.errors import ConfigError, IllegalLayoutError
+from autotune.logparse import parse_log
+from autotune.space import violations
+from autotune.storage import Repository, Study, Trial
+
+
+def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, source: str) -> Trial:
+    space, workload = study_space_and_workload(study)
+    bad = violations(layout, workload)
+    if bad:
+        raise IllegalLayoutError(f"the layout given for the log breaks {bad[0].rule}: {bad[0].message}", bad)
+    parsed = parse_log(text)
+    if parsed.failure == "oom":
+        status = "oom"
+    elif parsed.step_time_s is not None:
+        status = "completed"
+    else:
+        raise ConfigError(f"{source}: no Megatron iteration lines and no recognisable failure in the log")
+    metrics = {"peak_mem_gib": parsed.max_reserved_gib or parsed.max_allocated_gib}
+    if status == "completed":
+        step = parsed.step_time_s
+        tokens = workload.global_batch_size * workload.seq_length / (step * workload.cluster.gpus)
+        tflops = parsed.mean_tflops_per_gpu
+        metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
+                       mfu=tflops / workload.cluster.gpu.bf16_peak_tflops if tflops else None)
+    optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False)
+    number = optuna.add_measured(layout, metrics.get("tokens_per_s_per_gpu"), oom=status == "oom")
+    trial = repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
+                              [t for _, t in parsed.iterations], source)
+    return trial

@@ -1,0 +1,118 @@
+"""Summaries of Nsight Systems traces: compute, NCCL communication, overlapped and exposed time.
+
+Reads the CUPTI_ACTIVITY_KIND_KERNEL table (start, end, deviceId, shortName -> StringIds) of an
+nsys report exported to SQLite (`nsys export --type sqlite`; done here when given a .nsys-rep and
+nsys is installed). Per device, kernels whose name contains "nccl" are communication, the rest
+compute; each set's intervals are merged into a union first, so concurrent kernels on several
+streams are never double counted. overlapped = |comm union intersect compute union|,
+exposed communication = |comm union| - overlapped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from autotune.errors import ConfigError
+
+Interval = tuple[int, int]
+
+
+def union(intervals: list[Interval]) -> list[Interval]:
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: list[Interval]) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def intersection(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """Intersection of two sorted, disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    device: int
+    kernels: int
+    busy_s: float  # any kernel running
+    compute_s: float
+    communication_s: float
+    overlapped_s: float
+    exposed_communication_s: float
+
+    @property
+    def overlap_share(self) -> float:
+        return self.overlapped_s / self.communication_s if self.communication_s else 0.0
+
+
+def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        rows = db.execute("SELECT k.start, k.end, k.deviceId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
+                          "JOIN StringIds AS s ON s.id = k.shortName").fetchall()
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path} is not an nsys SQLite export with a kernel table ({exc})") from None
+    finally:
+        if "db" in locals():
+            db.close()
+    by_device: dict[int, tuple[list[Interval], list[Interval]]] = {}
+    for start, end, device, name in rows:
+        comm, compute = by_device.setdefault(int(device), ([], []))
+        (comm if "nccl" in name.lower() else compute).append((int(start), int(end)))
+    summaries = []
+    for device, (comm, compute) in sorted(by_device.items()):
+        comm_u, compute_u = union(comm), union(compute)
+        overlap = length(intersection(comm_u, compute_u))
+        summaries.append(DeviceSummary(device, len(comm) + len(compute), length(union(comm + compute)) / 1e9,
+                                       length(compute_u) / 1e9, length(comm_u) / 1e9, overlap / 1e9,
+                                       (length(comm_u) - overlap) / 1e9))
+    return summaries
+
+
+def export_to_sqlite(report: Path) -> Path:
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise ConfigError(f"{report} is an nsys report and nsys is not installed here: export it with "
+                          "`nsys export --type sqlite` first and pass the .sqlite file")
+    out = report.with_suffix(".sqlite")
+    result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out),
+                             str(report)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ConfigError(f"nsys export failed: {result.stderr.strip()[-300:]}")
+    return out
+
+
+def summarize(path: str | Path) -> list[DeviceSummary]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist")
+    if path.suffix in (".nsys-rep", ".qdrep"):
+        path = export_to_sqlite(path)
+    return summarize_sqlite(path)
+
+
+def to_dict(summaries: list[DeviceSummary]) -> dict:
+    total = {k: sum(getattr(s, k) for s in summaries) for k in
+             ("busy_s", "compute_s", "communication_s", "overlapped_s", "exposed_communication_s")}
+    return {"devices": [{**asdict(s), "overlap_share": s.overlap_share} for s in summaries], "total": total}

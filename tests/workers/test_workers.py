@@ -1,0 +1,292 @@
+"""GPU-side code tested on CPU: log parsing, failure classification, result files, launch commands,
+trace summaries, the process group on cancel, and the megatron backend on the local Ray with a
+stand-in torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from autotune.backends import TrialStatus
+from autotune.backends.megatron import MegatronBackend, NodeLauncher, dry_run_lines, node_command
+from autotune.logparse import classify_failure, parse_log
+from autotune.trace import intersection, summarize, union
+from tests.backends.backend_suite import make_spec
+from workers.launcher import short_run_overrides
+from workers.rank_wrapper import wrapped
+from workers.result import failure_result, merge_rank_failures, rank_result_path, success_result
+
+# Lines in Megatron-Bridge's real formats (training/utils/train_utils.py).
+LOG = """\
+[Rank 0] (after 1 iterations) memory (GB) | mem-allocated-gigabytes: 41.2 | mem-max-allocated-gigabytes: 60.5 | mem-max-reserved-gigabytes: 66.1
+ [2026-11-20 10:00:01] iteration        1/      10 | consumed samples:         1024 | elapsed time per iteration (ms): 61234.5 | throughput per GPU (TFLOP/s/GPU): 62.1 | learning rate: 1.0E-06 | global batch size:  1024 | lm loss: 1.203E+01 |
+ [2026-11-20 10:00:31] iteration        2/      10 | consumed samples:         2048 | elapsed time per iteration (ms): 30100.0 | throughput per GPU (TFLOP/s/GPU): 200.0 | learning rate: 2.0E-06 | global batch size:  1024 | lm loss: 1.190E+01 |
+ [2026-11-20 10:01:01] iteration        3/      10 | consumed samples:         3072 | elapsed time per iteration (ms): 29900.0 | throughput per GPU (TFLOP/s/GPU): 204.0 | learning rate: 3.0E-06 | global batch size:  1024 | lm loss: 1.170E+01 |
+Step Time : 29.90s GPU utilization: 204.0MODEL_TFLOP/s/GPU
+"""
+
+
+def test_log_parsing_skips_warmup_and_converts_gb_to_gib():
+    parsed = parse_log(LOG)
+    assert [i for i, _ in parsed.iterations] == [1, 2, 3]
+    assert parsed.step_time_s == pytest.approx((30.1 + 29.9) / 2)
+    assert parsed.mean_tflops_per_gpu == pytest.approx(202.0)
+    assert parsed.max_allocated_gib == pytest.approx(60.5e9 / 2 ** 30)
+    assert parsed.max_reserved_gib == pytest.approx(66.1e9 / 2 ** 30)
+    assert parsed.failure is None
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB", "oom"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate", "oom"),
+    ("[E ProcessGroupNCCL.cpp:475] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)", "nccl_timeout"),
+    ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "nccl_error"),
+    ("AssertionError: full recompute is only supported with full iteration CUDA graph", "config_error"),
+    ("Segmentation fault (core dumped)", "crash"),
+])
+def test_failure_classification(text, kind):
+    assert classify_failure(text) == kind
+
+
+def test_result_files():
+    spec = make_spec().to_dict()
+    result = success_result(spec, [60.0, 31.0, 30.0, 30.0, 29.0], 61.0, 66.0)
+    assert result["step_time_s"] == pytest.approx(29.666, rel=1e-3)  # after 2 warm-up steps
+    assert result["tokens_per_s_per_gpu"] == pytest.approx(1024 * 4096 / (result["step_time_s"] * 16))
+    assert result["mfu"] == pytest.approx(result["tflops_per_gpu"] / 989.0)
+    assert result["peak_mem_gib"] == 66.0
+    oom = failure_result(spec, 3, "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory.")
+    nccl = failure_result(spec, 0, "RuntimeError: NCCL error in: x")
+    assert oom["status"] == "oom" and "rank 3" in oom["error"]
+    assert merge_rank_failures([nccl, oom]) is oom  # OOM on any rank wins
+    assert str(rank_result_path("/r/result.json", 5)) == "/r/result.rank5.json"
+
+
+def test_short_run_overrides():
+    spec = make_spec().to_dict()
+    overrides = short_run_overrides(spec, [0], "/tmp/snap.pickle")
+    assert "train.train_iters=5" in overrides and "logger.log_interval=1" in overrides
+    assert "checkpoint.save=null" in overrides and "checkpoint.load=null" in overrides
+    assert "model.moe_token_dispatcher_type=alltoall" in overrides
+    assert "profiling.use_nsys_profiler=true" in overrides and "profiling.profile_step_start=3" in overrides
+    assert "profiling.profile_ranks=[0]" in overrides
+    dense = make_spec(model="llama3_8b", config={"tp": 1}).to_dict()
+    assert not any("moe" in o for o in short_run_overrides(dense, [], None))
+
+
+def test_launch_commands_for_one_and_two_nodes():
+    two = make_spec()  # 16 GPUs, 8 per node
+    commands = [node_command(two, {}, rank, "10.0.0.1", 29500) for rank in (0, 1)]
+    for rank, command in enumerate(commands):
+        assert command[:6] == ["torchrun", "--nnodes=2", "--nproc-per-node=8", f"--node-rank={rank}",
+                               "--master-addr=10.0.0.1", "--master-port=29500"]
+        assert command[6:8] == ["-m", "workers.launcher"]
+    one = make_spec(gpus=8, gpus_per_node=8)
+    assert "--nnodes=1" in node_command(one, {}, 0, "h", 1)
+    traced = node_command(two, {"nsys_ranks": [0]}, 0, "h", 1)
+    assert traced[6:10] == ["--no-python", "python", "-m", "workers.rank_wrapper"]
+    lines = dry_run_lines(two, {})
+    assert lines[1].startswith("  node 0: torchrun") and "--master-addr=$MASTER_ADDR" in lines[1]
+    assert lines[-1].startswith("  overrides: model.tensor_model_parallel_size=")
+
+
+def test_rank_wrapper_traces_only_chosen_ranks():
+    argv = ["--nsys-ranks", "0,8", "--nsys-out", "/out", "--", "python", "-m", "workers.launcher"]
+    assert wrapped(argv, 0)[:2] == ["nsys", "profile"] and wrapped(argv, 0)[-3:] == ["python", "-m", "workers.launcher"]
+    assert "/out/rank8" in wrapped(argv, 8)
+    assert wrapped(argv, 3) == ["python", "-m", "workers.launcher"]
+
+
+def _trace_db(path, kernels):
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT NULL, "
+               "deviceId INTEGER NOT NULL, streamId INTEGER, shortName INTEGER NOT NULL)")
+    names = {}
+    for start, end, device, name in kernels:
+        if name not in names:
+            names[name] = len(names) + 1
+            db.execute("INSERT INTO StringIds VALUES (?, ?)", (names[name], name))
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 7, ?)", (start, end, device, names[name]))
+    db.commit()
+    db.close()
+
+
+def test_trace_summary_uses_interval_unions(tmp_path):
+    ms = 1_000_000  # nanoseconds
+    kernels = [
+        # device 0: two concurrent GEMMs 0-10 and 5-15 (compute union 0-15), NCCL 12-20 and 14-18 on two streams
+        (0, 10 * ms, 0, "sm90_xmma_gemm"), (5 * ms, 15 * ms, 0, "flash_fwd_kernel"),
+        (12 * ms, 20 * ms, 0, "ncclDevKernel_AllGather_RING_LL"), (14 * ms, 18 * ms, 0, "ncclDevKernel_ReduceScatter"),
+        # device 1: communication fully hidden
+        (0, 10 * ms, 1, "gemm"), (2 * ms, 4 * ms, 1, "ncclKernel_AllReduce"),
+    ]
+    path = tmp_path / "trace.sqlite"
+    _trace_db(path, kernels)
+    d0, d1 = summarize(path)
+    assert d0.compute_s == pytest.approx(0.015) and d0.communication_s == pytest.approx(0.008)
+    assert d0.overlapped_s == pytest.approx(0.003) and d0.exposed_communication_s == pytest.approx(0.005)
+    assert d0.busy_s == pytest.approx(0.020)  # never the 0.032 s a sum of durations would give
+    assert d1.exposed_communication_s == 0 and d1.overlap_share == 1.0
+    assert union([(5, 9), (0, 3), (2, 4)]) == [(0, 4), (5, 9)]
+    assert intersection([(0, 4), (5, 9)], [(3, 6)]) == [(3, 4), (5, 6)]
+
+
+def test_trace_cli(cli, tmp_path):
+    path = tmp_path / "t.sqlite"
+    _trace_db(path, [(0, 5_000_000, 0, "gemm"), (4_000_000, 6_000_000, 0, "nccl_allreduce")])
+    data = json.loads(cli("trace", "summarize", str(path), "--json").stdout)
+    assert data["total"]["exposed_communication_s"] == pytest.approx(0.001)
+    bad = cli("trace", "summarize", str(tmp_path / "none.sqlite"))
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+    report = tmp_path / "x.nsys-rep"
+    report.write_bytes(b"x")
+    if not __import__("shutil").which("nsys"):
+        refused = cli("trace", "summarize", str(report))
+        assert refused.returncode == 2 and "nsys export --type sqlite" in refused.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_node_launcher_cancel_kills_the_process_group(tmp_path):
+    """A real subprocess tree stands in for torchrun and its ranks."""
+    launcher = NodeLauncher()
+    script = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; " \
+             "time.sleep(600)']); print('child', c.pid, flush=True); time.sleep(600)"
+    pid = launcher.start(["python3", "-c", script], {})
+    deadline = time.monotonic() + 10
+    child = None
+    while child is None and time.monotonic() < deadline:
+        for line in launcher.poll()[1]:
+            if line.startswith("child"):
+                child = int(line.split()[1])
+        time.sleep(0.05)
+    assert child and _alive(pid) and _alive(child)
+    launcher.cancel()
+    time.sleep(0.3)
+    assert not _alive(pid) and not _alive(child)
+
+
+@pytest.fixture
+def fake_torchrun(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    target = bin_dir / "torchrun"
+    source = os.path.join(os.path.dirname(__file__), "..", "fixtures", "fake_torchrun.py")
+    target.write_text(open(source).read())
+    target.chmod(0o755)
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": repo_root,
+            "FAKE_TORCHRUN_ARGS": str(tmp_path / "argv.jsonl")}
+
+
+def _run_in_ray(spec, options, cancel_after_s=None):
+    """Run the megatron backend inside a runner actor placed like the controller places it."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from autotune.backends._ray import TrialRunner
+
+    group = placement_group([{"GPU": float(spec.gpus_per_node)}] * (spec.gpus // spec.gpus_per_node), strategy="PACK")
+    ray.get(group.ready(), timeout=60)
+    runner = ray.remote(TrialRunner).options(num_cpus=0, max_concurrency=4, scheduling_strategy=
+                                             PlacementGroupSchedulingStrategy(group, 0)).remote("megatron", options)
+    try:
+        ray.get(runner.start.remote(spec.to_dict()))
+        start, steps = time.monotonic(), []
+        while True:
+            _, reports, outcome = ray.get(runner.poll.remote())
+            steps += reports
+            if outcome is not None:
+                return outcome, steps
+            if cancel_after_s is not None and time.monotonic() - start > cancel_after_s:
+                ray.get(runner.cancel.remote())
+                cancel_after_s = None
+            time.sleep(0.1)
+    finally:
+        ray.kill(runner)
+        remove_placement_group(group)
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("mode,status", [("ok", "completed"), ("oom", "oom"), ("nccl", "failed")])
+def test_megatron_backend_on_ray_with_a_stand_in_torchrun(fake_torchrun, tmp_path, mode, status):
+    spec = make_spec(gpus=16, gpus_per_node=8, timeout_s=120)
+    options = {"workdir": str(tmp_path / "runs"), "env": {**fake_torchrun, "FAKE_TORCHRUN_MODE": mode}}
+    outcome, steps = _run_in_ray(spec, options)
+    assert outcome["status"] == status, outcome
+    calls = [json.loads(line) for line in open(fake_torchrun["FAKE_TORCHRUN_ARGS"])]
+    assert sorted(next(a for a in c if a.startswith("--node-rank")) for c in calls) == ["--node-rank=0",
+                                                                                       "--node-rank=1"]
+    if status == "completed":
+        assert len(steps) == 5 and outcome["step_time_s"] == pytest.approx(1.5)
+        assert outcome["peak_mem_gib"] == 64.0
+    if status == "oom":
+        assert "rank 1" in outcome["error"] and "out of memory" in outcome["error"]
+    if status == "failed":
+        assert "nccl_error" in outcome["error"]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_megatron_backend_cancel_stops_every_node(fake_torchrun, tmp_path):
+    spec = make_spec(gpus=16, gpus_per_node=8, timeout_s=120)
+    options = {"workdir": str(tmp_path / "runs"), "env": {**fake_torchrun, "FAKE_TORCHRUN_MODE": "hang"}}
+    outcome, _ = _run_in_ray(spec, options, cancel_after_s=2.0)
+    assert outcome["status"] == TrialStatus.PRUNED.value
+
+
+def test_dry_run_cli_prints_two_node_commands(cli):
+    result = cli("start", "--model", "qwen3_30b", "--budget", "3", "--backend", "megatron", "--dry-run",
+                 env={"RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stderr
+    nodes = [line for line in result.stdout.splitlines() if line.strip().startswith("node ")]
+    assert len(nodes) == 6 and all("--nnodes=2" in line for line in nodes)
+    from tests.test_export import BRIDGE_FIELDS
+
+    for line in result.stdout.splitlines():
+        if line.strip().startswith("overrides:"):
+            paths = {item.split("=")[0] for item in line.split(":", 1)[1].split()}
+            assert paths <= BRIDGE_FIELDS
+
+
+def test_megatron_backend_checks_options():
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        MegatronBackend.check_options({"nsys_ranks": ["zero"]})
+
+
+def test_import_log_into_a_study(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 'imp.db'}"
+    started = cli("start", "--model", "qwen3_30b", "--budget", "1", "--study", "imp", "--storage", url,
+                  "--sim-seconds", "0", env={"RAY_AUTH_MODE": "disabled"}, timeout=300)
+    assert started.returncode == 0, started.stderr
+    log = tmp_path / "run.log"
+    log.write_text(LOG)
+    result = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                 "--storage", url, "--json")
+    assert result.returncode == 0, result.stderr
+    trial = json.loads(result.stdout)
+    assert trial["status"] == "completed" and trial["strategy_note"] == "imported"
+    assert trial["step_time_s"] == pytest.approx(30.0)
+    board = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
+    assert board["summary"]["dispatched"] == 1  # the imported run is outside the budget
+    oom_log = tmp_path / "oom.log"
+    oom_log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+    oom = json.loads(cli("import-log", str(oom_log), "--study", "imp", "--ep", "16", "--dist-opt", "--storage", url,
+                         "--json").stdout)
+    assert oom["status"] == "oom"
+    bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--storage", url)
+    assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr

@@ -1,0 +1,61 @@
+"""Result files of a GPU run: written by workers.launcher, read by the megatron backend.
+
+Pure Python (no torch, no megatron), so the same code is tested on CPU. A result is the command
+backend's result JSON (status, step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, peak_mem_gib,
+error) plus per-iteration times and both memory peaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from autotune.logparse import classify_failure
+
+
+def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)  # readers never see half a file
+
+
+def rank_result_path(result: str | os.PathLike, rank: int) -> Path:
+    result = Path(result)
+    return result.with_name(f"{result.stem}.rank{rank}{result.suffix}")
+
+
+def success_result(spec: dict[str, Any], times_s: list[float], allocated_gib: float, reserved_gib: float) -> dict:
+    """Throughput from the measured iterations (after the warm-up), MFU against the BF16 peak."""
+    from autotune.catalog import get_gpu, get_model
+    from autotune.cost import flops_per_token
+
+    warmup = int(spec["warmup_steps"])
+    measured = times_s[warmup:] or times_s
+    step = statistics.mean(measured)
+    tokens = spec["global_batch_size"] * spec["seq_length"] / (step * spec["gpus"])
+    fpt = flops_per_token(get_model(spec["model"]).architecture, spec["seq_length"],
+                          int(spec["config"].get("tp", 1))).total
+    tflops = fpt * tokens / 1e12
+    return {"status": "completed", "step_time_s": step, "tokens_per_s_per_gpu": tokens, "tflops_per_gpu": tflops,
+            "mfu": tflops / get_gpu(spec["gpu"]).bf16_peak_tflops, "peak_mem_gib": reserved_gib,
+            "max_allocated_gib": allocated_gib, "max_reserved_gib": reserved_gib, "step_times_s": times_s}
+
+
+def failure_result(spec: dict[str, Any], rank: int, text: str) -> dict:
+    kind = classify_failure(text)
+    return {"status": "oom" if kind == "oom" else "failed", "error": f"{kind} on rank {rank}: "
+            + text.strip().splitlines()[-1][:500] if text.strip() else kind, "failure": kind, "rank": rank,
+            "log_tail": text[-4000:]}
+
+
+def merge_rank_failures(results: list[dict]) -> dict | None:
+    """One outcome from the failure files of several ranks: OOM on any rank wins, then NCCL, then others."""
+    if not results:
+        return None
+    order = {"oom": 0, "nccl_error": 1, "nccl_timeout": 2, "config_error": 3, "crash": 4}
+    return min(results, key=lambda r: (order.get(r.get("failure", "crash"), 9), r.get("rank", 0)))
