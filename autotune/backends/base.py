@@ -130,6 +130,16 @@ class TrialOutcome(_JsonMixin):
                 "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "peak_mem_gib": self.peak_mem_gib}
 
 
+def stopped_outcome(spec: "TrialSpec", how: str, step_times_s: list[float], wall_time_s: float,
+                    detail: str = "") -> TrialOutcome:
+    """The outcome of a trial a backend stopped: `how` is "cancelled" (PRUNED) or "timeout" (TIMEOUT)."""
+    if how == "cancelled":
+        return TrialOutcome(spec.trial, TrialStatus.PRUNED, step_times_s=step_times_s, wall_time_s=wall_time_s,
+                            error="cancelled by the controller")
+    return TrialOutcome(spec.trial, TrialStatus.TIMEOUT, step_times_s=step_times_s, wall_time_s=wall_time_s,
+                        error=f"over the trial timeout of {spec.timeout_s:g} s" + (f"; {detail}" if detail else ""))
+
+
 Reporter = Callable[[StepReport], None]
 
 

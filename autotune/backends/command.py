@@ -23,7 +23,8 @@ import time
 from collections import deque
 from typing import Any
 
-from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
+                                    stopped_outcome)
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -127,12 +128,8 @@ class CommandBackend(Backend):
             reader.join(timeout=5)
         wall = time.monotonic() - start
         tail = "".join(stderr_tail)[-4000:] or None
-        if ended == "cancelled":
-            return TrialOutcome(spec.trial, TrialStatus.PRUNED, step_times_s=times, wall_time_s=wall,
-                                error="cancelled by the controller")
-        if ended == "timeout":
-            return TrialOutcome(spec.trial, TrialStatus.TIMEOUT, step_times_s=times, wall_time_s=wall,
-                                error=f"over the trial timeout of {spec.timeout_s:g} s; stderr tail:\n{tail or ''}")
+        if ended in ("cancelled", "timeout"):
+            return stopped_outcome(spec, ended, times, wall, f"stderr tail:\n{tail or ''}")
         if process.returncode != 0:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
                                 error=f"exit code {process.returncode}; stderr tail:\n{tail or ''}")

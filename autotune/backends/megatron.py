@@ -32,7 +32,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
+                                    stopped_outcome)
 from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result
 from autotune.errors import ConfigError
 from autotune.logparse import classify_failure, parse_log
@@ -192,12 +193,8 @@ class MegatronBackend(Backend):
             if any(code not in (None, 0) for code in codes) or all(code == 0 for code in codes):
                 status = "exited"
         wall = time.monotonic() - start
-        if status == "cancelled":
-            return TrialOutcome(spec.trial, TrialStatus.PRUNED, step_times_s=times, wall_time_s=wall,
-                                error="cancelled by the controller")
-        if status == "timeout":
-            return TrialOutcome(spec.trial, TrialStatus.TIMEOUT, step_times_s=times, wall_time_s=wall,
-                                error=f"over the trial timeout of {spec.timeout_s:g} s")
+        if status in ("cancelled", "timeout"):
+            return stopped_outcome(spec, status, times, wall)
         return self._outcome(spec, launchers, directory, times, wall, options)
 
     def _outcome(self, spec, launchers, directory, times, wall, options) -> TrialOutcome:
