@@ -259,7 +259,7 @@ class _LiveView:
         self._last = time.monotonic()
         from autotune import leaderboard
 
-        board = leaderboard.build(self.repo, self.study, top=12)
+        board = leaderboard.build(self.repo, self.study, top=12 if self._live is not None else None)
         if self._live is not None:
             from rich.console import Group
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn

@@ -30,6 +30,8 @@ def test_start_prints_leaderboard_and_best_layout(finished_study):
     _, result = finished_study
     assert "best layout" in result.stdout and "tokens/s/GPU" in result.stdout
     assert "dispatched 6/6" in result.stdout
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 6 and progress[-1].startswith("[6/6]")  # one line per finished trial
 
 
 def test_leaderboard_json_rows_and_summary(cli, finished_study):
