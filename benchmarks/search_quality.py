@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    ray.init(num_cpus=2, num_gpus=64, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, num_gpus=64, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     print(f"{'case':<15} {'sampler':<7} {'median ratio':>12} {'min ratio':>9} {'OOM share':>9} "
           f"{'ms/trial':>8} {'rejected/study':>14} {'wall s':>7}")
     with tempfile.TemporaryDirectory() as directory:

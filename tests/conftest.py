@@ -39,7 +39,7 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, num_gpus=16, namespace="autotune", include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, num_gpus=16, namespace="autotune", include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR")
     yield ray
     ray.shutdown()

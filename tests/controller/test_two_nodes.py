@@ -34,3 +34,25 @@ def test_a_sixteen_gpu_trial_spans_both_nodes(tmp_path):
     calls = [json.loads(line) for line in argv_log.read_text().splitlines()]
     ranks = sorted(a for c in calls for a in c if a.startswith("--node-rank"))
     assert ranks == ["--node-rank=0", "--node-rank=0", "--node-rank=1", "--node-rank=1"]
+
+
+def test_a_local_study_ignores_a_ray_cluster_already_running_on_the_machine(tmp_path):
+    """ray.init() without an address would join a running cluster; local studies start their own."""
+    script = f"""
+import subprocess, sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 1, "num_gpus": 0}})
+try:
+    result = subprocess.run([sys.executable, "-m", "autotune", "start", "--model", "llama3_8b", "--gpus", "8",
+                             "--budget", "2", "--storage", "sqlite:///{tmp_path / 'other.db'}", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    sys.exit(result.returncode)
+finally:
+    cluster.shutdown()
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["dispatched"] == 2
