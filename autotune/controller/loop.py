@@ -188,6 +188,8 @@ class Controller:
 
     def _fill_slots(self) -> None:
         while self.dispatcher.free_slots() > 0 and not self._exhausted:
+            if self.repo.counts(self.study.id)["dispatched"] >= self.study.budget:
+                return  # checked before asking Optuna; claim_dispatch still guards against races
             tick = time.perf_counter()
             dispatched = self._dispatch_one()
             self.controller_seconds += time.perf_counter() - tick

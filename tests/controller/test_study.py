@@ -45,6 +45,7 @@ def test_simulate_study_dispatches_exactly_its_budget(storage_url):
     assert len(completed) == 8
     assert {t.number for t in completed} == {t.optuna_trial_number for t in trials}
     assert all(t.gpu_seconds > 0 and t.dispatched_at and t.finished_at for t in trials)
+    assert not [t for t in optuna_trials(storage_url, "s") if t.state == TrialState.FAIL]  # no stray asks
 
 
 def test_two_trials_run_at_once_when_the_cluster_holds_two(tmp_path):
