@@ -182,7 +182,7 @@ class MegatronBackend(Backend):
                 status = "timeout"
                 break
             polls = ray.get([l.poll.remote() for l in launchers])
-            for code, lines in polls:
+            for _code, lines in polls:
                 for line in lines:
                     if line.startswith(STEP_MARKER):
                         step = json.loads(line[len(STEP_MARKER):])

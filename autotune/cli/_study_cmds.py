@@ -208,7 +208,6 @@ def _run(repo, study, args: argparse.Namespace) -> int:
 
 
 def _print_final(board, summary) -> None:
-    from rich.console import Console
 
     from autotune import leaderboard
     from autotune.config import LayoutConfig
@@ -238,7 +237,6 @@ class _LiveView:
         self._reported: set[int] = set()
 
     def __enter__(self):
-        from rich.console import Console
 
         self.console = wide_console()
         if not self.quiet and self.console.is_terminal:

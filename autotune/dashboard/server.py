@@ -13,11 +13,9 @@ refresh while a study runs, so the page needs no JavaScript and nothing from the
 
 from __future__ import annotations
 
-import json
 import mimetypes
 import threading
 from html import escape
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlparse
