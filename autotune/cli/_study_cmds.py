@@ -286,6 +286,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
         return 0
+    if not summaries:
+        print(f"no studies yet in {repo.engine.url.render_as_string(hide_password=True)}; "
+              "start one with `autotune start --model MODEL`")
+        return 0
     from rich.table import Table
 
     table = Table(title="studies")
