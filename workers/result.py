@@ -32,17 +32,17 @@ def rank_result_path(result: str | os.PathLike, rank: int) -> Path:
 def success_result(spec: dict[str, Any], times_s: list[float], allocated_gib: float, reserved_gib: float) -> dict:
     """Throughput from the measured iterations (after the warm-up), MFU against the BF16 peak."""
     from autotune.catalog import get_gpu, get_model
-    from autotune.cost import flops_per_token
+    from autotune.cost.flops import measured_throughput
 
     warmup = int(spec["warmup_steps"])
     measured = times_s[warmup:] or times_s
     step = statistics.mean(measured)
-    tokens = spec["global_batch_size"] * spec["seq_length"] / (step * spec["gpus"])
-    fpt = flops_per_token(get_model(spec["model"]).architecture, spec["seq_length"],
-                          int(spec["config"].get("tp", 1))).total
-    tflops = fpt * tokens / 1e12
+    tokens, tflops, mfu = measured_throughput(
+        get_model(spec["model"]).architecture, get_gpu(spec["gpu"]).bf16_peak_tflops,
+        global_batch_size=spec["global_batch_size"], seq_length=spec["seq_length"], gpus=spec["gpus"],
+        tp=int(spec["config"].get("tp", 1)), step_time_s=step)
     return {"status": "completed", "step_time_s": step, "tokens_per_s_per_gpu": tokens, "tflops_per_gpu": tflops,
-            "mfu": tflops / get_gpu(spec["gpu"]).bf16_peak_tflops, "peak_mem_gib": reserved_gib,
+            "mfu": mfu, "peak_mem_gib": reserved_gib,
             "max_allocated_gib": allocated_gib, "max_reserved_gib": reserved_gib, "step_times_s": times_s}
 
 

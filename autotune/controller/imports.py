@@ -10,6 +10,7 @@ from __future__ import annotations
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller.session import study_space_and_workload
+from autotune.cost.flops import tokens_per_s_per_gpu
 from autotune.errors import ConfigError, IllegalLayoutError
 from autotune.logparse import parse_log
 from autotune.space import violations
@@ -31,8 +32,8 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
     metrics = {"peak_mem_gib": parsed.max_reserved_gib or parsed.max_allocated_gib}
     if status == "completed":
         step = parsed.step_time_s
-        tokens = workload.global_batch_size * workload.seq_length / (step * workload.cluster.gpus)
-        tflops = parsed.mean_tflops_per_gpu
+        tokens = tokens_per_s_per_gpu(workload.global_batch_size, workload.seq_length, workload.cluster.gpus, step)
+        tflops = parsed.mean_tflops_per_gpu  # Megatron's own figure from the log
         metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
                        mfu=tflops / workload.cluster.gpu.bf16_peak_tflops if tflops else None)
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False)

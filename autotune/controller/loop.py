@@ -31,6 +31,7 @@ from autotune.controller.pruning import SlowBranchPruner
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import Proposal, Strategy
 from autotune.cost import estimate
+from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 from autotune.overrides import layout_overrides
 from autotune.space import SearchSpace, enumerate_legal, policy_violations, violations
 from autotune.storage import Repository, Study, Trial
@@ -62,18 +63,16 @@ class _Running:
 
 
 def derive_metrics(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> dict[str, float | None]:
-    """Fill throughput, TFLOP/s and MFU that a backend left out, from step time and model FLOPs
-    (counted as Megatron does, with the vocabulary padded for the layout's TP)."""
-    from autotune.cost import flops_per_token
-
+    """Fill throughput, TFLOP/s and MFU that a backend left out, from step time and model FLOPs."""
     metrics = outcome.metrics()
     step = metrics["step_time_s"]
     if step:
-        tokens = workload.global_batch_size * workload.seq_length / (step * workload.cluster.gpus)
-        metrics["tokens_per_s_per_gpu"] = metrics["tokens_per_s_per_gpu"] or tokens
+        w = workload
+        tokens = metrics["tokens_per_s_per_gpu"] or tokens_per_s_per_gpu(w.global_batch_size, w.seq_length,
+                                                                         w.cluster.gpus, step)
+        metrics["tokens_per_s_per_gpu"] = tokens
         if metrics["tflops_per_gpu"] is None:
-            fpt = flops_per_token(workload.model.architecture, workload.seq_length, config.tp).total
-            metrics["tflops_per_gpu"] = fpt * metrics["tokens_per_s_per_gpu"] / 1e12
+            metrics["tflops_per_gpu"] = model_tflops_per_gpu(w.model.architecture, w.seq_length, config.tp, tokens)
         if metrics["mfu"] is None:
             metrics["mfu"] = metrics["tflops_per_gpu"] / workload.cluster.gpu.bf16_peak_tflops
     return metrics
@@ -382,7 +381,8 @@ class Controller:
             value = None
             if steps:
                 w = self.workload
-                value = w.global_batch_size * w.seq_length / (float(np.median(steps)) * w.cluster.gpus)
+                value = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus,
+                                             float(np.median(steps)))
             self.optuna.tell_pruned(number, run.steps, value)
         else:
             self.optuna.tell_fail(number, f"{status}: {outcome.error or ''}")

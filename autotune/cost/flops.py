@@ -93,3 +93,20 @@ def flops_per_token(a: Architecture, seq_length: int, tp: int = 1) -> FlopsPerTo
     return FlopsPerToken(dense_mlp=float(dense_mlp), expert_mlp=float(expert_mlp),
                          attention_projections=float(6 * num_layers * projection + mtp_extra),
                          core_attention=float(core_total), logits=float(logits))
+
+
+def tokens_per_s_per_gpu(global_batch_size: int, seq_length: int, gpus: int, step_time_s: float) -> float:
+    return global_batch_size * seq_length / (step_time_s * gpus)
+
+
+def model_tflops_per_gpu(architecture: Architecture, seq_length: int, tp: int, tokens_per_s: float) -> float:
+    """Model TFLOP/s per GPU at a throughput, counted as Megatron does (vocabulary padded for TP)."""
+    return flops_per_token(architecture, seq_length, tp).total * tokens_per_s / 1e12
+
+
+def measured_throughput(architecture: Architecture, bf16_peak_tflops: float, *, global_batch_size: int,
+                        seq_length: int, gpus: int, tp: int, step_time_s: float) -> tuple[float, float, float]:
+    """(tokens/s/GPU, model TFLOP/s/GPU, MFU against the dense BF16 peak) of a measured step time."""
+    tokens = tokens_per_s_per_gpu(global_batch_size, seq_length, gpus, step_time_s)
+    tflops = model_tflops_per_gpu(architecture, seq_length, tp, tokens)
+    return tokens, tflops, tflops / bf16_peak_tflops
