@@ -16,7 +16,7 @@ from autotune.config import LayoutConfig, Workload
 from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import FlopsPerToken, flops_per_token, padded_vocab_size
 from autotune.cost.memory import GIB, memory_breakdown, total_params
-from autotune.cost.step_time import TERMS, step_time_breakdown
+from autotune.cost.step_time import TERMS, flops_arrays, step_time_breakdown
 
 MFU_BASIS = "dense BF16 peak"
 
@@ -90,10 +90,11 @@ def estimate_many(workload: Workload, layouts: Sequence[LayoutConfig] | LayoutAr
     """Predict every layout. `memory_scale` multiplies predicted memory (a measured calibration)."""
     x = layouts if isinstance(layouts, LayoutArrays) else LayoutArrays.from_configs(layouts)
     memory = memory_breakdown(x, workload)
-    breakdown = step_time_breakdown(x, workload)
+    flops = flops_arrays(x, workload)
+    breakdown = step_time_breakdown(x, workload, flops)
     step = sum(breakdown[t] for t in TERMS)
     tokens = workload.global_batch_size * workload.seq_length
-    fpt = _flops_per_token_array(x, workload)
+    fpt = sum(flops)
     tokens_per_s_per_gpu = tokens / (step * workload.cluster.gpus)
     tflops = fpt * tokens_per_s_per_gpu / 1e12
     gpu = workload.cluster.gpu
@@ -118,13 +119,6 @@ def estimate_many(workload: Workload, layouts: Sequence[LayoutConfig] | LayoutAr
 
 def estimate(workload: Workload, layout: LayoutConfig, memory_scale: float = 1.0) -> Estimate:
     return estimate_many(workload, [layout], memory_scale).row(0)
-
-
-def _flops_per_token_array(x: LayoutArrays, w: Workload) -> np.ndarray:
-    out = np.empty(len(x))
-    for tp in np.unique(x.tp):
-        out[x.tp == tp] = flops_per_token(w.model.architecture, w.seq_length, int(tp)).total
-    return out
 
 
 __all__ = ["Estimate", "Estimates", "FlopsPerToken", "LayoutArrays", "MFU_BASIS", "TERMS", "estimate",

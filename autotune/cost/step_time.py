@@ -32,8 +32,9 @@ GRAD_REDUCE_BYTES = 4.0  # gradients are reduced in fp32 (Bridge's DDP default g
 ATTENTION_EFFICIENCY = 0.75  # flash attention relative to a GEMM of the same precision
 
 
-def _per_tp(x: LayoutArrays, w: Workload):
-    """FLOPs per token split (dense GEMM, expert GEMM, core attention) as arrays; depends on TP via vocab."""
+def flops_arrays(x: LayoutArrays, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FLOPs per token split (dense GEMM, expert GEMM, core attention) as arrays; depends on TP via
+    vocab. Their sum is the model FLOPs per token."""
     a = w.model.architecture
     dense = np.empty(len(x))
     expert = np.empty(len(x))
@@ -81,7 +82,9 @@ def _dispatch_s(tokens: np.ndarray, x: LayoutArrays, w: Workload) -> np.ndarray:
                           + copies_outside / (gpu.network_gbps * 1e9 * cal.ALLTOALL_NETWORK_EFFICIENCY))
 
 
-def step_time_breakdown(x: LayoutArrays, w: Workload) -> dict[str, np.ndarray]:
+def step_time_breakdown(x: LayoutArrays, w: Workload,
+                        flops: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Seconds per term (see the module docstring); `flops` is flops_arrays(x, w) when the caller has it."""
     a = w.model.architecture
     gpu = w.cluster.gpu
     world, s, h = w.cluster.gpus, w.seq_length, a.hidden_size
@@ -91,7 +94,7 @@ def step_time_breakdown(x: LayoutArrays, w: Workload) -> dict[str, np.ndarray]:
     tokens_per_gpu_step = w.global_batch_size * s / world
 
     # --- compute -------------------------------------------------------------------------------
-    dense_fpt, expert_fpt, core_fpt = _per_tp(x, w)
+    dense_fpt, expert_fpt, core_fpt = flops if flops is not None else flops_arrays(x, w)
     peak = gpu.peak_tflops[w.precision] * 1e12
     peak_bf16 = gpu.peak_tflops["bf16"] * 1e12
     eff = cal.software_efficiency(gpu.generation, w.precision)
