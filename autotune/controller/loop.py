@@ -215,8 +215,8 @@ class Controller:
                 self.optuna.tell_fail(number, "not dispatched: the study's budget is used up")
                 self._exhausted = True
                 return False
-            if claimed == "duplicate":
-                self.optuna.tell_infeasible(number, "duplicate", 1.0, "already dispatched in this study")
+            if claimed == "duplicate":  # checked under the study's lock, so also across controllers
+                self._reject(number, config, note, "duplicate", "already dispatched in this study", 1.0, None)
                 continue
             self._submit(claimed, config)
             return True
@@ -269,17 +269,15 @@ class Controller:
         peak = self.state.predicted_peak_gib(i)
         if peak > limit:
             return "predicted_oom", f"predicted {peak:.1f} GiB > {limit:g} GiB", peak - limit, None
-        if self.repo.is_dispatched(self.study.id, config.key()):
-            return "duplicate", "already dispatched in this study", 1.0, None
-        return None
+        return None  # duplicates are found by claim_dispatch, under the study's lock
 
     def _reject(self, number: int, config: LayoutConfig, note: str, reason: str, message: str,
                 constraint: float, implied_by: int | None) -> None:
         self._mark_tried(config.key())
         self.repo.add_rejected(self.study.id, config.to_dict(), config.key(), reason, message, number, implied_by,
                                strategy_note=note)
-        self.optuna.tell_infeasible(number, "memory" if "oom" in reason else "legality", constraint,
-                                    f"{reason}: {message}")
+        kind = "memory" if "oom" in reason else "duplicate" if reason == "duplicate" else "legality"
+        self.optuna.tell_infeasible(number, kind, constraint, f"{reason}: {message}")
 
     def _prediction(self, config: LayoutConfig) -> dict[str, Any]:
         i = self.state.index.get(config.key())
@@ -365,9 +363,10 @@ class Controller:
                                        tokens_per_s_per_gpu=metrics["tokens_per_s_per_gpu"],
                                        peak_mem_gib=metrics["peak_mem_gib"])
         self._learn(finished)
-        self._tell(optuna_number, status, metrics, outcome, run)
+        self._tell(optuna_number, status, metrics, outcome, run.steps)
 
-    def _tell(self, number: int | None, status: str, metrics: dict, outcome: TrialOutcome, run: _Running) -> None:
+    def _tell(self, number: int | None, status: str, metrics: dict, outcome: TrialOutcome,
+              step_times_s: list[float]) -> None:
         if number is None:
             return
         if status == "completed" and metrics["tokens_per_s_per_gpu"]:
@@ -377,13 +376,13 @@ class Controller:
             over = (metrics.get("peak_mem_gib") or limit * 1.01) - limit
             self.optuna.tell_infeasible(number, "memory", max(over, 0.01), "out of memory")
         elif status == "pruned":
-            steps = run.steps[self.pruner.warmup_steps:] or run.steps
+            steps = step_times_s[self.pruner.warmup_steps:] or step_times_s
             value = None
             if steps:
                 w = self.workload
                 value = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus,
                                              float(np.median(steps)))
-            self.optuna.tell_pruned(number, run.steps, value)
+            self.optuna.tell_pruned(number, step_times_s, value)
         else:
             self.optuna.tell_fail(number, f"{status}: {outcome.error or ''}")
 
@@ -404,8 +403,7 @@ class Controller:
                 outcome = TrialOutcome(trial.number, TrialStatus(trial.status), step_time_s=trial.step_time_s,
                                        peak_mem_gib=trial.peak_mem_gib, error=trial.message)
                 self._tell(number, trial.status, {"tokens_per_s_per_gpu": trial.tokens_per_s_per_gpu,
-                                                  "peak_mem_gib": trial.peak_mem_gib},
-                           outcome, _Running(trial, None, list(trial.step_times_s)))  # type: ignore[arg-type]
+                                                  "peak_mem_gib": trial.peak_mem_gib}, outcome, list(trial.step_times_s))
 
     def _adopt_stale(self) -> None:
         """Adopt trials whose controller stopped heartbeating and run them again.
