@@ -25,7 +25,6 @@ from autotune.overrides import layout_fields, layout_overrides
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial
 
-FORMATS = ("recipe", "overrides", "yaml", "json", "table")
 METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
 MASTER_PORT = 29500
 

@@ -39,8 +39,5 @@ class DryRunDispatcher:
     def cancel(self, trial: int) -> None:
         pass
 
-    def active_trials(self) -> list[int]:
-        return [t for t, _, _ in self._done]
-
     def shutdown(self) -> None:
         pass

@@ -85,15 +85,13 @@ class RayDispatcher:
     """Runs TrialSpecs on Ray with at most `capacity` trials at once (see module docstring)."""
 
     def __init__(self, backend_name: str, backend_options: dict[str, Any], resources: ResourceRequest, *,
-                 address: str | None = None, local_gpus: int | None = None, max_concurrent: int | None = None,
-                 slot_name_prefix: str = "") -> None:
+                 address: str | None = None, local_gpus: int | None = None, max_concurrent: int | None = None) -> None:
         self.backend_name = backend_name
         self.backend_options = backend_options
         self.resources = resources
         self.address = address
         self.local_gpus = local_gpus
         self.max_concurrent = max_concurrent
-        self.prefix = slot_name_prefix
         self.capacity = 0
         self._slots: list[_Slot] = []
         self._runner_cls = None
@@ -170,9 +168,6 @@ class RayDispatcher:
 
     def free_slots(self) -> int:
         return sum(1 for s in self._slots if s.trial is None)
-
-    def active_trials(self) -> list[int]:
-        return [s.trial for s in self._slots if s.trial is not None]
 
     def submit(self, spec: TrialSpec) -> None:
         slot = next(s for s in self._slots if s.trial is None)

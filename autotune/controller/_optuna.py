@@ -23,7 +23,6 @@ from autotune.space import SearchSpace
 from autotune.storage import engine_kwargs
 
 PLAIN_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "dist_opt")
-OBJECTIVE = "tokens_per_s_per_gpu"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 logging.getLogger("optuna").setLevel(logging.WARNING)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from autotune.backends import ResourceRequest, backend_class
 from autotune.config import LayoutConfig, Workload
-from autotune.controller.loop import Controller, RunSummary
+from autotune.controller.loop import Controller
 from autotune.controller.strategies import STRATEGIES, make_strategy
 from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, load_space, make_workload
@@ -119,8 +119,7 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
                                              cls.one_bundle_per_node)
     if dispatcher is None:
         dispatcher = RayDispatcher(study.backend, study.backend_options, resources, address=ray_address,
-                                   local_gpus=local_gpus, max_concurrent=max_concurrent,
-                                   slot_name_prefix=study.name)
+                                   local_gpus=local_gpus, max_concurrent=max_concurrent)
         dispatcher.start()
     try:
         strategy = make_strategy(study.sampler, study.budget, study.options.get("seed"), recipe_baseline(space))
@@ -130,7 +129,3 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
         dispatcher.shutdown()  # never leave placement groups or a local Ray behind
         raise
 
-
-def run_study(repo: Repository, study: Study, **kwargs: Any) -> RunSummary:
-    controller = build_controller(repo, study, **kwargs)
-    return controller.run()

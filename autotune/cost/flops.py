@@ -33,11 +33,6 @@ class FlopsPerToken:
     def total(self) -> float:
         return self.dense_mlp + self.expert_mlp + self.attention_projections + self.core_attention + self.logits
 
-    @property
-    def gemm(self) -> float:
-        """FLOPs of the linear layers (the part FP8 / FP4 recipes accelerate)."""
-        return self.total - self.core_attention
-
 
 def _layer_counts(a: Architecture) -> tuple[int, int, int]:
     """(attention layers, dense-MLP layers, MoE layers), MTP layers included like the final layer."""

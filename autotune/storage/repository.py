@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StudyError
-from autotune.storage._engine import make_engine, normalize_url
+from autotune.storage._engine import make_engine
 from autotune.storage.migrations import ensure_schema
 from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
 
@@ -89,6 +89,11 @@ class Trial:
         return data
 
 
+def _last_number(session: Session, study_id: int) -> int:
+    """The highest trial number of the study (0 for none); callers insert above it and retry on a clash."""
+    return session.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id)) or 0
+
+
 def _study(row: StudyRow) -> Study:
     return Study(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Study)})
 
@@ -114,10 +119,6 @@ class Repository:
     @property
     def url(self) -> str:
         return self.engine.url.render_as_string(hide_password=False)
-
-    @staticmethod
-    def normalize(url: str) -> str:
-        return normalize_url(url)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -172,9 +173,7 @@ class Repository:
         for _ in range(50):
             try:
                 with self.session() as s:
-                    number = (s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
-                              or 0) + 1
-                    row = TrialRow(study_id=study_id, number=number, **values)
+                    row = TrialRow(study_id=study_id, number=_last_number(s, study_id) + 1, **values)
                     s.add(row)
                     s.flush()
                     return _trial(row)
@@ -194,7 +193,7 @@ class Repository:
         for _ in range(50):
             try:
                 with self.session() as s:
-                    number = s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id)) or 0
+                    number = _last_number(s, study_id)
                     for offset, values in enumerate(rows, 1):
                         s.add(TrialRow(study_id=study_id, number=number + offset, dispatched=False,
                                        status="rejected", finished_at=utcnow(), **values))
@@ -232,8 +231,7 @@ class Repository:
                     if s.scalar(select(func.count()).select_from(TrialRow).where(
                             TrialRow.study_id == study_id, TrialRow.dispatch_key == config_key)):
                         return "duplicate"
-                    number = (s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
-                              or 0) + 1
+                    number = _last_number(s, study_id) + 1
                     now = utcnow()
                     row = TrialRow(study_id=study_id, number=number, config=config, config_key=config_key,
                                    dispatch_key=config_key, dispatched=True, status="dispatched", attempt=1,
