@@ -1,15 +1,29 @@
-"""Search quality on landscapes that are NOT the tuner's own cost model (issue 8).
+"""Search quality on landscapes that are NOT the tuner's own model (issues 8 and 15).
 
-Each landscape distorts the cost model with seeded per-knob-value biases (up to +-12%), per-layout
-noise (+-2%) and a memory-model error (+-5% per structural family), hidden from the tuner (they live
-in the simulate backend's options). Per case and sampler, studies of budget 40 run through the real
-controller (SQLite file, local Ray), one per seed, and the script prints the median over seeds of
-  ratio      best true throughput found / best true throughput of the whole legal set
-  oom share  dispatched trials that ran out of memory
-  ms/trial   the controller's own time per dispatched trial (proposal, bookkeeping, storage)
+Each case (model on a cluster) gets hidden landscapes of several families (backends/_landscapes.py:
+interacting knobs, regime changes at the NVLink domain, an optimum the prior ranks low, and all
+three mixed), each with a memory-model error of +-8% per structural family, per-layout deviations
+of +-2% and per-run measurement noise of +-5% (a new draw every run, so a layout measured twice
+gives two values). The tuner never sees them: they live in the simulate backend's options.
 
-    python benchmarks/search_quality.py                  # the full table: 3 cases x 5 seeds x 3 samplers
-    python benchmarks/search_quality.py --seeds 2 --cases qwen3_30b:16
+Every study runs through the real controller (SQLite file, the in-process reference dispatcher: no
+Ray, so the figures are the controller's own). Per case, family, sampler and budget it prints over
+the seeds:
+  median / worst ratio   true throughput of the layout the study RECOMMENDS (best mean over its
+                         runs, keeping the default memory headroom, as `autotune start` reports it) /
+                         true throughput of the best layout of the whole legal set that truly fits
+                         with that headroom
+  OOM share              dispatched trials that ran out of memory
+  ms/trial               the controller's own time per dispatched trial (proposals, surrogate fits,
+                         bookkeeping, SQLite and Optuna storage)
+`auto` is run once per budget (it plans with its budget). `gp`, `tpe` and `random` do not use the
+budget, so their budget-10 and -20 figures are the first 10 and 20 trials of the budget-40 study
+(exactly what a shorter study with the same seed would have run).
+A regret curve (median ratio of the recommendation after k trials, per sampler and family, budget
+40) is saved as a PNG.
+
+    python benchmarks/search_quality.py                       # everything (~1 h on 2 cores)
+    python benchmarks/search_quality.py --seeds 2 --cases qwen3_30b:16 --families mixed --samplers auto random
 """
 
 from __future__ import annotations
@@ -17,83 +31,142 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from autotune.backends.simulate import HiddenLandscape  # noqa: E402
-from autotune.config import LayoutConfig  # noqa: E402
+from autotune.backends._landscapes import Landscape  # noqa: E402
+from autotune.controller.recommend import recommend  # noqa: E402
 from autotune.controller.session import build_controller, create_study  # noqa: E402
 from autotune.cost import estimate_many  # noqa: E402
 from autotune.space import enumerate_legal, load_space, make_workload  # noqa: E402
 from autotune.storage import Repository  # noqa: E402
 
 CASES = ["qwen3_30b:16", "qwen3_30b:64", "llama3_70b:64"]
-SAMPLERS = ["auto", "tpe", "random"]
-BUDGET = 40
+FAMILIES = ["interact", "regime", "prior_wrong", "mixed"]
+SAMPLERS = ["auto", "gp", "tpe", "random"]
+BUDGETS = [10, 20, 40]
+RUN_NOISE = 0.05
 
 
-def truth(model: str, gpus: int, seed: int):
-    """True throughput of every legal layout under the hidden landscape (0 where it does not fit)."""
-    space = load_space(model)
-    workload = make_workload(space, gpus=gpus)
-    legal = enumerate_legal(space, workload).configs
-    predicted = estimate_many(workload, legal)
-    land = HiddenLandscape(seed)
-    speed = predicted.tokens_per_s_per_gpu * land.speed_factors(legal)
-    memory = np.array([land.memory_factor(c) for c in legal]) * predicted.peak_mem_gib
-    speed[memory > workload.cluster.gpu.memory_gib] = 0.0
-    return space, workload, {c.key(): s for c, s in zip(legal, speed)}, float(speed.max())
+class Truth:
+    """True throughput of every legal layout under one hidden landscape (0 where it truly OOMs)."""
+
+    def __init__(self, model: str, gpus: int, family: str, seed: int) -> None:
+        from autotune.controller.recommend import default_headroom_gib
+
+        self.space = load_space(model)
+        self.workload = make_workload(self.space, gpus=gpus)
+        legal = enumerate_legal(self.space, self.workload).configs
+        predicted = estimate_many(self.workload, legal)
+        land = Landscape(seed, family)
+        speed = predicted.tokens_per_s_per_gpu * land.speed_factors(legal, self.workload)
+        memory = np.array([land.memory_factor(c) for c in legal]) * predicted.peak_mem_gib
+        speed[memory > self.workload.cluster.gpu.memory_gib] = 0.0
+        self.speed = {c.key(): s for c, s in zip(legal, speed)}
+        # the optimum a study is asked for keeps the default memory headroom (what it may recommend)
+        headroom = default_headroom_gib(self.workload)
+        self.best = float(np.where(memory <= self.workload.cluster.gpu.memory_gib - headroom, speed, 0.0).max())
+        # where the prior ranks the true optimum among the layouts it predicts to fit (1 = first)
+        prior = np.where(predicted.fits, predicted.tokens_per_s_per_gpu, 0.0)
+        self.prior_rank_of_optimum = int((prior > prior[int(np.argmax(speed))]).sum()) + 1
 
 
-def run_study(model, gpus, seed, sampler, directory):
-    space, workload, true_speed, best = TRUTH[(model, gpus, seed)]
-    url = f"sqlite:///{directory}/{model}-{gpus}-{seed}-{sampler}.db"
+def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str):
+    url = f"sqlite:///{directory}/{truth.workload.model.name}-{truth.workload.cluster.gpus}-{family}-{seed}-" \
+          f"{sampler}-{budget}.db"
     repo = Repository.open(url)
-    study = create_study(repo, name="bench", space=space, workload=workload, budget=BUDGET, sampler=sampler,
-                         backend="simulate", seed=seed,
-                         backend_options={"landscape_seed": 1000 + seed, "seconds_per_trial": 0.0, "noise": 0.01})
-    summary = build_controller(repo, study).run()
-    trials = repo.trials(study.id, dispatched_only=True)
-    found = max((true_speed.get(LayoutConfig.from_mapping(t.config).key(), 0.0)
-                 for t in trials if t.status == "completed"), default=0.0)
+    study = create_study(repo, name="bench", space=truth.space, workload=truth.workload, budget=budget,
+                         sampler=sampler, backend="simulate", seed=seed,
+                         backend_options={"landscape_seed": 1000 + seed, "landscape": family,
+                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": RUN_NOISE})
+    controller = build_controller(repo, study, dispatcher="inprocess")
+    summary = controller.run()
+    trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
+    limit = truth.workload.cluster.gpu.memory_gib
+    curve = []  # ratio of the recommendation after k dispatched trials
+    for k in range(1, len(trials) + 1):
+        pick = recommend(trials[:k], limit, controller.headroom_gib)
+        curve.append(truth.speed.get(pick.trial.config_key, 0.0) / truth.best if pick else 0.0)
     repo.close()
-    return found / best, summary.counts["oom"] / max(1, summary.counts["dispatched"]), \
-        1000 * summary.controller_s_per_trial, summary.counts["rejected"]
-
-
-TRUTH: dict = {}
+    ooms = sum(t.status == "oom" for t in trials)
+    return curve, ooms / max(1, len(trials)), 1000 * summary.controller_s_per_trial
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--cases", nargs="*", default=CASES)
+    parser.add_argument("--families", nargs="*", default=FAMILIES)
     parser.add_argument("--samplers", nargs="*", default=SAMPLERS)
+    parser.add_argument("--budgets", nargs="*", type=int, default=BUDGETS)
+    parser.add_argument("--plot", default=str(Path(__file__).with_name("search_quality.png")))
     args = parser.parse_args()
-    import ray
-
-    ray.init(address="local", num_cpus=2, num_gpus=64, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    print(f"{'case':<15} {'sampler':<7} {'median ratio':>12} {'min ratio':>9} {'OOM share':>9} "
-          f"{'ms/trial':>8} {'rejected/study':>14} {'wall s':>7}")
+    top = max(args.budgets)
+    print(f"{'case':<14} {'landscape':<11} {'sampler':<7} {'budget':>6} {'median':>7} {'worst':>6} "
+          f"{'OOM share':>9} {'ms/trial':>8} {'prior rank of optimum':>22}", flush=True)
+    curves: dict[tuple[str, str], list[list[float]]] = {}
     with tempfile.TemporaryDirectory() as directory:
         for case in args.cases:
             model, gpus = case.split(":")[0], int(case.split(":")[1])
-            for seed in range(args.seeds):
-                TRUTH[(model, gpus, seed)] = truth(model, gpus, 1000 + seed)
-            for sampler in args.samplers:
-                start = time.perf_counter()
-                results = [run_study(model, gpus, seed, sampler, directory) for seed in range(args.seeds)]
-                ratios, ooms, ms, rejected = zip(*results)
-                print(f"{case:<15} {sampler:<7} {statistics.median(ratios):>12.3f} {min(ratios):>9.3f} "
-                      f"{statistics.median(ooms):>9.1%} {statistics.median(ms):>8.1f} "
-                      f"{statistics.median(rejected):>14.0f} {time.perf_counter() - start:>7.1f}", flush=True)
-    ray.shutdown()
+            for family in args.families:
+                truths = [Truth(model, gpus, family, 1000 + seed) for seed in range(args.seeds)]
+                ranks = "/".join(str(t.prior_rank_of_optimum) for t in truths)
+                for sampler in args.samplers:
+                    budgets = args.budgets if sampler == "auto" else [top]
+                    for budget in budgets:
+                        runs = [run_study(t, family, seed, sampler, budget, directory) for seed, t in enumerate(truths)]
+                        if budget == top:
+                            curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
+                        shown = [budget] if sampler == "auto" else args.budgets
+                        for b in shown:
+                            ratios = [r[0][min(b, len(r[0])) - 1] if r[0] else 0.0 for r in runs]
+                            ooms = [r[1] for r in runs]
+                            ms = [r[2] for r in runs]
+                            print(f"{case:<14} {family:<11} {sampler:<7} {b:>6} {statistics.median(ratios):>7.3f} "
+                                  f"{min(ratios):>6.3f} {statistics.median(ooms):>9.1%} {statistics.median(ms):>8.1f} "
+                                  f"{ranks:>22}", flush=True)
+    if args.plot:
+        plot(curves, args.families, args.samplers, top, args.plot)
+
+
+def plot(curves, families, samplers, budget, path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no regret plot (pip install 'autotune[bench]')", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.6), sharey=True, squeeze=False)
+    for ax, family in zip(axes[0], families):
+        for sampler in samplers:
+            runs = curves.get((family, sampler))
+            if not runs:
+                continue
+            padded = np.array([r + [r[-1]] * (budget - len(r)) if r else [0.0] * budget for r in runs])
+            ax.plot(np.arange(1, budget + 1), np.median(padded, axis=0), label=sampler, linewidth=2)
+        ax.axhline(0.98, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"landscape: {family}")
+        ax.set_xlabel("trials dispatched")
+        ax.set_ylim(0.5, 1.01)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("recommended / true optimum (median)")
+    axes[0][-1].legend(loc="lower right")
+    fig.suptitle("Search quality: ratio of the recommended layout's true throughput to the optimum")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"regret curve: {path}")
 
 
 if __name__ == "__main__":
+    started = time.perf_counter()
     main()
+    print(f"total {time.perf_counter() - started:.0f} s")

@@ -8,63 +8,26 @@ noise and a memory-model error, which the controller never sees (they live in ba
 Options (all optional):
   noise             relative std of per-step measurement noise (default 0.01)
   landscape_seed    seed of the hidden landscape; absent = the cost model itself
-  knob_bias         max relative per-knob-value bias of the hidden landscape (default 0.12)
+  landscape         its family (backends/_landscapes.py): knob (default), interact, regime,
+                    prior_wrong, mixed
+  knob_bias         max relative per-knob-value bias of the knob landscape (default 0.12)
   layout_noise      max relative per-layout deviation (default 0.02)
-  memory_error      max relative error of the memory model (default 0.05)
+  memory_error      max relative error of the memory model (default 0.05 knob, 0.08 others)
+  run_noise         max relative throughput deviation of one run, drawn anew per run (default 0)
   startup_s         simulated seconds before the first step (model build, NCCL init; default 90)
   seconds_per_trial real seconds one trial takes, to watch a study run (default 0.05)
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 
 import numpy as np
 
+from autotune.backends._landscapes import FAMILIES, Landscape, run_noise_factor
 from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
-from autotune.config import KNOBS, LayoutConfig, Workload
-
-
-def _unit_hash(*parts: object) -> float:
-    """A deterministic number in [-1, 1) from the parts (stable across processes and runs)."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2 ** 63 - 1.0
-
-
-class HiddenLandscape:
-    """Multiplicative throughput and memory distortions of the cost model, fixed by a seed."""
-
-    def __init__(self, seed: int, knob_bias: float = 0.12, layout_noise: float = 0.02,
-                 memory_error: float = 0.05) -> None:
-        self.seed, self.knob_bias, self.layout_noise, self.memory_error = seed, knob_bias, layout_noise, memory_error
-
-    def speed_factor(self, config: LayoutConfig) -> float:
-        values = config.to_dict()
-        factor = 1.0
-        for knob in KNOBS:
-            factor *= 1.0 + self.knob_bias * _unit_hash(self.seed, "knob", knob, values[knob])
-        return factor * (1.0 + self.layout_noise * _unit_hash(self.seed, "layout", config.key()))
-
-    def speed_factors(self, configs: list[LayoutConfig]) -> np.ndarray:
-        """speed_factor of many layouts (knob factors computed once per knob value)."""
-        per_value: dict[tuple, float] = {}
-        out = np.empty(len(configs))
-        for j, config in enumerate(configs):
-            values = config.to_dict()
-            factor = 1.0
-            for knob in KNOBS:
-                key = (knob, values[knob])
-                if key not in per_value:
-                    per_value[key] = 1.0 + self.knob_bias * _unit_hash(self.seed, "knob", knob, values[knob])
-                factor *= per_value[key]
-            out[j] = factor * (1.0 + self.layout_noise * _unit_hash(self.seed, "layout", config.key()))
-        return out
-
-    def memory_factor(self, config: LayoutConfig) -> float:
-        structural = (config.tp, config.pp, config.cp, config.ep, config.etp)
-        return 1.0 + self.memory_error * _unit_hash(self.seed, "memory", structural)
+from autotune.config import LayoutConfig, Workload
 
 
 def workload_from_spec(spec: TrialSpec) -> Workload:
@@ -74,6 +37,18 @@ def workload_from_spec(spec: TrialSpec) -> Workload:
     return make_workload(space, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, gpu=spec.gpu,
                          global_batch_size=spec.global_batch_size, seq_length=spec.seq_length,
                          precision=spec.precision)
+
+
+def landscape_from_options(opts: dict) -> Landscape | None:
+    if opts.get("landscape_seed") is None:
+        return None
+    family = str(opts.get("landscape", "knob"))
+    if family not in FAMILIES:
+        raise ValueError(f"unknown landscape {family!r} (known: {', '.join(FAMILIES)})")
+    memory_error = opts.get("memory_error")
+    return Landscape(int(opts["landscape_seed"]), family, knob_bias=float(opts.get("knob_bias", 0.12)),
+                     layout_noise=float(opts.get("layout_noise", 0.02)),
+                     memory_error=None if memory_error is None else float(memory_error))
 
 
 class SimulateBackend(Backend):
@@ -88,11 +63,11 @@ class SimulateBackend(Backend):
         predicted = estimate(workload, config)
         step_time_s = predicted.step_time_s
         peak_gib = predicted.peak_mem_gib
-        if opts.get("landscape_seed") is not None:
-            land = HiddenLandscape(int(opts["landscape_seed"]), float(opts.get("knob_bias", 0.12)),
-                                   float(opts.get("layout_noise", 0.02)), float(opts.get("memory_error", 0.05)))
-            step_time_s /= land.speed_factor(config)
+        land = landscape_from_options(opts)
+        if land is not None:
+            step_time_s /= land.speed_factor(config, workload)
             peak_gib *= land.memory_factor(config)
+        step_time_s /= run_noise_factor(spec.seed, spec.trial, spec.attempt, float(opts.get("run_noise", 0.0)))
         startup_s = float(opts.get("startup_s", 90.0))
         limit = workload.cluster.gpu.memory_gib
         if peak_gib > limit:

@@ -2,7 +2,8 @@
 
 Each knob is a categorical parameter over its domain; recompute is one parameter whose choices are
 "none", "selective" and "full/<method>/<layers>". Model-guided strategies choose a layout and
-enqueue it (`ask(config)`), Optuna's own samplers (TPE) suggest one (`ask()`). Outcomes are told by
+enqueue it (`ask(config)`); strategies built on Optuna's samplers (TPE, GP) sample in a private study
+of their own and enqueue their layouts the same way. Outcomes are told by
 trial number, so a resumed controller can tell trials asked by the one that died:
 completed -> COMPLETE(value); OOM and rejected -> PRUNED with a positive constraint (never FAIL,
 which makes samplers propose the same layout again); slow -> PRUNED with its last value;
@@ -66,10 +67,8 @@ def config_of(params: dict[str, Any]) -> LayoutConfig:
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
-    # Model-guided, random and grid strategies enqueue their layouts; the sampler then only fills
-    # parameters that were not fixed (none).
+    # Every strategy (TPE and GP included, which sample in a private study of their own) fixes all
+    # parameters of the layouts it proposes; the study of record's sampler then fills nothing.
     return optuna.samplers.RandomSampler(seed=seed)
 
 

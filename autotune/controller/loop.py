@@ -28,8 +28,9 @@ from autotune.backends import TrialOutcome, TrialSpec, TrialStatus
 from autotune.config import LayoutConfig, Workload
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller.pruning import SlowBranchPruner
-from autotune.controller.state import SearchState
-from autotune.controller.strategies import Proposal, Strategy
+from autotune.controller.recommend import Recommendation, recommend, default_headroom_gib
+from autotune.controller.state import P_FIT_REJECT, SearchState
+from autotune.controller.strategies import REMEASURE, Proposal, Strategy
 from autotune.cost import estimate
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 from autotune.overrides import layout_overrides
@@ -52,6 +53,7 @@ class RunSummary:
     elapsed_s: float
     controller_s_per_trial: float
     stop_reason: str
+    recommendation: Recommendation | None = None  # the best layout by its mean over runs
 
 
 @dataclass
@@ -93,6 +95,9 @@ class Controller:
                                        enabled=bool(opts.get("prune_slow", True)))
         self.state = SearchState.build(workload, enumerate_legal(space, workload).configs)
         self.running: dict[int, _Running] = {}
+        headroom = opts.get("memory_headroom_gib")
+        self.headroom_gib = default_headroom_gib(workload) if headroom is None else float(headroom)
+        self.state.headroom_gib = self.headroom_gib
         self.controller_seconds = 0.0
         self.best_step_time_s: float | None = None
         self._last_heartbeat = 0.0
@@ -106,6 +111,7 @@ class Controller:
         for trial in self.repo.trials(self.study.id):
             self._mark_tried(trial.config_key)
             self._learn(trial)
+        self.state.dispatched = self.repo.counts(self.study.id)["dispatched"]
 
     def _mark_tried(self, key: str) -> None:
         i = self.state.index.get(key)
@@ -122,6 +128,8 @@ class Controller:
         elif trial.status == "oom":
             self.state.record_memory(config, trial.peak_mem_gib, oom=True)
             self.state.add_oom(config, trial.number)
+        elif trial.status in ("failed", "timeout"):
+            self.state.record_failure(config)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -156,12 +164,12 @@ class Controller:
 
     def summary(self, elapsed_s: float, stop_reason: str) -> RunSummary:
         trials = self.repo.trials(self.study.id, dispatched_only=True)
-        completed = [t for t in trials if t.status == "completed" and t.tokens_per_s_per_gpu]
-        best = max(completed, key=lambda t: t.tokens_per_s_per_gpu, default=None)
+        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib)
         baseline = next((t for t in trials if t.strategy_note == "baseline"), None)
         counts = self.repo.counts(self.study.id)
         per_trial = self.controller_seconds / max(1, counts["dispatched"])
-        return RunSummary(self.study.name, counts, best, baseline, elapsed_s, per_trial, stop_reason)
+        return RunSummary(self.study.name, counts, pick.trial if pick else None, baseline, elapsed_s, per_trial,
+                          stop_reason, pick)
 
     def _done(self) -> bool:
         """Nothing of ours runs: stop when the study is complete, or when we have nothing left to
@@ -203,13 +211,16 @@ class Controller:
                 self._exhausted = True
                 return False
             number, config, note = proposal
-            rejection = self._screen(config)
+            rejection = None if note == REMEASURE else self._screen(config)
             if rejection is not None:
                 self._reject(number, config, note, *rejection)
                 continue
             predicted = self._prediction(config)
+            runs = len(self.state.runs.get(self.state.index.get(config.key(), -1), []))
+            dispatch_key = f"{config.key()}#run{runs + 1}" if note == REMEASURE else None
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
-                                               self.controller_id, self.study.budget, predicted, note)
+                                               self.controller_id, self.study.budget, predicted, note,
+                                               dispatch_key=dispatch_key)
             self._mark_tried(config.key())
             if claimed == "budget":
                 self.optuna.tell_fail(number, "not dispatched: the study's budget is used up")
@@ -224,9 +235,6 @@ class Controller:
         return False
 
     def _propose(self) -> tuple[int, LayoutConfig, str] | None:
-        if self.strategy.uses_optuna_sampler:
-            number, config = self.optuna.ask()
-            return number, config, self.strategy.name
         proposal: Proposal | None = self.strategy.propose(self.state)
         if proposal is None:
             return None
@@ -239,7 +247,7 @@ class Controller:
         i = self.state.index.get(proposal.config.key())
         if i is None:
             return
-        speed = self.state.corrected_speed()
+        speed = self.state.log_prior  # the prior ranking: what a model-only search would have run
         skipped = np.flatnonzero(~self.state.tried & (self.state.frontier_by >= 0) & (speed > speed[i]))
         rows = []
         for j in skipped[:200]:
@@ -266,9 +274,11 @@ class Controller:
             source = int(self.state.frontier_by[i])
             return "oom_frontier", f"needs at least the memory of trial {source}, which ran out of memory", 1.0, source
         limit = self.workload.cluster.gpu.memory_gib
-        peak = self.state.predicted_peak_gib(i)
-        if peak > limit:
-            return "predicted_oom", f"predicted {peak:.1f} GiB > {limit:g} GiB", peak - limit, None
+        p_fit = float(self.state.p_fit()[i])
+        if p_fit < P_FIT_REJECT:
+            peak = self.state.predicted_peak_gib(i)
+            return ("predicted_oom", f"predicted {peak:.1f} GiB of {limit:g} GiB (fits with probability {p_fit:.0%})",
+                    max(peak - limit, 0.01), None)
         return None  # duplicates are found by claim_dispatch, under the study's lock
 
     def _reject(self, number: int, config: LayoutConfig, note: str, reason: str, message: str,
@@ -305,6 +315,8 @@ class Controller:
                          backend_options=backend_options)
 
     def _submit(self, trial: Trial, config: LayoutConfig) -> None:
+        if trial.attempt <= 1:
+            self.state.dispatched += 1
         spec = self._spec(trial, config)
         self.dispatcher.submit(spec)
         self.running[trial.number] = _Running(trial, spec)

@@ -111,18 +111,23 @@ def recipe_baseline(space: SearchSpace) -> LayoutConfig:
 def build_controller(repo: Repository, study: Study, *, ray_address: str | None = None,
                      local_gpus: int | None = None, max_concurrent: int | None = None,
                      on_tick: Callable[[Controller], None] | None = None, dispatcher=None) -> Controller:
-    from autotune.backends._ray import RayDispatcher
-
     space, workload = study_space_and_workload(study)
     cls = backend_class(study.backend)
     resources = ResourceRequest.for_workload(workload.cluster.gpus, workload.cluster.gpus_per_node,
                                              cls.one_bundle_per_node)
-    if dispatcher is None:
+    if dispatcher == "inprocess":
+        from autotune.backends._inprocess import InProcessDispatcher
+
+        dispatcher = InProcessDispatcher(study.backend, study.backend_options)
+    elif dispatcher is None:
+        from autotune.backends._ray import RayDispatcher
+
         dispatcher = RayDispatcher(study.backend, study.backend_options, resources, address=ray_address,
                                    local_gpus=local_gpus, max_concurrent=max_concurrent)
         dispatcher.start()
     try:
-        strategy = make_strategy(study.sampler, study.budget, study.options.get("seed"), recipe_baseline(space))
+        strategy = make_strategy(study.sampler, study.budget, study.options.get("seed"), recipe_baseline(space),
+                                 space)
         return Controller(repo, study, space, workload, strategy, dispatcher, baseline=recipe_baseline(space),
                           on_tick=on_tick)
     except BaseException:

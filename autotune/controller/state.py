@@ -1,11 +1,10 @@
 """What the controller knows during a study: the legal set, the model's prior, and the measurements.
 
-The cost model ranks every legal layout once (vectorised). Measurements then correct it:
-- memory: per structural family (TP, PP, CP, EP, ETP) the measured/predicted peak ratio; families
-  not yet measured use the largest ratio seen (a conservative calibration), and a measured OOM sets
-  a lower bound (the layout needed more than the GPU has);
-- speed: a ridge regression of log(measured / predicted throughput) on one-hot knob values, so
-  that what one trial reveals about, say, EP=16 or MBS=4 re-ranks every unmeasured layout with it;
+The cost model ranks every legal layout once (vectorised). Measurements then correct it
+(controller/surrogate.py):
+- speed: a Gaussian process on log(measured / predicted throughput) over layout features, the
+  cost model as its mean; repeated runs of one layout are kept apart (they measure the noise);
+- memory: the probability that each layout fits, from predicted and measured peaks and OOMs;
 - the OOM frontier: a measured OOM makes every layout that needs at least as much memory (same
   family or smaller TP/PP/CP/EP/ETP, equal VPP, larger micro-batch, weaker recompute, no
   distributed optimizer where the OOM had it, no SP where it had it) infeasible without a run.
@@ -18,17 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.config import LayoutConfig, Workload
+from autotune.controller.surrogate import FAMILY, MemoryFeasibility, ResidualGP, layout_features
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
-FAMILY = ("tp", "pp", "cp", "ep", "etp")
-UNMEASURED_MEMORY_MARGIN = 1.03  # before any measurement, keep 3% away from the memory limit
-# Speed correction: log(measured / predicted) = one-hot(knob values) . w + noise. A prior of
-# PRIOR_STD on each weight (model errors of about +-12% per knob value) and NOISE_STD of
-# measurement noise plus what the knobs do not explain give the ridge penalty (NOISE/PRIOR)^2.
-PRIOR_STD = 0.07
-NOISE_STD = 0.03
-RIDGE_LAMBDA = (NOISE_STD / PRIOR_STD) ** 2
-UCB_POOL = 2000  # optimism is computed for this many best-by-mean candidates
+P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when it fits with this probability
+P_FIT_REJECT = 0.05  # below this a proposal is rejected as predicted OOM without a run
+# Hyperparameters of the GP are re-optimised on every new measurement up to this many, then on
+# every OPTIMIZE_EVERY-th (they settle; the fit with fixed hyperparameters costs ~1 ms).
+OPTIMIZE_ALWAYS_UP_TO = 16
+OPTIMIZE_EVERY = 4
 
 
 def recompute_strength(config: LayoutConfig) -> int:
@@ -43,12 +40,6 @@ def _codes(columns: list[np.ndarray]) -> tuple[np.ndarray, int]:
     return ids, int(ids.max()) + 1 if ids.size else 0
 
 
-def _knob_columns(x: LayoutArrays) -> list[np.ndarray]:
-    """One numeric column per knob; the three recompute fields form one column (the variant)."""
-    variant = x.recompute * 100 + x.recompute_block * 10 + x.recompute_num_layers
-    return [x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp.astype(float), x.mbs, variant, x.dist_opt.astype(float)]
-
-
 @dataclass
 class SearchState:
     workload: Workload
@@ -59,52 +50,44 @@ class SearchState:
     family: np.ndarray  # structural family id of each layout
     tried: np.ndarray  # bool: dispatched, or rejected and recorded
     frontier_by: np.ndarray  # int: trial number whose OOM implies this layout OOMs (-1 none)
-    family_memory_ratio: np.ndarray  # measured/predicted peak per family id (NaN: not measured)
-    measured_speed: dict[int, float] = field(default_factory=dict)  # index -> tokens/s/GPU
-    max_memory_ratio: float = UNMEASURED_MEMORY_MARGIN
+    memory: MemoryFeasibility
+    runs: dict[int, list[float]] = field(default_factory=dict)  # layout -> log tokens/s/GPU of each run
+    # every outcome in arrival order (layout, "completed" | "oom" | "failed", tokens/s/GPU or None), for
+    # strategies that replay them into a sampler of their own
+    outcomes: list[tuple[int, str, float | None]] = field(default_factory=list)
+    dispatched: int = 0  # trials of this study sent to a backend (the budget they use)
+    headroom_gib: float = 0.0  # the recommended layout keeps this much below the GPU's memory
     _features: np.ndarray | None = None
-    _correction: np.ndarray | None = None
-    _posterior: np.ndarray | None = None  # (A^T A + lambda I)^-1 of the speed correction
+    _codes: np.ndarray | None = None
+    _gp: ResidualGP | None = None
+    _gp_runs: int = -1
 
     @classmethod
     def build(cls, workload: Workload, legal: list[LayoutConfig]) -> "SearchState":
         arrays = LayoutArrays.from_configs(legal)
         predicted = estimate_many(workload, arrays)
-        family, families = _codes([getattr(arrays, k) for k in FAMILY])
+        family, _ = _codes([getattr(arrays, k) for k in FAMILY])
+        memory = MemoryFeasibility(predicted.peak_mem_gib, family, workload.cluster.gpu.memory_gib)
         return cls(workload=workload, legal=legal, predicted=predicted, arrays=arrays,
                    index={c.key(): i for i, c in enumerate(legal)}, family=family,
                    tried=np.zeros(len(legal), dtype=bool), frontier_by=np.full(len(legal), -1, dtype=np.int64),
-                   family_memory_ratio=np.full(families, np.nan))
+                   memory=memory)
 
     # --- memory --------------------------------------------------------------------------------
 
-    def _ratios(self, unmeasured: float | None = None) -> np.ndarray:
-        """Memory ratio per layout: its family's measured ratio, else `unmeasured` (default: the largest)."""
-        default = self.max_memory_ratio if unmeasured is None else unmeasured
-        per_family = np.where(np.isnan(self.family_memory_ratio), default, self.family_memory_ratio)
-        return per_family[self.family]
-
     def predicted_peak_gib(self, i: int) -> float:
-        return float(self.predicted.peak_mem_gib[i] * self._ratios(self._unmeasured_ratio)[i])
+        """The calibrated expected peak of layout i."""
+        return float(self.memory.expected_peak_gib()[i])
 
-    def fits_mask(self, unmeasured: float | None = None) -> np.ndarray:
-        return self.predicted.peak_mem_gib * self._ratios(unmeasured) <= self.workload.cluster.gpu.memory_gib
+    def p_fit(self, headroom_gib: float = 0.0) -> np.ndarray:
+        return self.memory.p_fit(headroom_gib)
 
     def record_memory(self, config: LayoutConfig, peak_gib: float | None, oom: bool) -> None:
         i = self.index.get(config.key())
-        if i is None:
-            return
-        predicted = float(self.predicted.peak_mem_gib[i])
-        if oom:
-            limit = self.workload.cluster.gpu.memory_gib
-            ratio = max(limit / predicted, (peak_gib or 0) / predicted) * 1.001  # a lower bound
-        elif peak_gib:
-            ratio = peak_gib / predicted
-        else:
-            return
-        f = self.family[i]
-        self.family_memory_ratio[f] = np.nanmax([self.family_memory_ratio[f], ratio])
-        self.max_memory_ratio = float(np.nanmax([UNMEASURED_MEMORY_MARGIN, *self.family_memory_ratio]))
+        if i is not None:
+            self.memory.observe(i, peak_gib, oom)
+            if oom:
+                self.outcomes.append((i, "oom", None))
 
     # --- OOM frontier --------------------------------------------------------------------------
 
@@ -125,72 +108,80 @@ class SearchState:
         self.frontier_by[mask] = trial_number
         return int(mask.sum())
 
-    # --- speed correction ----------------------------------------------------------------------
+    # --- speed ----------------------------------------------------------------------------------
 
-    def _feature_matrix(self) -> np.ndarray:
-        """One-hot knob values of every layout (the regressors of the speed correction)."""
+    @property
+    def log_prior(self) -> np.ndarray:
+        return np.log(self.predicted.tokens_per_s_per_gpu)
+
+    def knob_codes(self) -> np.ndarray:
+        """One integer column per knob (recompute's three fields as one), for neighbourhoods."""
+        if self._codes is None:
+            x = self.arrays
+            variant = x.recompute * 100 + x.recompute_block * 10 + x.recompute_num_layers
+            self._codes = np.stack([x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp, x.mbs, variant, x.dist_opt],
+                                   axis=1).astype(np.int32)
+        return self._codes
+
+    def neighbours(self, centres: list[int], max_changes: int) -> np.ndarray:
+        """Mask of layouts that differ from one of `centres` in at most `max_changes` knobs."""
+        codes = self.knob_codes()
+        mask = np.zeros(len(codes), dtype=bool)
+        for i in centres:
+            mask |= (codes != codes[i]).sum(axis=1) <= max_changes
+        return mask
+
+    def features(self) -> np.ndarray:
         if self._features is None:
-            blocks = []
-            for column in _knob_columns(self.arrays):
-                _, ids = np.unique(column, return_inverse=True)
-                blocks.append(np.eye(int(ids.max()) + 1, dtype=np.float32)[ids.reshape(-1)])
-            self._features = np.concatenate(blocks, axis=1)
+            self._features = layout_features(self.arrays, self.predicted, self.workload)
         return self._features
 
     def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float) -> None:
         i = self.index.get(config.key())
         if i is not None and tokens_per_s_per_gpu > 0:
-            self.measured_speed[i] = tokens_per_s_per_gpu
-            self._correction = None
+            self.runs.setdefault(i, []).append(float(np.log(tokens_per_s_per_gpu)))
+            self.outcomes.append((i, "completed", tokens_per_s_per_gpu))
 
-    def corrected_speed(self) -> np.ndarray:
-        """Predicted throughput times exp(fitted residual) for every legal layout."""
-        base = self.predicted.tokens_per_s_per_gpu
-        if len(self.measured_speed) < 2:
-            return base
-        if self._correction is None:
-            features = self._feature_matrix()
-            rows = np.array(list(self.measured_speed))
-            residual = np.log(np.array([self.measured_speed[i] for i in rows]) / base[rows])
-            offset = residual.mean()
-            a = features[rows].astype(np.float64)
-            self._posterior = np.linalg.inv(a.T @ a + RIDGE_LAMBDA * np.eye(a.shape[1]))
-            weights = self._posterior @ (a.T @ (residual - offset))
-            self._correction = features @ weights.astype(np.float32) + offset
-        return base * np.exp(self._correction)
+    def record_failure(self, config: LayoutConfig) -> None:
+        i = self.index.get(config.key())
+        if i is not None:
+            self.outcomes.append((i, "failed", None))
 
-    def optimistic_best(self, open_: np.ndarray, kappa: float) -> int | None:
-        """The open layout with the best upper confidence bound of its corrected speed.
+    @property
+    def n_runs(self) -> int:
+        return sum(len(v) for v in self.runs.values())
 
-        The bound adds kappa posterior standard deviations of the log-correction, so layouts whose
-        knob values were rarely measured get a chance; it is computed for the UCB_POOL layouts with
-        the best mean, which keeps a proposal cheap on large legal sets.
-        """
-        mean = np.where(open_, self.corrected_speed(), -np.inf)
-        if not np.isfinite(mean).any():
-            return None
-        if self._posterior is None or kappa <= 0:
-            return int(np.argmax(mean))
-        pool = np.argsort(-mean)[:UCB_POOL]
-        pool = pool[np.isfinite(mean[pool])]
-        x = self._feature_matrix()[pool].astype(np.float64)
-        sigma = NOISE_STD * np.sqrt(np.einsum("ij,jk,ik->i", x, self._posterior, x))
-        return int(pool[np.argmax(np.log(mean[pool]) + kappa * sigma)])
+    def surrogate(self) -> ResidualGP:
+        """The GP on log(measured / predicted), refitted when measurements arrived since the last fit."""
+        n = self.n_runs
+        if self._gp is None:
+            self._gp = ResidualGP(self.features().shape[1])
+        if n and n != self._gp_runs:
+            rows = [i for i, runs in self.runs.items() for _ in runs]
+            residual = np.array([r for i, runs in self.runs.items() for r in runs]) - self.log_prior[rows]
+            optimize = n <= OPTIMIZE_ALWAYS_UP_TO or n % OPTIMIZE_EVERY == 0
+            self._gp.fit(self.features()[rows], residual, optimize=optimize)
+            self._gp_runs = n
+        return self._gp
 
-    _unmeasured_ratio: float | None = None  # None: conservative (the largest measured ratio)
+    def posterior(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and sd of log throughput (tokens/s/GPU) at layouts `rows`."""
+        mean, std = self.surrogate().predict(self.features()[rows])
+        return self.log_prior[rows] + mean, std
 
-    def candidates(self) -> np.ndarray:
-        """Mask of layouts still worth dispatching: untried, predicted to fit, not OOM-dominated.
+    def measured_means(self) -> dict[int, tuple[float, int]]:
+        """Per measured layout: mean log throughput over its runs and the number of runs."""
+        return {i: (float(np.mean(r)), len(r)) for i, r in self.runs.items()}
 
-        Unmeasured families are first judged with the largest measured memory ratio (conservative).
-        When that leaves nothing, one family's large error is not evidence about all the others:
-        fall back to the median measured ratio, then to the raw model.
-        """
+    def candidates(self, p_min: float = P_FIT_CANDIDATE) -> np.ndarray:
+        """Mask of layouts still worth dispatching: untried, not OOM-dominated, and fitting with
+        probability >= p_min (lowered step by step when nothing is left)."""
         open_ = ~self.tried & (self.frontier_by < 0)
-        measured = self.family_memory_ratio[~np.isnan(self.family_memory_ratio)]
-        for unmeasured in (None, float(np.median(measured)) if measured.size else None, 1.0):
-            mask = open_ & self.fits_mask(unmeasured)
-            if mask.any() or unmeasured == 1.0:
-                self._unmeasured_ratio = unmeasured
+        p = self.p_fit()
+        for threshold in sorted({p_min, 0.2, P_FIT_REJECT}, reverse=True):
+            if threshold > p_min:
+                continue
+            mask = open_ & (p >= threshold)
+            if mask.any():
                 return mask
-        return open_ & self.fits_mask(1.0)
+        return mask

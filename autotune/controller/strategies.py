@@ -1,9 +1,10 @@
 """Proposal strategies: which layout to try next.
 
 Contract (every strategy): `propose(state)` returns the next layout to dispatch as a Proposal, or
-None when it has nothing left. Strategies read the SearchState only; they never touch storage,
-Optuna or Ray (the controller does). A strategy with `uses_optuna_sampler` lets Optuna's sampler
-suggest instead (the controller calls `ask()` without a layout) and only ranks nothing itself.
+None when it has nothing left. A proposal is a legal layout of the state's legal set that is open
+(untried), except a "remeasure" proposal, which names a measured layout to run again. Strategies
+read the SearchState only; they never touch autotune's storage, the study of record or Ray (the
+controller does). Strategies built on an Optuna sampler keep a private in-memory Optuna study.
 """
 
 from __future__ import annotations
@@ -18,8 +19,20 @@ from autotune.config import LayoutConfig
 from autotune.controller.state import SearchState
 from autotune.errors import ConfigError
 
-EXPLORE_SHARE = 0.35  # of the budget spent on distinct structural families before refining
-UCB_KAPPA = 1.0  # optimism of refinement, in posterior standard deviations
+INIT_SHARE = 0.15  # of the budget spent on the initial design (distinct structural families)
+INIT_MIN, INIT_MAX = 2, 6
+P_FIT_MIN = 0.5  # layouts fitting with a lower probability are not worth a run
+P_FIT_EXPLORE = 0.8  # the initial design takes only layouts that surely fit
+POOL_TOP, POOL_RANDOM, POOL_KEEP, POOL_LOCAL = 1000, 1000, 500, 3000
+TRUST_CENTRES, TRUST_CHANGES = 3, 2  # neighbourhoods of the best measured layouts: knobs changed at most  # layouts scored per proposal on large legal sets
+REMEASURE_SHARE = 0.1  # last share of the budget in which close contenders may be measured again
+REMEASURE_MIN_BUDGET = 8
+REMEASURE_CONTENDERS = 4
+REMEASURE_MAX_RUNS = 3
+MAX_SUGGESTIONS = 60  # Optuna suggestions tried per proposal before a random legal layout stands in
+
+
+REMEASURE = "remeasure"  # the note of a proposal that runs a measured layout again
 
 
 @dataclass(frozen=True)
@@ -30,12 +43,14 @@ class Proposal:
 
 class Strategy(ABC):
     name = "base"
-    uses_optuna_sampler = False
 
-    def __init__(self, budget: int, seed: int | None, baseline: LayoutConfig | None = None) -> None:
+    def __init__(self, budget: int, seed: int | None, baseline: LayoutConfig | None = None,
+                 space=None) -> None:
         self.budget = budget
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.baseline = baseline
+        self.space = space  # the SearchSpace (knob domains), for strategies that sample knobs
 
     @abstractmethod
     def propose(self, state: SearchState) -> Proposal | None:
@@ -52,8 +67,17 @@ class Strategy(ABC):
 
 
 class AutoStrategy(Strategy):
-    """Model-guided: baseline, then the best layout of each untried structural family (diversity),
-    then the best corrected prediction (refinement). See controller/state.py for the corrections."""
+    """Model-guided Bayesian optimisation over the legal set.
+
+    1. the recipe's own layout (the baseline);
+    2. an initial design: the best-predicted layout of each untried structural family (TP, PP, CP,
+       EP, ETP) that surely fits, for INIT_SHARE of the budget;
+    3. constrained expected improvement: the GP posterior of log throughput (cost model as mean,
+       controller/surrogate.py) gives EI over the best posterior mean measured so far, times the
+       probability that the layout fits; layouts fitting with probability < P_FIT_MIN are skipped;
+    4. in the last REMEASURE_SHARE of the budget, close contenders are measured again (their gap is
+       within the run-to-run noise), so the winner is not the luckiest run.
+    """
 
     name = "auto"
 
@@ -61,25 +85,111 @@ class AutoStrategy(Strategy):
         first = self._baseline(state)
         if first is not None:
             return first
-        open_ = state.candidates()
+        again = self._remeasure(state)
+        if again is not None:
+            return again
+        open_ = state.candidates(P_FIT_MIN)
         if not open_.any():
             return None
-        score = np.where(open_, state.corrected_speed(), -np.inf)
-        dispatched = int(state.tried.sum())
-        if dispatched < math.ceil(EXPLORE_SHARE * self.budget):
-            i = self._best_new_family(state, score)
+        p_fit = state.p_fit()
+        if state.dispatched < self._initial_design_size():
+            i = self._best_new_family(state, open_ & (p_fit >= P_FIT_EXPLORE))
             if i is not None:
                 return Proposal(state.legal[i], "explore")
-        i = state.optimistic_best(open_, UCB_KAPPA)
-        return Proposal(state.legal[int(np.argmax(score)) if i is None else i], "refine")
+        # EI is weighted by the chance the layout keeps the headroom (only such a layout can be
+        # recommended); the candidate threshold above is about running out of memory at all
+        recommendable = state.p_fit(state.headroom_gib)
+        return Proposal(state.legal[self._expected_improvement(state, open_, recommendable)], "refine")
+
+    def _initial_design_size(self) -> int:
+        return 1 + min(INIT_MAX, max(INIT_MIN, round(INIT_SHARE * self.budget)))
 
     @staticmethod
-    def _best_new_family(state: SearchState, score: np.ndarray) -> int | None:
-        """The best-scoring open layout of a structural family no trial has touched yet."""
+    def _best_new_family(state: SearchState, open_: np.ndarray) -> int | None:
+        """The best-predicted open layout of a structural family no trial has touched yet."""
         new_family = ~np.isin(state.family, state.family[state.tried])
-        masked = np.where(new_family, score, -np.inf)
+        masked = np.where(open_ & new_family, state.log_prior, -np.inf)
         i = int(np.argmax(masked))
         return i if np.isfinite(masked[i]) else None
+
+    def _pool(self, state: SearchState, open_: np.ndarray) -> np.ndarray:
+        """Layouts scored this round: the neighbourhood of the best measured layouts (a trust region:
+        knobs interact, so the best layouts are found by changing a good layout a little), the
+        prior's best, a random sample, and last round's best."""
+        measured = sorted(state.measured_means().items(), key=lambda kv: -kv[1][0])
+        local = np.flatnonzero(open_ & state.neighbours([i for i, _ in measured[:TRUST_CENTRES]], TRUST_CHANGES))
+        rows = np.flatnonzero(open_)
+        if rows.size <= POOL_TOP + POOL_RANDOM:
+            return rows
+        top = rows[np.argpartition(-state.log_prior[rows], POOL_TOP)[:POOL_TOP]]
+        sample = self.rng.choice(rows, POOL_RANDOM, replace=False)
+        kept = self._kept[open_[self._kept]] if self._kept is not None else np.array([], dtype=np.int64)
+        if local.size > POOL_LOCAL:
+            local = self.rng.choice(local, POOL_LOCAL, replace=False)
+        return np.unique(np.concatenate([local, top, sample, kept]))
+
+    _kept: np.ndarray | None = None
+
+    def _expected_improvement(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray) -> int:
+        pool = self._pool(state, open_)
+        mean, std = state.posterior(pool)
+        measured = np.array(list(state.runs), dtype=np.int64)
+        if measured.size:
+            incumbent = float(np.max(state.posterior(measured)[0]))
+        else:
+            incumbent = float(np.max(mean))
+        score = expected_improvement(mean, std, incumbent) * p_fit[pool]
+        order = np.argsort(-score)
+        self._kept = pool[order[:POOL_KEEP]]
+        return int(pool[order[0]])
+
+    def _remeasure(self, state: SearchState) -> Proposal | None:
+        """A close contender measured again, in the budget's last REMEASURE_SHARE (None otherwise)."""
+        if self.budget < REMEASURE_MIN_BUDGET:
+            return None
+        remaining = self.budget - state.dispatched
+        if remaining <= 0 or remaining > max(1, round(REMEASURE_SHARE * self.budget)):
+            return None
+        i = remeasure_choice(state.measured_means(), run_noise_std(state))
+        return None if i is None else Proposal(state.legal[i], REMEASURE)
+
+
+def expected_improvement(mean: np.ndarray, std: np.ndarray, incumbent: float) -> np.ndarray:
+    """EI of log throughput over `incumbent` (closed form for a Gaussian posterior)."""
+    from scipy.special import ndtr
+
+    std = np.maximum(std, 1e-9)
+    z = (mean - incumbent) / std
+    return std * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) + (mean - incumbent) * ndtr(z)
+
+
+def run_noise_std(state: SearchState) -> float:
+    """Run-to-run noise (log sd): pooled from repeated layouts, shrunk toward the stated prior."""
+    from autotune.controller.surrogate import NOISE_LOG_STD
+
+    squares, dof = 0.0, 0
+    for runs in state.runs.values():
+        if len(runs) > 1:
+            squares += float(np.sum((np.array(runs) - np.mean(runs)) ** 2))
+            dof += len(runs) - 1
+    prior_dof = 3
+    return math.sqrt((squares + prior_dof * NOISE_LOG_STD ** 2) / (dof + prior_dof))
+
+
+def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float) -> int | None:
+    """The contender to measure again: among the best layouts whose gap to the best mean is within
+    two standard errors of the noise, the one with the fewest runs (best first on ties); None when
+    the best is clear or every contender already has REMEASURE_MAX_RUNS runs."""
+    if len(means) < 2:
+        return None
+    ranked = sorted(means, key=lambda i: -means[i][0])
+    best_mean, best_n = means[ranked[0]]
+    contenders = [i for i in ranked[:REMEASURE_CONTENDERS]
+                  if best_mean - means[i][0] <= 2 * noise_std * math.sqrt(1 / means[i][1] + 1 / best_n)]
+    if len(contenders) < 2:
+        return None
+    pick = min(contenders, key=lambda i: (means[i][1], -means[i][0]))
+    return None if means[pick][1] >= REMEASURE_MAX_RUNS else pick
 
 
 class RandomLegalStrategy(Strategy):
@@ -111,22 +221,114 @@ class GridStrategy(Strategy):
         return Proposal(state.legal[int(later[0] if later.size else open_[0])], "grid")
 
 
-class TpeStrategy(Strategy):
-    """Optuna's TPE over the knob domains; illegal or predicted-OOM suggestions are rejected by the
-    controller and told to Optuna as infeasible, so the sampler learns the constraints."""
+class OptunaSamplerStrategy(Strategy):
+    """One of Optuna's samplers over the knob domains, as an ordinary strategy.
+
+    The sampler lives in a private in-memory Optuna study fed with every outcome the controller
+    records (completed: its throughput; OOM: infeasible). A suggestion that is illegal, already
+    tried, dominated by a measured OOM or surely too large is told to that private study as
+    infeasible and the sampler asked again (up to MAX_SUGGESTIONS times, then a random legal layout
+    stands in); so only legal layouts reach the controller and the study of record.
+    """
+
+    sampler_name = "optuna"
+
+    def __init__(self, budget: int, seed: int | None, baseline: LayoutConfig | None = None,
+                 space=None) -> None:
+        super().__init__(budget, seed, baseline, space)
+        self._study = None
+        self._seen = 0
+        self._worst = None
+
+    def make_sampler(self):
+        raise NotImplementedError
+
+    def _private_study(self):
+        import optuna
+
+        if self._study is None:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            self._study = optuna.create_study(direction="maximize", sampler=self.make_sampler())
+        return self._study
+
+    def _tell(self, params: dict, value: float | None, feasible: bool) -> None:
+        import optuna
+
+        from autotune.controller._optuna import distributions
+
+        worst = self._worst if self._worst is not None else 1.0
+        trial = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, value=value if feasible else worst * 0.5,
+            params=params, distributions=distributions(self.space),
+            system_attrs={"constraints:infeasible": -1.0 if feasible else 1.0})  # what set_constraint stores
+        self._private_study().add_trial(trial)
+
+    def _sync(self, state: SearchState) -> None:
+        from autotune.controller._optuna import params_of
+
+        for i, kind, value in state.outcomes[self._seen:]:
+            if kind == "completed" and value:
+                self._worst = value if self._worst is None else min(self._worst, value)
+                self._tell(params_of(state.legal[i]), value, True)
+            elif kind == "oom":
+                self._tell(params_of(state.legal[i]), None, False)
+        self._seen = len(state.outcomes)
+
+    def propose(self, state: SearchState) -> Proposal | None:
+        from optuna.trial import TrialState
+
+        from autotune.controller._optuna import config_of, distributions, params_of
+
+        self._sync(state)
+        open_ = state.candidates()
+        if not open_.any():
+            return None
+        study = self._private_study()
+        dists = distributions(self.space)
+        for _ in range(MAX_SUGGESTIONS):
+            trial = study.ask(dists)
+            config = config_of(trial.params)
+            i = state.index.get(config.key())
+            # the asked trial is closed at once; the layout's outcome is told later as a trial of its own
+            study.tell(trial, state=TrialState.FAIL)
+            if i is not None and open_[i]:
+                return Proposal(config, self.name)
+            self._tell(params_of(config), None, False)
+        return Proposal(state.legal[int(self.rng.choice(np.flatnonzero(open_)))], f"{self.name}-random")
+
+
+class TpeStrategy(OptunaSamplerStrategy):
+    """Optuna's TPE (multivariate, with the infeasible layouts as a constraint)."""
 
     name = "tpe"
-    uses_optuna_sampler = True
 
-    def propose(self, state: SearchState) -> Proposal | None:  # pragma: no cover - not called
-        raise NotImplementedError("the controller asks Optuna's sampler directly")
+    def make_sampler(self):
+        import optuna
 
-
-STRATEGIES = {s.name: s for s in (AutoStrategy, RandomLegalStrategy, GridStrategy, TpeStrategy)}
+        return optuna.samplers.TPESampler(seed=self.seed, multivariate=True)
 
 
-def make_strategy(name: str, budget: int, seed: int | None, baseline: LayoutConfig | None) -> Strategy:
+class GpStrategy(OptunaSamplerStrategy):
+    """Optuna's GPSampler (needs torch: `pip install autotune[gp]`)."""
+
+    name = "gp"
+
+    def make_sampler(self):
+        import optuna
+
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ConfigError("--sampler gp needs torch: pip install 'autotune[gp]'") from None
+        return optuna.samplers.GPSampler(seed=self.seed, warn_independent_sampling=False)
+
+
+STRATEGIES = {s.name: s for s in (AutoStrategy, RandomLegalStrategy, GridStrategy, TpeStrategy, GpStrategy)}
+
+
+def make_strategy(name: str, budget: int, seed: int | None, baseline: LayoutConfig | None,
+                  space=None) -> Strategy:
     try:
-        return STRATEGIES[name](budget, seed, baseline)
+        return STRATEGIES[name](budget, seed, baseline, space)
     except KeyError:
         raise ConfigError(f"unknown sampler {name!r} (known: {', '.join(STRATEGIES)})") from None

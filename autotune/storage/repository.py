@@ -213,13 +213,15 @@ class Repository:
 
     def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
                        controller_id: str, budget: int, predicted: dict | None = None,
-                       strategy_note: str | None = None) -> Trial | str:
+                       strategy_note: str | None = None, dispatch_key: str | None = None) -> Trial | str:
         """Record a trial as dispatched, committed before anything runs it.
 
         Returns the trial, or a reason it was not recorded: "budget" (the study has dispatched its
         budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
-        or "duplicate" (this layout was already dispatched in the study).
+        or "duplicate" (this layout was already dispatched in the study). A deliberate repeat run of
+        a measured layout passes its own `dispatch_key` (the layout's key plus a run number).
         """
+        dispatch_key = dispatch_key or config_key
         for _ in range(50):
             try:
                 with self.session() as s:
@@ -229,12 +231,12 @@ class Repository:
                     if dispatched >= budget:
                         return "budget"
                     if s.scalar(select(func.count()).select_from(TrialRow).where(
-                            TrialRow.study_id == study_id, TrialRow.dispatch_key == config_key)):
+                            TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
                         return "duplicate"
                     number = _last_number(s, study_id) + 1
                     now = utcnow()
                     row = TrialRow(study_id=study_id, number=number, config=config, config_key=config_key,
-                                   dispatch_key=config_key, dispatched=True, status="dispatched", attempt=1,
+                                   dispatch_key=dispatch_key, dispatched=True, status="dispatched", attempt=1,
                                    optuna_trial_number=optuna_trial_number, predicted=predicted,
                                    strategy_note=strategy_note, dispatched_at=now, heartbeat_at=now,
                                    controller_id=controller_id)
@@ -242,7 +244,7 @@ class Repository:
                     s.flush()
                     return _trial(row)
             except IntegrityError:
-                if self.is_dispatched(study_id, config_key):
+                if self.is_dispatched(study_id, dispatch_key):
                     return "duplicate"
         raise RuntimeError("could not record a dispatch after 50 attempts")
 

@@ -10,7 +10,8 @@ import pytest
 
 from autotune.backends import TrialSpec, TrialStatus, create_backend
 from autotune.backends.command import CommandBackend
-from autotune.backends.simulate import HiddenLandscape
+from autotune.backends._landscapes import Landscape
+from autotune.backends.simulate import workload_from_spec
 from autotune.config import LayoutConfig
 from tests.backends.backend_suite import BackendContract, make_spec
 from tests.conftest import FAKE_LAUNCHER
@@ -39,8 +40,8 @@ class TestSimulate(BackendContract):
         b = hidden.run(spec, lambda r: None, threading.Event())
         c = hidden.run(spec, lambda r: None, threading.Event())
         assert a.step_time_s != b.step_time_s and b.step_time_s == c.step_time_s
-        land = HiddenLandscape(5)
-        factor = land.speed_factor(LayoutConfig.from_mapping(spec.config))
+        land = Landscape(5)
+        factor = land.speed_factor(LayoutConfig.from_mapping(spec.config), workload_from_spec(spec))
         assert 0.25 < factor < 4 and 0.95 <= land.memory_factor(LayoutConfig()) <= 1.05
 
     def test_timeout(self):

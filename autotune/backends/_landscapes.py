@@ -1,0 +1,131 @@
+"""Hidden performance landscapes for benchmarks: what a cluster does that the cost model does not say.
+
+A landscape multiplies the cost model's throughput and peak memory by factors fixed by a seed. The
+controller never sees them (they live in the simulate backend's options). They are built to NOT share
+the tuner's structure, so that a search that only fits its own correction cannot look good:
+
+  knob        per-knob-value biases (+-12%): the shape a one-hot correction fits exactly (issue 8's
+              landscape; kept for comparison).
+  interact    pairwise interactions: every combination of values of TP x EP, PP x VPP, MBS x recompute,
+              TP x CP, EP x ETP, PP x MBS, CP x recompute and dist_opt x PP has its own effect
+              (+-12% each), so no single knob value is good or bad on its own.
+  regime      regime changes the model does not predict: a TP x CP group or an expert group that leaves
+              the NVLink domain makes the step communication-bound (-20..-40%, worse with span), and
+              expert GEMMs fed with too few tokens fall off an efficiency cliff (-15..-30% below a
+              seeded threshold); dense models get a micro-batch-size cliff instead.
+  prior_wrong the optimum sits where the prior does not look: a seeded "sweet spot" of PP, MBS and
+              recompute values gets +25..+45%, decaying with log2 distance, so the best layout is one
+              the prior ranks low.
+  mixed       interact + regime + prior_wrong, weaker each.
+
+Every family except `knob` adds per-layout noise (+-2%) and a memory-model error of +-8% per
+structural family (TP, PP, CP, EP, ETP); per-run measurement noise is the simulate backend's
+`run_noise` option (+-5% in the benchmark), drawn anew for every run of a layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+
+import numpy as np
+
+from autotune.config import KNOBS, LayoutConfig, Workload
+
+FAMILIES = ("knob", "interact", "regime", "prior_wrong", "mixed")
+INTERACTING_PAIRS = (("tp", "ep"), ("pp", "vpp"), ("mbs", "recompute"), ("tp", "cp"), ("ep", "etp"),
+                     ("pp", "mbs"), ("cp", "recompute"), ("dist_opt", "pp"))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def unit_hash(*parts: object) -> float:
+    """A deterministic number in [-1, 1) from the parts (stable across processes and runs)."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2 ** 63 - 1.0
+
+
+def _between(seed: int, name: str, low: float, high: float) -> float:
+    return low + (high - low) * (unit_hash(seed, "draw", name) + 1.0) / 2.0
+
+
+class Landscape:
+    """Seeded throughput and memory factors over the cost model (see the module docstring)."""
+
+    def __init__(self, seed: int, family: str = "knob", *, knob_bias: float = 0.12, layout_noise: float = 0.02,
+                 memory_error: float | None = None) -> None:
+        if family not in FAMILIES:
+            raise ValueError(f"unknown landscape {family!r} (known: {', '.join(FAMILIES)})")
+        self.seed, self.family, self.knob_bias, self.layout_noise = seed, family, knob_bias, layout_noise
+        self.memory_error = (0.05 if family == "knob" else 0.08) if memory_error is None else memory_error
+
+    # --- throughput ----------------------------------------------------------------------------
+
+    def speed_factor(self, config: LayoutConfig, workload: Workload) -> float:
+        f = self.family
+        factor = 1.0 + self.layout_noise * unit_hash(self.seed, "layout", config.key())
+        if f == "knob":
+            return factor * self._knob(config, self.knob_bias)
+        strength = 0.6 if f == "mixed" else 1.0
+        if f in ("interact", "mixed"):
+            factor *= self._interact(config, 0.12 * strength)
+        if f in ("regime", "mixed"):
+            factor *= self._regime(config, workload, strength) * self._knob(config, 0.04)
+        if f in ("prior_wrong", "mixed"):
+            factor *= self._sweet_spot(config, strength) * self._knob(config, 0.04)
+        return factor
+
+    def speed_factors(self, configs: list[LayoutConfig], workload: Workload) -> np.ndarray:
+        return np.array([self.speed_factor(c, workload) for c in configs])
+
+    def _knob(self, config: LayoutConfig, bias: float) -> float:
+        values = config.to_dict()
+        return math.prod(1.0 + bias * unit_hash(self.seed, "knob", k, values[k]) for k in KNOBS)
+
+    def _interact(self, config: LayoutConfig, bias: float) -> float:
+        values = config.to_dict()
+        values["recompute"] = (config.recompute, config.recompute_method, config.recompute_num_layers)
+        return math.prod(1.0 + bias * unit_hash(self.seed, "pair", a, values[a], b, values[b])
+                         for a, b in INTERACTING_PAIRS)
+
+    def _regime(self, config: LayoutConfig, w: Workload, strength: float) -> float:
+        domain = min(w.cluster.gpu.nvlink_domain_gpus, w.cluster.gpus_per_node)
+        factor = 1.0
+        tp_group = config.tp * config.cp
+        if tp_group > domain:  # TP/CP traffic leaves NVLink: the step turns communication-bound
+            factor /= 1.0 + strength * _between(self.seed, "tp_cliff", 0.25, 0.6) * math.log2(2 * tp_group / domain)
+        expert_group = config.ep * config.etp
+        a = w.model.architecture
+        if a.num_moe_experts:
+            if expert_group > domain:
+                factor /= 1.0 + strength * _between(self.seed, "ep_cliff", 0.1, 0.3) * math.log2(expert_group / domain)
+            # tokens each local expert gets per micro-batch: the EP group's tokens x top-k / experts
+            tokens = config.mbs * w.seq_length / config.cp * a.moe_router_topk * config.ep / a.num_moe_experts
+            if tokens < _between(self.seed, "gemm_cliff_tokens", 1024, 8192):
+                factor *= 1.0 - strength * _between(self.seed, "gemm_cliff", 0.15, 0.3)
+        elif config.mbs * w.seq_length / config.cp < _between(self.seed, "mbs_cliff_tokens", 2048, 8192):
+            factor *= 1.0 - strength * _between(self.seed, "mbs_cliff", 0.1, 0.2)
+        return factor
+
+    def _sweet_spot(self, config: LayoutConfig, strength: float) -> float:
+        """A bump around seeded PP, MBS and recompute values that the prior knows nothing about."""
+        pp = (1, 2, 4, 8)[int((unit_hash(self.seed, "spot", "pp") + 1) * 2)]
+        mbs = (1, 2, 4)[int((unit_hash(self.seed, "spot", "mbs") + 1) * 1.5)]
+        recompute = ("none", "selective")[int(unit_hash(self.seed, "spot", "rc") > 0)]
+        distance = (math.log2(config.pp) - math.log2(pp)) ** 2 + (math.log2(config.mbs) - math.log2(mbs)) ** 2 \
+            + (config.recompute != recompute)
+        height = strength * _between(self.seed, "spot_height", 0.25, 0.45)
+        return 1.0 + height * math.exp(-distance / 1.5)
+
+    # --- memory --------------------------------------------------------------------------------
+
+    def memory_factor(self, config: LayoutConfig) -> float:
+        structural = (config.tp, config.pp, config.cp, config.ep, config.etp)
+        return 1.0 + self.memory_error * unit_hash(self.seed, "memory", structural)
+
+
+def run_noise_factor(seed: int, trial: int, attempt: int, run_noise: float) -> float:
+    """Per-run throughput noise (uniform within +-run_noise), new for every run of a layout."""
+    if run_noise <= 0:
+        return 1.0
+    return 1.0 + run_noise * unit_hash(seed, "run", trial, attempt)

@@ -1,0 +1,103 @@
+"""Which layout a study recommends: the best mean over its runs, with a memory margin.
+
+A layout measured several times (a re-measurement of a close contender) is judged by the mean of
+its runs, not by its luckiest run; its uncertainty is the standard error of that mean (or, for a
+single run, the spread of its measured steps). The recommended layout keeps `headroom_gib` below
+the GPU's memory: a faster layout whose measured peak is inside that margin is reported as risky
+(it ran, but a longer run, another node or a fragmentation spike may push it over), not chosen.
+
+Imports neither Optuna nor Ray: the read side (leaderboard, export, dashboard) uses it too.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from autotune.config import Workload
+    from autotune.storage import Trial
+
+# Run-to-run spread of a measured peak (fragmentation, allocator caching, NCCL buffers), relative, 1 sd:
+# the default headroom is two of these below the GPU's memory.
+MEASURED_PEAK_REL_STD = 0.02
+
+
+def default_headroom_gib(workload: "Workload") -> float:
+    return round(2 * MEASURED_PEAK_REL_STD * workload.cluster.gpu.memory_gib, 1)
+
+
+@dataclass(frozen=True)
+class LayoutResult:
+    """All completed runs of one layout."""
+
+    trials: tuple["Trial", ...]
+    mean_tokens_per_s_per_gpu: float
+    sem_tokens_per_s_per_gpu: float  # standard error of the mean
+    peak_mem_gib: float | None  # the largest measured peak over the runs
+
+    @property
+    def runs(self) -> int:
+        return len(self.trials)
+
+    @property
+    def trial(self) -> "Trial":
+        return self.trials[0]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    best: LayoutResult
+    risky: tuple[LayoutResult, ...] = field(default_factory=tuple)  # faster, but inside the headroom
+    headroom_gib: float = 0.0
+
+    @property
+    def trial(self) -> "Trial":
+        return self.best.trial
+
+
+def _step_spread(trial: "Trial") -> float:
+    """Relative sd of a single run's throughput from its measured steps' spread (0 when unknown)."""
+    steps = [s for s in (trial.step_times_s or []) if s and s > 0]
+    if len(steps) < 3:
+        return 0.0
+    steps = steps[len(steps) // 3:]  # warm-up steps are slower and would inflate the spread
+    if len(steps) < 2:
+        return 0.0
+    return statistics.stdev(steps) / statistics.mean(steps) / math.sqrt(len(steps))
+
+
+def layout_results(trials: Iterable["Trial"]) -> list[LayoutResult]:
+    """Completed runs grouped by layout, best mean first."""
+    groups: dict[str, list] = {}
+    for t in trials:
+        if t.status == "completed" and t.tokens_per_s_per_gpu and t.dispatched:
+            groups.setdefault(t.config_key, []).append(t)
+    results = []
+    for runs in groups.values():
+        values = [t.tokens_per_s_per_gpu for t in runs]
+        mean = statistics.fmean(values)
+        if len(values) > 1:
+            sem = statistics.stdev(values) / math.sqrt(len(values))
+        else:
+            sem = mean * _step_spread(runs[0])
+        peaks = [t.peak_mem_gib for t in runs if t.peak_mem_gib]
+        results.append(LayoutResult(tuple(runs), mean, sem, max(peaks) if peaks else None))
+    return sorted(results, key=lambda r: -r.mean_tokens_per_s_per_gpu)
+
+
+def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: float) -> Recommendation | None:
+    """The best layout by mean throughput whose measured peak keeps the headroom (see module doc)."""
+    results = layout_results(trials)
+    if not results:
+        return None
+    safe_limit = memory_limit_gib - headroom_gib
+    risky = []
+    for result in results:
+        if result.peak_mem_gib is None or result.peak_mem_gib <= safe_limit:
+            return Recommendation(result, tuple(risky), headroom_gib)
+        risky.append(result)
+    # every layout is inside the margin: recommend the best anyway, flagged risky by the caller
+    return Recommendation(results[0], tuple(risky[1:]), headroom_gib)
