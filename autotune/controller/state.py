@@ -24,7 +24,7 @@ P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when 
 P_FIT_REJECT = 0.05  # below this a proposal is rejected as predicted OOM without a run
 # Hyperparameters of the GP are re-optimised on every new measurement up to this many, then on
 # every OPTIMIZE_EVERY-th (they settle; the fit with fixed hyperparameters costs ~1 ms).
-OPTIMIZE_ALWAYS_UP_TO = 16
+OPTIMIZE_ALWAYS_UP_TO = 12
 OPTIMIZE_EVERY = 4
 
 
@@ -59,6 +59,7 @@ class SearchState:
     headroom_gib: float = 0.0  # the recommended layout keeps this much below the GPU's memory
     _features: np.ndarray | None = None
     _codes: np.ndarray | None = None
+    _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
 
@@ -68,10 +69,13 @@ class SearchState:
         predicted = estimate_many(workload, arrays)
         family, _ = _codes([getattr(arrays, k) for k in FAMILY])
         memory = MemoryFeasibility(predicted.peak_mem_gib, family, workload.cluster.gpu.memory_gib)
-        return cls(workload=workload, legal=legal, predicted=predicted, arrays=arrays,
-                   index={c.key(): i for i, c in enumerate(legal)}, family=family,
-                   tried=np.zeros(len(legal), dtype=bool), frontier_by=np.full(len(legal), -1, dtype=np.int64),
-                   memory=memory)
+        state = cls(workload=workload, legal=legal, predicted=predicted, arrays=arrays,
+                    index={c.key(): i for i, c in enumerate(legal)}, family=family,
+                    tried=np.zeros(len(legal), dtype=bool), frontier_by=np.full(len(legal), -1, dtype=np.int64),
+                    memory=memory)
+        state.surrogate()  # imports scikit-learn and scipy now, at start-up, not in the first proposal
+        memory.p_fit()
+        return state
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -128,7 +132,10 @@ class SearchState:
         codes = self.knob_codes()
         mask = np.zeros(len(codes), dtype=bool)
         for i in centres:
-            mask |= (codes != codes[i]).sum(axis=1) <= max_changes
+            key = (i, max_changes)
+            if key not in self._neighbourhoods:  # the best layouts change rarely: keep their masks
+                self._neighbourhoods[key] = (codes != codes[i]).sum(axis=1) <= max_changes
+            mask |= self._neighbourhoods[key]
         return mask
 
     def features(self) -> np.ndarray:

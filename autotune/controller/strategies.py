@@ -24,8 +24,9 @@ INIT_MIN, INIT_MAX = 2, 6
 P_FIT_MIN = 0.5  # layouts fitting with a lower probability are not worth a run
 P_FIT_EXPLORE = 0.8  # the initial design takes only layouts that surely fit
 POOL_TOP, POOL_RANDOM, POOL_KEEP, POOL_LOCAL = 1000, 1000, 500, 3000
-TRUST_CENTRES, TRUST_CHANGES = 3, 2  # neighbourhoods of the best measured layouts: knobs changed at most  # layouts scored per proposal on large legal sets
-REMEASURE_SHARE = 0.1  # last share of the budget in which close contenders may be measured again
+TRUST_CENTRES, TRUST_CHANGES = 3, 2  # neighbourhoods of the best measured layouts: knobs changed at most
+GLOBAL_GAP = 0.10  # outside them, a candidate's posterior mean must be within this (log) of the incumbent  # layouts scored per proposal on large legal sets
+REMEASURE_SHARE = 0.15  # last share of the budget in which close contenders may be measured again
 REMEASURE_MIN_BUDGET = 8
 REMEASURE_CONTENDERS = 4
 REMEASURE_MAX_RUNS = 3
@@ -120,18 +121,19 @@ class AutoStrategy(Strategy):
         local = np.flatnonzero(open_ & state.neighbours([i for i, _ in measured[:TRUST_CENTRES]], TRUST_CHANGES))
         rows = np.flatnonzero(open_)
         if rows.size <= POOL_TOP + POOL_RANDOM:
-            return rows
+            return rows, np.isin(rows, local)
         top = rows[np.argpartition(-state.log_prior[rows], POOL_TOP)[:POOL_TOP]]
         sample = self.rng.choice(rows, POOL_RANDOM, replace=False)
         kept = self._kept[open_[self._kept]] if self._kept is not None else np.array([], dtype=np.int64)
         if local.size > POOL_LOCAL:
             local = self.rng.choice(local, POOL_LOCAL, replace=False)
-        return np.unique(np.concatenate([local, top, sample, kept]))
+        pool = np.unique(np.concatenate([local, top, sample, kept]))
+        return pool, np.isin(pool, local)
 
     _kept: np.ndarray | None = None
 
     def _expected_improvement(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray) -> int:
-        pool = self._pool(state, open_)
+        pool, local = self._pool(state, open_)
         mean, std = state.posterior(pool)
         measured = np.array(list(state.runs), dtype=np.int64)
         if measured.size:
@@ -139,6 +141,9 @@ class AutoStrategy(Strategy):
         else:
             incumbent = float(np.max(mean))
         score = expected_improvement(mean, std, incumbent) * p_fit[pool]
+        # Far from every good layout, only candidates whose mean is close to the incumbent are worth
+        # a run: with 40 runs, a bet on a region the posterior expects to be much slower rarely pays.
+        score[~local & (mean < incumbent - GLOBAL_GAP)] = 0.0
         order = np.argsort(-score)
         self._kept = pool[order[:POOL_KEEP]]
         return int(pool[order[0]])

@@ -66,6 +66,18 @@ def layout_features(x: LayoutArrays, predicted: Estimates, w: Workload) -> np.nd
     return np.stack(columns, axis=1).astype(np.float64)
 
 
+HYPER_MAX_ITERATIONS = 25  # warm-started from the last fit, a few iterations settle the hyperparameters
+
+
+def _bounded_lbfgs(obj_func, initial_theta, bounds):
+    """sklearn's default optimiser with an iteration cap (the default runs to convergence, ~10x slower)."""
+    from scipy.optimize import minimize
+
+    result = minimize(obj_func, initial_theta, method="L-BFGS-B", jac=True, bounds=bounds,
+                      options={"maxiter": HYPER_MAX_ITERATIONS})
+    return result.x, result.fun
+
+
 class ResidualGP:
     """GP regression of log(measured / prior) on layout features, with a constant mean."""
 
@@ -86,7 +98,7 @@ class ResidualGP:
         # The constant mean: shrink the average residual toward 0 (the prior) while data are few.
         self.offset = float(residual.sum() / (len(residual) + (NOISE_LOG_STD / PRIOR_LOG_STD) ** 2))
         kernel = self.model.kernel_ if self.model is not None else self.kernel
-        gp = GaussianProcessRegressor(kernel, optimizer="fmin_l_bfgs_b" if optimize and self.n >= 4 else None,
+        gp = GaussianProcessRegressor(kernel, optimizer=_bounded_lbfgs if optimize and self.n >= 4 else None,
                                       normalize_y=False, copy_X_train=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convergence warnings at the length-scale bounds are expected

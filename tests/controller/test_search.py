@@ -1,0 +1,170 @@
+"""The search's parts without Ray: surrogate, memory feasibility, re-measurement, strategies on the
+in-process dispatcher, and the sampler inside a plain Optuna study."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+
+from autotune.backends._landscapes import Landscape
+from autotune.config import LayoutConfig
+from autotune.controller.recommend import recommend
+from autotune.controller.sampler import AutotuneSampler
+from autotune.controller.session import build_controller, create_study
+from autotune.controller.state import SearchState
+from autotune.controller.strategies import AutoStrategy, expected_improvement, remeasure_choice
+from autotune.controller.surrogate import MemoryFeasibility, ResidualGP
+from autotune.cost import estimate, estimate_many
+from autotune.space import enumerate_legal, load_space, make_workload
+from autotune.storage import Repository, Trial
+
+
+@pytest.fixture(scope="module")
+def qwen16():
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    return space, workload, enumerate_legal(space, workload).configs
+
+
+def test_residual_gp_learns_a_smooth_residual_and_reverts_to_the_prior_far_away():
+    rng = np.random.default_rng(0)
+    x = rng.random((30, 3))
+    y = 0.2 * np.sin(3 * x[:, 0])  # what the prior misses, along one feature only
+    gp = ResidualGP(3)
+    gp.fit(x, y)
+    test = rng.random((50, 3))
+    mean, std = gp.predict(test)
+    assert np.abs(mean - 0.2 * np.sin(3 * test[:, 0])).mean() < 0.03
+    far_mean, far_std = gp.predict(np.full((1, 3), 25.0))
+    assert abs(far_mean[0] - gp.offset) < 0.02 and far_std[0] > 5 * std.mean()
+
+
+def test_memory_feasibility_learns_a_family_error_and_treats_oom_as_censored():
+    predicted = np.array([70.0, 75.0, 78.0, 70.0, 82.0])
+    family = np.array([0, 0, 0, 1, 1])
+    model = MemoryFeasibility(predicted, family, limit_gib=80.0)
+    before = model.p_fit().copy()
+    assert 0.5 < before[2] < 0.9 and 0.05 < before[4] < 0.5  # uncertain both ways before any run
+    model.observe(0, 70.0 * 1.07, oom=False)  # family 0 needs 7% more than predicted
+    after = model.p_fit()
+    assert after[2] < 0.2 < before[2]  # 78 x 1.07 > 80: now it surely does not fit
+    assert 0.3 < after[1] < 0.5  # 75 x 1.07 = 80.25: just over, a coin flip weighted by the family's error
+    model.observe(3, None, oom=True)  # family 1 ran out of memory at 70 predicted
+    assert model.p_fit()[4] < 0.05 and model.expected_peak_gib()[3] > 80.0
+
+
+def test_expected_improvement_prefers_a_better_mean_and_more_uncertainty():
+    ei = expected_improvement(np.array([0.0, 0.1, 0.0]), np.array([0.05, 0.05, 0.2]), incumbent=0.05)
+    assert ei[1] > ei[0] and ei[2] > ei[0] and np.all(ei >= 0)
+
+
+@pytest.mark.parametrize("means, expected", [
+    ({1: (math.log(100), 1), 2: (math.log(99), 1), 3: (math.log(80), 1)}, 1),  # close: the best again
+    ({1: (math.log(100), 2), 2: (math.log(99), 1)}, 2),  # the one with fewer runs
+    ({1: (math.log(100), 1), 2: (math.log(80), 1)}, None),  # a clear winner: nothing to re-measure
+    ({1: (math.log(100), 3), 2: (math.log(99.5), 3)}, None),  # both measured enough
+])
+def test_remeasure_rule(means, expected):
+    assert remeasure_choice(means, noise_std=0.03) == expected
+
+
+def _trial(number, key, tokens, peak, status="completed"):
+    return Trial(study_id=1, number=number, optuna_trial_number=None, config={}, config_key=key, dispatched=True,
+                 status=status, tokens_per_s_per_gpu=tokens, peak_mem_gib=peak)
+
+
+def test_recommendation_is_the_best_mean_over_runs_and_keeps_the_headroom():
+    trials = [_trial(1, "a", 110.0, 70.0), _trial(2, "b", 104.0, 70.0), _trial(3, "a", 90.0, 70.0),
+              _trial(4, "c", 130.0, 79.0), _trial(5, "d", 500.0, None, status="oom")]
+    pick = recommend(trials, memory_limit_gib=80.0, headroom_gib=3.0)
+    assert pick.best.trial.config_key == "b"  # a's mean is 100 over two runs; c is inside the headroom
+    assert [r.trial.config_key for r in pick.risky] == ["c"]
+    assert recommend(trials, 80.0, 0.0).best.trial.config_key == "c"
+
+
+def test_search_state_trust_region_neighbours(qwen16):
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    centre = state.index[LayoutConfig(ep=16, dist_opt=True).key()]
+    near = state.neighbours([centre], 1)
+    codes = state.knob_codes()
+    assert near[centre] and np.all((codes[near] != codes[centre]).sum(axis=1) <= 1) and 1 < near.sum() < 200
+
+
+def _study(tmp_path, sampler, budget, family="mixed", seed=0, model="qwen3_30b", gpus=16):
+    repo = Repository.open(f"sqlite:///{tmp_path / (sampler + str(seed) + '.db')}")
+    space = load_space(model)
+    workload = make_workload(space, gpus=gpus)
+    study = create_study(repo, name="s", space=space, workload=workload, budget=budget, sampler=sampler,
+                         backend="simulate", seed=seed,
+                         backend_options={"landscape_seed": 7 + seed, "landscape": family, "seconds_per_trial": 0.0,
+                                          "run_noise": 0.05})
+    controller = build_controller(repo, study, dispatcher="inprocess")
+    return repo, study, controller, controller.run()
+
+
+def test_auto_beats_random_on_a_hidden_landscape_without_ray(tmp_path):
+    """The whole controller on the in-process dispatcher: auto's recommendation is better than random's."""
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    legal = enumerate_legal(space, workload).configs
+    land = Landscape(7, "mixed")
+    predicted = estimate_many(workload, legal)
+    true = predicted.tokens_per_s_per_gpu * land.speed_factors(legal, workload)
+    true[np.array([land.memory_factor(c) for c in legal]) * predicted.peak_mem_gib > 79.0] = 0
+    truth = {c.key(): v for c, v in zip(legal, true)}
+    ratios = {}
+    for sampler in ("auto", "random"):
+        repo, study, controller, summary = _study(tmp_path, sampler, 20)
+        assert summary.counts["dispatched"] == 20
+        ratios[sampler] = truth[summary.best.config_key] / true.max()
+        repo.close()
+    assert ratios["auto"] > ratios["random"] and ratios["auto"] > 0.85
+
+
+def test_auto_re_measures_only_measured_layouts_at_the_end(tmp_path):
+    repo, study, _, summary = _study(tmp_path, "auto", 20, seed=1)
+    trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
+    again = [i for i, t in enumerate(trials) if t.strategy_note == "remeasure"]
+    assert all(i >= 20 - 3 for i in again)  # only in the budget's last 15%
+    seen = set()
+    for t in trials:
+        assert (t.config_key in seen) == (t.strategy_note == "remeasure")
+        seen.add(t.config_key)
+    assert summary.recommendation.best.runs >= 1
+
+
+def test_the_sampler_drives_a_plain_optuna_study():
+    sampler = AutotuneSampler("qwen3_30b", gpus=16, budget=12, seed=0)
+    workload = sampler.workload
+    land = Landscape(3, "interact")
+    chosen = []
+
+    def objective(trial):
+        layout = sampler.suggest_layout(trial)
+        chosen.append(layout)
+        e = estimate(workload, layout)
+        peak = e.peak_mem_gib * land.memory_factor(layout)
+        trial.set_user_attr("peak_mem_gib", peak)
+        if peak > workload.cluster.gpu.memory_gib:
+            trial.set_user_attr("oom", True)
+            raise optuna.TrialPruned()
+        return e.tokens_per_s_per_gpu * land.speed_factor(layout, workload)
+
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(objective, n_trials=12)
+    assert chosen[0] == LayoutConfig.from_mapping(load_space("qwen3_30b").model.defaults.layout)  # recipe first
+    assert all(c.key() in sampler.state.index for c in chosen)  # every proposal legal
+    first = chosen[:10]
+    assert len({c.key() for c in first}) == len(first)  # no repeats before the re-measurement window
+    legal = list(sampler.state.legal)
+    predicted = sampler.state.predicted
+    true = predicted.tokens_per_s_per_gpu * land.speed_factors(legal, workload)
+    true[np.array([land.memory_factor(c) for c in legal]) * predicted.peak_mem_gib > 79.6] = 0
+    assert study.best_value >= 0.85 * true.max()  # it learned: 12 runs of 65,696 legal layouts
+    learned = sampler.state.n_runs + len(sampler.state.memory.observations) - sampler.state.n_runs
+    assert sampler.state.n_runs >= 1 and learned >= sampler.state.n_runs
+    assert AutoStrategy.name == "auto"
