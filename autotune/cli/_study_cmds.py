@@ -38,6 +38,12 @@ def register(sub) -> None:
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--measured-steps", type=int, default=5)
     p.add_argument("--no-prune", action="store_true", help="never stop slow trials early")
+    p.add_argument("--validate-steps", type=int, default=0, metavar="N",
+                   help="after the budget, run the winner (and the runner-up when within the noise) again "
+                        "with N measured steps, outside the budget, reported apart (default: no validation)")
+    p.add_argument("--memory-headroom-gib", type=float, metavar="GIB",
+                   help="the recommended layout keeps this much below the GPU's memory (default: 4%% of it, "
+                        "twice the run-to-run spread of a measured peak)")
     p.add_argument("--noise", type=float, help="simulate backend: relative measurement noise (default 0.01)")
     p.add_argument("--sim-seconds", type=float, help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
@@ -125,8 +131,14 @@ def cmd_start(args: argparse.Namespace) -> int:
         backend_options["nsys_ranks"] = _ranks(args.nsys_ranks)
     if args.memory_snapshot:
         backend_options["memory_snapshot"] = True
+    _check_headroom(args.memory_headroom_gib, workload)
+    if args.validate_steps < 0:
+        from autotune.errors import ConfigError
+
+        raise ConfigError(f"--validate-steps must be >= 0, got {args.validate_steps}")
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
-               "measured_steps": args.measured_steps, "prune_slow": not args.no_prune}
+               "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
+               "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib}
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
         return _dry_run(space, workload, args, backend_options, options)
@@ -138,6 +150,16 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
               f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
     return _run(repo, study, args)
+
+
+def _check_headroom(headroom_gib: float | None, workload) -> None:
+    import math
+
+    from autotune.errors import ConfigError
+
+    limit = workload.cluster.gpu.memory_gib
+    if headroom_gib is not None and not (math.isfinite(headroom_gib) and 0 <= headroom_gib < limit):
+        raise ConfigError(f"--memory-headroom-gib must be between 0 and the GPU's {limit:g} GiB, got {headroom_gib}")
 
 
 def _ranks(text: str) -> list[int]:

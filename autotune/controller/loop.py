@@ -42,6 +42,7 @@ HEARTBEAT_S = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", "5"))
 STALE_AFTER_HEARTBEATS = 3
 MAX_REJECTIONS_PER_DISPATCH = 2000
 MAX_ATTEMPTS = 2  # a lost trial is retried once
+VALIDATION = "validation"  # the strategy note of a longer run of the winner after the study
 
 
 @dataclass
@@ -149,6 +150,9 @@ class Controller:
                     break
             if self._exhausted and self.repo.counts(self.study.id)["dispatched"] < self.study.budget:
                 stop_reason = "exhausted"
+            validate_steps = int(self.study.options.get("validate_steps") or 0)
+            if validate_steps > 0:
+                self._validate(validate_steps)
         except KeyboardInterrupt:
             stop_reason = "interrupted"
             for number in list(self.running):
@@ -397,6 +401,41 @@ class Controller:
             self.optuna.tell_pruned(number, step_times_s, value)
         else:
             self.optuna.tell_fail(number, f"{status}: {outcome.error or ''}")
+
+    # --- validation ----------------------------------------------------------------------------
+
+    def _validate(self, measured_steps: int) -> None:
+        """Run the recommended layout (and the runner-up when the screening runs cannot tell them
+        apart) once more with `measured_steps` steps, outside the budget (`--validate-steps`)."""
+        from autotune.controller.strategies import run_noise_std
+
+        trials = self.repo.trials(self.study.id, dispatched_only=True)
+        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib)
+        if pick is None:
+            return
+        chosen = [pick.best]
+        runner_up = pick.runner_up
+        if runner_up is not None:
+            gap = np.log(pick.best.mean_tokens_per_s_per_gpu / runner_up.mean_tokens_per_s_per_gpu)
+            if gap <= 2 * run_noise_std(self.state) * np.sqrt(1 / pick.best.runs + 1 / runner_up.runs):
+                chosen.append(runner_up)
+        for result in chosen:
+            config = LayoutConfig.from_mapping(result.trial.config)
+            number, config = self.optuna.ask(config)
+            claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
+                                               self.controller_id, self.study.budget, self._prediction(config),
+                                               VALIDATION, dispatch_key=f"{config.key()}#validation",
+                                               outside_budget=True)
+            if isinstance(claimed, str):  # validated before this controller resumed
+                self.optuna.tell_fail(number, "validation run already recorded")
+                continue
+            run = self._spec(claimed, config)
+            self.dispatcher.submit(dataclasses.replace(run, measured_steps=measured_steps))
+            self.running[claimed.number] = _Running(claimed, run)
+            while self.running:
+                self._heartbeat()
+                self._poll()
+                self.on_tick(self)
 
     # --- recovery ------------------------------------------------------------------------------
 

@@ -52,6 +52,8 @@ class Recommendation:
     best: LayoutResult
     risky: tuple[LayoutResult, ...] = field(default_factory=tuple)  # faster, but inside the headroom
     headroom_gib: float = 0.0
+    runner_up: LayoutResult | None = None  # the next safe layout by screening mean
+    validation: dict[str, LayoutResult] = field(default_factory=dict)  # config_key -> its validation run(s)
 
     @property
     def trial(self) -> "Trial":
@@ -69,11 +71,16 @@ def _step_spread(trial: "Trial") -> float:
     return statistics.stdev(steps) / statistics.mean(steps) / math.sqrt(len(steps))
 
 
-def layout_results(trials: Iterable["Trial"]) -> list[LayoutResult]:
-    """Completed runs grouped by layout, best mean first."""
+VALIDATION = "validation"
+
+
+def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[LayoutResult]:
+    """Completed runs grouped by layout, best mean first: the screening runs, or (`validation`) only
+    the longer validation runs of `--validate-steps`, which are reported apart."""
     groups: dict[str, list] = {}
     for t in trials:
-        if t.status == "completed" and t.tokens_per_s_per_gpu and t.dispatched:
+        if t.status == "completed" and t.tokens_per_s_per_gpu and t.dispatched \
+                and (t.strategy_note == VALIDATION) == validation:
             groups.setdefault(t.config_key, []).append(t)
     results = []
     for runs in groups.values():
@@ -89,15 +96,23 @@ def layout_results(trials: Iterable["Trial"]) -> list[LayoutResult]:
 
 
 def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: float) -> Recommendation | None:
-    """The best layout by mean throughput whose measured peak keeps the headroom (see module doc)."""
+    """The best layout by mean throughput whose measured peak keeps the headroom (see module doc).
+
+    When validation runs exist for several of the safe layouts, the one that validated fastest wins
+    (validation runs are longer, so they decide between contenders the screening could not separate)."""
+    trials = list(trials)
     results = layout_results(trials)
     if not results:
         return None
+    validated = {r.trial.config_key: r for r in layout_results(trials, validation=True)}
     safe_limit = memory_limit_gib - headroom_gib
-    risky = []
-    for result in results:
-        if result.peak_mem_gib is None or result.peak_mem_gib <= safe_limit:
-            return Recommendation(result, tuple(risky), headroom_gib)
-        risky.append(result)
-    # every layout is inside the margin: recommend the best anyway, flagged risky by the caller
-    return Recommendation(results[0], tuple(risky[1:]), headroom_gib)
+    safe = [r for r in results if r.peak_mem_gib is None or r.peak_mem_gib <= safe_limit]
+    if not safe:  # every layout is inside the margin: recommend the best anyway, flagged by the caller
+        return Recommendation(results[0], tuple(results[1:]), headroom_gib, None, validated)
+    contenders = [r for r in safe[:2] if r.trial.config_key in validated]
+    if len(contenders) == 2 and validated[contenders[1].trial.config_key].mean_tokens_per_s_per_gpu > \
+            validated[contenders[0].trial.config_key].mean_tokens_per_s_per_gpu:
+        safe[0], safe[1] = safe[1], safe[0]
+    best = safe[0]
+    risky = tuple(r for r in results if r.mean_tokens_per_s_per_gpu > best.mean_tokens_per_s_per_gpu and r not in safe)
+    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated)

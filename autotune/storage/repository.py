@@ -24,8 +24,10 @@ from autotune.storage._engine import make_engine
 from autotune.storage.migrations import ensure_schema
 from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
 
-# Imported runs (strategy_note "imported") were not dispatched by autotune: outside the budget.
-NOT_IMPORTED = (TrialRow.strategy_note.is_(None)) | (TrialRow.strategy_note != "imported")
+# Imported runs (strategy_note "imported") were not dispatched by autotune, and validation runs of the
+# winner (strategy_note "validation", `--validate-steps`) come after the study: both are outside the budget.
+OUTSIDE_BUDGET = ("imported", "validation")
+NOT_IMPORTED = (TrialRow.strategy_note.is_(None)) | (TrialRow.strategy_note.not_in(OUTSIDE_BUDGET))
 METRIC_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
 
 
@@ -213,7 +215,8 @@ class Repository:
 
     def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
                        controller_id: str, budget: int, predicted: dict | None = None,
-                       strategy_note: str | None = None, dispatch_key: str | None = None) -> Trial | str:
+                       strategy_note: str | None = None, dispatch_key: str | None = None,
+                       outside_budget: bool = False) -> Trial | str:
         """Record a trial as dispatched, committed before anything runs it.
 
         Returns the trial, or a reason it was not recorded: "budget" (the study has dispatched its
@@ -228,7 +231,7 @@ class Repository:
                     s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
                     dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
                         TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), NOT_IMPORTED))
-                    if dispatched >= budget:
+                    if dispatched >= budget and not outside_budget:
                         return "budget"
                     if s.scalar(select(func.count()).select_from(TrialRow).where(
                             TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
@@ -339,15 +342,17 @@ class Repository:
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""
-        imported = TrialRow.strategy_note == "imported"
+        note = TrialRow.strategy_note
         with self.session() as s:
-            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, imported, func.count()).where(
-                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched, imported)).all()
+            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, note, func.count()).where(
+                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched, note)).all()
         counts = {"dispatched": 0, "rejected": 0, "running": 0, "completed": 0, "oom": 0, "pruned": 0,
-                  "failed": 0, "timeout": 0, "lost": 0, "imported": 0}
-        for status, dispatched, is_imported, count in rows:
-            if is_imported:
+                  "failed": 0, "timeout": 0, "lost": 0, "imported": 0, "validation": 0}
+        for status, dispatched, strategy_note, count in rows:
+            if strategy_note == "imported":
                 counts["imported"] += count  # measured by hand: outside the budget and the status counts
+            elif strategy_note == "validation":
+                counts["validation"] += count  # the winner's longer run after the study: outside the budget
             elif dispatched:
                 counts["dispatched"] += count
                 counts["running" if status == "dispatched" else status] += count
