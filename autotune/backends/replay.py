@@ -54,6 +54,11 @@ def table_index(frame) -> dict[str, dict[str, Any]]:
     return index
 
 
+def table_keys(path: str | Path) -> set[str]:
+    """The layouts a replay table measured (their canonical keys)."""
+    return set(table_index(read_table(path)))
+
+
 class ReplayBackend(Backend):
     name = "replay"
 

@@ -84,7 +84,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("show", help="one trial: config, metrics, prediction, overrides, artifacts")
     p.add_argument("study")
-    p.add_argument("trial", type=int)
+    p.add_argument("trial", type=int, nargs="?", help="trial number (omit with --calibration)")
+    p.add_argument("--calibration", action="store_true",
+                   help="the cost model's per-term scales fitted to the study's measurements, and the memory "
+                        "model's measured/predicted peak ratio")
     p.add_argument("--json", action="store_true")
     add_storage_option(p)
     p.set_defaults(handler=cmd_show)
@@ -149,6 +152,12 @@ def cmd_start(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
               f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
+        if args.backend == "replay":
+            from autotune.controller.session import replay_coverage
+
+            covered, lacking, foreign = replay_coverage(space, workload, args.replay)
+            print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "
+                  f"{lacking} legal layouts; {foreign} of its rows are not legal here")
     return _run(repo, study, args)
 
 
@@ -357,13 +366,43 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_calibration(repo, study, as_json: bool) -> int:
+    from autotune.controller.physics import fit_from_trials
+
+    calibration = fit_from_trials(repo.trials(study.id, dispatched_only=True))
+    if as_json:
+        print(json.dumps(calibration, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{study.name}: the cost model calibrated on {calibration['runs']} measured runs "
+                        "(1.00 = the published calibration)")
+    for column in ("step-time term", "prior sd", "fitted scale", "change"):
+        table.add_column(column, justify="right" if column != "step-time term" else "left")
+    for term, fit in calibration["step_time_terms"].items():
+        table.add_row(term, f"+-{fit['prior_sd_pct']:.0f}%", f"{fit['scale']:.2f}", f"{fit['change_pct']:+.1f}%")
+    console = wide_console()
+    console.print(table)
+    memory = calibration["memory"]
+    if memory["runs"]:
+        console.print(f"peak memory: measured / predicted {memory['ratio_mean']:.3f} (sd {memory['ratio_sd']:.3f}) "
+                      f"over {memory['runs']} runs")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from autotune.config import LayoutConfig
     from autotune.controller.session import study_space_and_workload
     from autotune.overrides import layout_overrides
 
+    from autotune.errors import ConfigError
+
     repo = open_repo(args)
     study = repo.get_study(args.study)
+    if args.calibration:
+        return _show_calibration(repo, study, args.json)
+    if args.trial is None:
+        raise ConfigError("show needs a TRIAL number, or --calibration")
     trial = repo.trial(study.id, args.trial)
     _, workload = study_space_and_workload(study)
     data = {**trial.to_dict(), "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)}

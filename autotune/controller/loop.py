@@ -94,7 +94,13 @@ class Controller:
                                   create=False)
         self.pruner = SlowBranchPruner(int(opts.get("warmup_steps", 3)), margin=float(opts.get("slow_margin", 0.25)),
                                        enabled=bool(opts.get("prune_slow", True)))
-        self.state = SearchState.build(workload, enumerate_legal(space, workload).configs)
+        legal = enumerate_legal(space, workload).configs
+        if study.backend == "replay":  # spend the budget only on what the table measured
+            from autotune.backends.replay import table_keys
+
+            measured = table_keys(study.backend_options["replay"])
+            legal = [c for c in legal if c.key() in measured]
+        self.state = SearchState.build(workload, legal)
         self.running: dict[int, _Running] = {}
         headroom = opts.get("memory_headroom_gib")
         self.headroom_gib = default_headroom_gib(workload) if headroom is None else float(headroom)

@@ -49,6 +49,15 @@ def check_sampler(sampler: str) -> str:
     return sampler
 
 
+def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[int, int, int]:
+    """(legal layouts the table measured, legal layouts it lacks, table rows that are not legal here)."""
+    from autotune.backends.replay import table_keys
+
+    legal = {c.key() for c in enumerate_legal(space, workload).configs}
+    measured = table_keys(path)
+    return len(legal & measured), len(legal - measured), len(measured - legal)
+
+
 def check_space_not_empty(space: SearchSpace, workload: Workload) -> int:
     legal = enumerate_legal(space, workload)
     if not legal.configs:
@@ -71,6 +80,11 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
     check_sampler(sampler)
     check_backend(backend, backend_options)
     check_space_not_empty(space, workload)
+    if backend == "replay":
+        covered, _, foreign = replay_coverage(space, workload, backend_options["replay"])
+        if covered == 0:
+            raise ConfigError(f"--replay {backend_options['replay']}: none of its layouts is legal for "
+                              f"{workload.model.name} on {workload.cluster.gpus} GPUs ({foreign} rows are not)")
 
 
 def create_study(repo: Repository, *, name: str | None, space: SearchSpace, workload: Workload, budget: int,

@@ -2,8 +2,10 @@
 
 The cost model ranks every legal layout once (vectorised). Measurements then correct it
 (controller/surrogate.py):
-- speed: a Gaussian process on log(measured / predicted throughput) over layout features, the
-  cost model as its mean; repeated runs of one layout are kept apart (they measure the noise);
+- physics: the step-time model's terms are rescaled to the measured step times
+  (controller/physics.py), which re-ranks every layout, interactions included;
+- speed: a Gaussian process on log(measured / calibrated prediction) over layout features, the
+  calibrated cost model as its mean; repeated runs of one layout are kept apart (they measure the noise);
 - memory: the probability that each layout fits, from predicted and measured peaks and OOMs;
 - the OOM frontier: a measured OOM makes every layout that needs at least as much memory (same
   family or smaller TP/PP/CP/EP/ETP, equal VPP, larger micro-batch, weaker recompute, no
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.config import LayoutConfig, Workload
+from autotune.controller.physics import PhysicsCalibration
 from autotune.controller.surrogate import FAMILY, MemoryFeasibility, ResidualGP, layout_features
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
@@ -24,6 +27,7 @@ P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when 
 P_FIT_REJECT = 0.05  # below this a proposal is rejected as predicted OOM without a run
 # Hyperparameters of the GP are re-optimised on every new measurement up to this many, then on
 # every OPTIMIZE_EVERY-th (they settle; the fit with fixed hyperparameters costs ~1 ms).
+MIN_RUNS_TO_CALIBRATE = 2  # one run only moves the GP's constant mean
 OPTIMIZE_ALWAYS_UP_TO = 12
 OPTIMIZE_EVERY = 4
 
@@ -57,6 +61,9 @@ class SearchState:
     outcomes: list[tuple[int, str, float | None]] = field(default_factory=list)
     dispatched: int = 0  # trials of this study sent to a backend (the budget they use)
     headroom_gib: float = 0.0  # the recommended layout keeps this much below the GPU's memory
+    physics: PhysicsCalibration = field(default_factory=PhysicsCalibration)
+    _log_prior: np.ndarray | None = None
+    _breakdown: np.ndarray | None = None
     _features: np.ndarray | None = None
     _codes: np.ndarray | None = None
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
@@ -116,7 +123,28 @@ class SearchState:
 
     @property
     def log_prior(self) -> np.ndarray:
-        return np.log(self.predicted.tokens_per_s_per_gpu)
+        """Log throughput the (calibrated) cost model predicts for every layout."""
+        if self._log_prior is None:
+            self._log_prior = np.log(self.predicted.tokens_per_s_per_gpu)
+        return self._log_prior
+
+    def breakdown_matrix(self) -> np.ndarray:
+        if self._breakdown is None:
+            b = self.predicted.breakdown_s
+            self._breakdown = np.stack([b[t] for t in self.physics.terms], axis=1)
+        return self._breakdown
+
+    def calibrate(self) -> None:
+        """Fit the step-time model's per-term scales to the runs so far and re-rank every layout."""
+        rows = [i for i, runs in self.runs.items() for _ in runs]
+        if len(rows) < MIN_RUNS_TO_CALIBRATE:
+            return
+        log_tokens = np.array([r for runs in self.runs.values() for r in runs])
+        raw = np.log(self.predicted.tokens_per_s_per_gpu[rows])
+        measured_step_s = self.predicted.step_time_s[rows] * np.exp(raw - log_tokens)
+        self.physics.fit(self.breakdown_matrix()[rows], measured_step_s)
+        calibrated_step_s = self.physics.step_time_s(self.breakdown_matrix())
+        self._log_prior = np.log(self.predicted.tokens_per_s_per_gpu * self.predicted.step_time_s / calibrated_step_s)
 
     def knob_codes(self) -> np.ndarray:
         """One integer column per knob (recompute's three fields as one), for neighbourhoods."""
@@ -164,6 +192,7 @@ class SearchState:
         if self._gp is None:
             self._gp = ResidualGP(self.features().shape[1])
         if n and n != self._gp_runs:
+            self.calibrate()
             rows = [i for i, runs in self.runs.items() for _ in runs]
             residual = np.array([r for i, runs in self.runs.items() for r in runs]) - self.log_prior[rows]
             optimize = n <= OPTIMIZE_ALWAYS_UP_TO or n % OPTIMIZE_EVERY == 0

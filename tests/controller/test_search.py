@@ -168,3 +168,51 @@ def test_the_sampler_drives_a_plain_optuna_study():
     learned = sampler.state.n_runs + len(sampler.state.memory.observations) - sampler.state.n_runs
     assert sampler.state.n_runs >= 1 and learned >= sampler.state.n_runs
     assert AutoStrategy.name == "auto"
+
+
+def test_physics_calibration_recovers_known_term_scales(qwen16):
+    """A cluster whose compute is 20% slower and whose expert all-to-all is 80% slower than the model
+    says: the fitted scales find both from 16 step times, and the calibrated model ranks the layouts
+    the way that cluster does."""
+    from scipy.stats import spearmanr
+
+    from autotune.controller.physics import PhysicsCalibration
+
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    breakdown = state.breakdown_matrix()
+    terms = list(state.physics.terms)
+    true_scale = np.ones(len(terms))
+    true_scale[terms.index("compute")] = 1.2
+    true_scale[terms.index("ep")] = 1.8
+    true_step = breakdown @ true_scale
+    rng = np.random.default_rng(0)
+    sample = rng.choice(np.flatnonzero(state.predicted.fits), 16, replace=False)
+    physics = PhysicsCalibration()
+    physics.fit(breakdown[sample], true_step[sample] * np.exp(rng.normal(0, 0.01, 16)))
+    assert physics.scales["compute"] == pytest.approx(1.2, rel=0.08)
+    assert physics.scales["ep"] == pytest.approx(1.8, rel=0.25)
+    fitting = np.flatnonzero(state.predicted.fits)
+    before = spearmanr(breakdown[fitting].sum(axis=1), true_step[fitting]).statistic
+    after = spearmanr(physics.step_time_s(breakdown[fitting]), true_step[fitting]).statistic
+    assert after > 0.99 and after > before
+
+
+def test_physics_calibration_uses_measured_trace_breakdowns(qwen16):
+    """With an nsys breakdown (compute vs exposed communication), fewer step times pin the scales."""
+    from autotune.controller.physics import PhysicsCalibration
+
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    breakdown = state.breakdown_matrix()
+    terms = list(state.physics.terms)
+    true_scale = np.ones(len(terms))
+    true_scale[terms.index("ep")] = 2.0
+    sample = np.flatnonzero(state.predicted.fits & (breakdown[:, terms.index("ep")] > 0))[:3]
+    comm = ("tp", "cp", "ep", "pp", "dp")
+    mask = np.array([t in comm for t in terms])
+    traces = [(j, {comm: float(breakdown[i, mask] @ true_scale[mask])}) for j, i in enumerate(sample)]
+    with_traces, without = PhysicsCalibration(), PhysicsCalibration()
+    with_traces.fit(breakdown[sample], breakdown[sample] @ true_scale, traces)
+    without.fit(breakdown[sample], breakdown[sample] @ true_scale)
+    assert abs(with_traces.scales["ep"] - 2.0) < abs(without.scales["ep"] - 2.0)

@@ -1,0 +1,103 @@
+"""Calibrating the cost model's physics to the cluster, from the study's own measurements.
+
+The step-time model is a sum of named terms (cost/step_time.py: compute, recompute, overhead, exposed
+TP/CP/EP/PP/DP communication, bubble, optimizer). Each constant behind a term (GEMM efficiency, the
+exposed share of a communication, a link's achieved bandwidth, the per-layer overhead) scales its
+term, so the calibration fits one scale per term:
+
+    step_time(layout) = sum_k scale_k * term_k(layout)
+
+by regularised least squares on log step time: the measured runs pull the scales, a log-normal
+prior (PRIOR_LOG_STD per term, 1 sd around the published calibration's 1.0) holds them where the
+runs say little. Where a trial has an Nsight Systems breakdown (measured compute and exposed
+communication seconds), each measured term adds its own residual. One measurement then re-ranks
+every layout through the physics: a cluster whose network is slower than its datasheet moves every
+layout whose TP or EP group leaves the NVLink domain, measured or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autotune.cost import TERMS
+
+# Prior uncertainty (log, 1 sd) of each term's scale. Compute rests on a fitted efficiency (+-25%);
+# communication terms rest on exposed shares and link efficiencies that vary most between clusters.
+PRIOR_LOG_STD = {"compute": 0.25, "recompute": 0.3, "overhead": 0.5, "tp": 0.6, "cp": 0.6, "ep": 0.6, "pp": 0.6,
+                 "bubble": 0.4, "dp": 0.6, "optimizer": 0.5}
+STEP_NOISE_LOG_STD = 0.03  # one run's step time, log sd (run-to-run noise and what the terms miss)
+TRACE_NOISE_LOG_STD = 0.1  # one measured term of an nsys breakdown, log sd
+
+
+@dataclass
+class PhysicsCalibration:
+    """Per-term scales of the step-time model, fitted to measured step times (see module doc)."""
+
+    terms: tuple[str, ...] = TERMS
+    log_scale: np.ndarray = field(default_factory=lambda: np.zeros(len(TERMS)))
+    n_runs: int = 0
+
+    @property
+    def scales(self) -> dict[str, float]:
+        return {t: float(np.exp(v)) for t, v in zip(self.terms, self.log_scale)}
+
+    def step_time_s(self, breakdown: np.ndarray) -> np.ndarray:
+        """Calibrated step time of layouts whose term seconds are the rows of `breakdown` (n x terms)."""
+        return breakdown @ np.exp(self.log_scale)
+
+    def fit(self, breakdown: np.ndarray, measured_step_s: np.ndarray,
+            traces: list[tuple[int, dict[tuple[str, ...], float]]] | None = None) -> None:
+        """Fit the scales to runs: `breakdown` (runs x terms, predicted seconds), their measured step
+        times, and optional measured seconds of groups of terms per run (index into the runs,
+        {(term, ...): seconds}; an nsys summary gives e.g. compute and exposed communication)."""
+        from scipy.optimize import least_squares
+
+        prior_std = np.array([PRIOR_LOG_STD[t] for t in self.terms])
+        log_measured = np.log(measured_step_s)
+        trace_rows = []
+        for i, groups in traces or []:
+            for group, seconds in groups.items():
+                mask = np.array([t in group for t in self.terms])
+                if seconds > 0 and breakdown[i, mask].sum() > 0:
+                    trace_rows.append((i, mask, np.log(seconds)))
+
+        def residuals(theta: np.ndarray) -> np.ndarray:
+            scale = np.exp(theta)
+            step_s = breakdown @ scale
+            out = [(np.log(np.maximum(step_s, 1e-12)) - log_measured) / STEP_NOISE_LOG_STD, theta / prior_std]
+            if trace_rows:
+                out.append(np.array([(np.log(breakdown[i, mask] @ scale[mask]) - v) / TRACE_NOISE_LOG_STD
+                                     for i, mask, v in trace_rows]))
+            return np.concatenate(out)
+
+        result = least_squares(residuals, self.log_scale, method="trf", max_nfev=200)
+        self.log_scale = np.clip(result.x, -3 * prior_std, 3 * prior_std)
+        self.n_runs = len(measured_step_s)
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        """Each term's fitted scale and its change from the prior (1.0 = the published calibration)."""
+        return {t: {"scale": round(s, 4), "change_pct": round(100 * (s - 1), 1),
+                    "prior_sd_pct": round(100 * (np.exp(PRIOR_LOG_STD[t]) - 1), 1)}
+                for t, s in self.scales.items()}
+
+
+def fit_from_trials(trials) -> dict:
+    """The calibration of a finished study, from its trials' recorded predictions and measurements
+    (what `autotune show STUDY --calibration` prints): term scales and the memory model's ratio."""
+    rows, steps, ratios = [], [], []
+    for t in trials:
+        if t.status != "completed" or not t.step_time_s or not t.predicted:
+            continue
+        breakdown = t.predicted.get("breakdown") or {}
+        rows.append([float(breakdown.get(term, 0.0)) for term in TERMS])
+        steps.append(t.step_time_s)
+        if t.peak_mem_gib and t.predicted.get("peak_mem_gib"):
+            ratios.append(t.peak_mem_gib / t.predicted["peak_mem_gib"])
+    physics = PhysicsCalibration()
+    if len(rows) >= 2:
+        physics.fit(np.array(rows), np.array(steps))
+    return {"runs": len(rows), "step_time_terms": physics.to_dict(),
+            "memory": {"runs": len(ratios), "ratio_mean": float(np.mean(ratios)) if ratios else None,
+                       "ratio_sd": float(np.std(ratios)) if ratios else None}}
