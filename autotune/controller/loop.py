@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.validation import impossible_result, is_plausible_step
 from autotune.config import LayoutConfig, Workload
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller.pruning import SlowBranchPruner
@@ -318,6 +319,8 @@ class Controller:
                 continue
             tick = time.perf_counter()
             for step in steps:
+                if not is_plausible_step(step.step_time_s):
+                    continue  # a launcher's NaN / negative step must not steer the pruner
                 run.steps.append(step.step_time_s)
                 if self.pruner.should_prune(run.steps, self.best_step_time_s):
                     self.dispatcher.cancel(number)
@@ -347,11 +350,12 @@ class Controller:
                 return
             outcome = dataclasses.replace(outcome, status=TrialStatus.FAILED,
                                           error=f"lost on {trial.attempt} attempts: {outcome.error}")
-        metrics = derive_metrics(outcome, self.workload, LayoutConfig.from_mapping(trial.config))
+        outcome, metrics = self._checked(outcome, LayoutConfig.from_mapping(trial.config))
         status = outcome.status.value
         reason = {"oom": "out_of_memory", "pruned": "slow_branch", "timeout": "timeout"}.get(status)
         if status == "failed":
-            reason = "failed"
+            reason = "invalid_result" if (outcome.error or "").startswith(("impossible result", "invalid result")) \
+                else "failed"
         if status == "pruned" and not run.steps:
             reason = "cancelled"
         self.repo.finish_trial(self.study.id, number, status, reason=reason, message=outcome.error,
@@ -364,6 +368,21 @@ class Controller:
                                        peak_mem_gib=metrics["peak_mem_gib"])
         self._learn(finished)
         self._tell(optuna_number, status, metrics, outcome, run.steps)
+
+    def _checked(self, outcome: TrialOutcome, config: LayoutConfig) -> tuple[TrialOutcome, dict]:
+        """The outcome and its metrics (missing ones derived), or a failed outcome when the numbers
+        are impossible (a hostile or broken launcher: see backends.validation)."""
+        metrics = derive_metrics(outcome, self.workload, config)
+        if outcome.status not in (TrialStatus.COMPLETED, TrialStatus.OOM):
+            peak_ok = impossible_result("failed", {"peak_mem_gib": metrics["peak_mem_gib"]}, [], self.workload,
+                                        config.tp) is None
+            return outcome, {**metrics, "peak_mem_gib": metrics["peak_mem_gib"] if peak_ok else None}
+        problem = impossible_result(outcome.status.value, metrics, outcome.step_times_s, self.workload, config.tp)
+        if problem is None:
+            return outcome, metrics
+        failed = dataclasses.replace(outcome, status=TrialStatus.FAILED, step_times_s=[],
+                                     error=f"impossible result ({problem}); reported status {outcome.status.value}")
+        return failed, {key: None for key in metrics}
 
     def _tell(self, number: int | None, status: str, metrics: dict, outcome: TrialOutcome,
               step_times_s: list[float]) -> None:
