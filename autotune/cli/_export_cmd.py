@@ -8,11 +8,12 @@ from pathlib import Path
 
 
 def register(sub) -> None:
+    from autotune.cli._checks import trial_number
     from autotune.cli._study_cmds import add_storage_option
 
     p = sub.add_parser("export", help="export a completed trial (default: the best) for Megatron-Bridge")
     p.add_argument("study")
-    p.add_argument("--trial", type=int, help="trial number (default: the fastest completed trial)")
+    p.add_argument("--trial", type=trial_number, help="trial number (default: the fastest completed trial)")
     p.add_argument("--format", required=True, choices=("recipe", "overrides", "yaml", "json", "table"))
     p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table)")
     add_storage_option(p)
@@ -23,7 +24,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune import export
     from autotune.cli._study_cmds import open_repo
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     if args.format == "table" and args.output and Path(args.output).suffix in (".parquet", ".pq"):
         export.table_frame(repo, study).to_parquet(args.output, index=False)

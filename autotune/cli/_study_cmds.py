@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from autotune.cli._checks import float_in, int_in, port, positive, seconds, seed, trial_number
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
 
 
@@ -18,9 +19,9 @@ def add_storage_option(parser: argparse.ArgumentParser) -> None:
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("dispatch")
     group.add_argument("--ray-address", help="join an existing Ray cluster (default: $RAY_ADDRESS, else a local one)")
-    group.add_argument("--local-gpus", type=int, help="logical GPUs of the local Ray cluster (default: the study's GPUs)")
-    group.add_argument("--max-concurrent", type=int, help="trials at once (default: what the Ray cluster holds)")
-    group.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while running")
+    group.add_argument("--local-gpus", type=positive("--local-gpus"), help="logical GPUs of the local Ray cluster (default: the study's GPUs)")
+    group.add_argument("--max-concurrent", type=positive("--max-concurrent"), help="trials at once (default: what the Ray cluster holds)")
+    group.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on 127.0.0.1:PORT while running")
 
 
 def register(sub) -> None:
@@ -32,14 +33,14 @@ def register(sub) -> None:
     p.add_argument("--command", help="command backend: the program run per trial (an argv, no shell)")
     p.add_argument("--replay", help="replay backend: CSV or Parquet table of measured layouts")
     p.add_argument("--sampler", default="auto", help="auto (model-guided, default), tpe, random or grid")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
     p.add_argument("--study", help="study name (default: MODEL-GPUSg-TIMESTAMP)")
-    p.add_argument("--trial-timeout", type=float, default=3600.0, help="seconds per trial (default 3600)")
-    p.add_argument("--warmup-steps", type=int, default=3)
-    p.add_argument("--measured-steps", type=int, default=5)
+    p.add_argument("--trial-timeout", type=seconds, default=3600.0, help="seconds per trial (default 3600)")
+    p.add_argument("--warmup-steps", type=int_in(1, 10**6, "--warmup-steps"), default=3)
+    p.add_argument("--measured-steps", type=int_in(1, 10**6, "--measured-steps"), default=5)
     p.add_argument("--no-prune", action="store_true", help="never stop slow trials early")
-    p.add_argument("--noise", type=float, help="simulate backend: relative measurement noise (default 0.01)")
-    p.add_argument("--sim-seconds", type=float, help="simulate backend: real seconds per trial (default 0.05)")
+    p.add_argument("--noise", type=float_in(0.0, 1.0, what="--noise"), help="simulate backend: relative measurement noise (default 0.01)")
+    p.add_argument("--sim-seconds", type=float_in(0.0, 86400.0, what="--sim-seconds"), help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     gpu = p.add_argument_group("megatron backend (GPU clusters)")
     gpu.add_argument("--dry-run", action="store_true",
@@ -69,7 +70,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("leaderboard", help="a study's trials, best first")
     p.add_argument("study")
-    p.add_argument("--top", type=int)
+    p.add_argument("--top", type=int_in(0, 10**9, "--top"))
     p.add_argument("--all", action="store_true", help="include layouts rejected before dispatch")
     p.add_argument("--watch", action="store_true", help="refresh until the study ends")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
@@ -78,7 +79,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("show", help="one trial: config, metrics, prediction, overrides, artifacts")
     p.add_argument("study")
-    p.add_argument("trial", type=int)
+    p.add_argument("trial", type=trial_number)
     p.add_argument("--json", action="store_true")
     add_storage_option(p)
     p.set_defaults(handler=cmd_show)
@@ -92,10 +93,11 @@ def wide_console():
     return console if console.is_terminal else Console(width=150)
 
 
-def open_repo(args: argparse.Namespace):
+def open_repo(args: argparse.Namespace, read_only: bool = False):
+    """The store of --storage; `read_only` commands never create one (they say there is none)."""
     from autotune.storage import Repository, default_storage_url
 
-    return Repository.open(args.storage or default_storage_url())
+    return Repository.open(args.storage or default_storage_url(), create=not read_only)
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:
@@ -174,7 +176,7 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from autotune.errors import StudyError
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)  # resuming needs a store that exists
     study = repo.get_study(args.study)
     counts = repo.counts(study.id)
     if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
@@ -280,7 +282,7 @@ class _LiveView:
 def cmd_status(args: argparse.Namespace) -> int:
     from autotune import leaderboard
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     studies = [repo.get_study(args.study)] if args.study else repo.list_studies()
     summaries = [leaderboard.build(repo, s, top=0).summary for s in studies]
     if args.json:
@@ -308,7 +310,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from autotune import leaderboard
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     if args.watch and args.format == "table":
         from rich.console import Console, Group
@@ -340,7 +342,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from autotune.controller.session import study_space_and_workload
     from autotune.overrides import layout_overrides
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     trial = repo.trial(study.id, args.trial)
     _, workload = study_space_and_workload(study)

@@ -19,6 +19,7 @@ from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, load_space, make_workload
 from autotune.storage import Repository, Study
 
+MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
 DEFAULT_OPTIONS = {"warmup_steps": 3, "measured_steps": 5, "trial_timeout_s": 3600.0, "prune_slow": True,
                    "slow_margin": 0.25}
 
@@ -66,8 +67,8 @@ def default_study_name(workload: Workload) -> str:
 def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, sampler: str, backend: str,
                        backend_options: dict[str, Any]) -> None:
     """Every check of `create_study` that needs no database: run it before storage is even opened."""
-    if budget <= 0:
-        raise ConfigError(f"--budget must be a positive number of trials, got {budget}")
+    if not 0 < budget <= MAX_BUDGET:
+        raise ConfigError(f"--budget must be a positive number of trials up to {MAX_BUDGET:,}, got {budget}")
     check_sampler(sampler)
     check_backend(backend, backend_options)
     check_space_not_empty(space, workload)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import keyword
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,6 +22,7 @@ from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
 from autotune.config import KNOBS, PRECISIONS, LayoutConfig, coerce_knob
 from autotune.errors import ConfigError
 
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
 
@@ -121,9 +124,16 @@ class _Reader:
         text = self.typed(value, key, str)
         module, sep, function = text.partition(":")
         parts = module.split(".") + ([function] if with_function else [])
-        if (with_function and not sep) or not all(p.isidentifier() for p in parts):
+        if (with_function and not sep) or not all(IDENTIFIER.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
             form = "package.module:function" if with_function else "an identifier"
             raise self.fail(key, f"must be {form}, got {text!r}")
+        return text
+
+    def identifier(self, value: Any, key: str) -> str:
+        """An ASCII identifier: the model name becomes part of a function name in exported recipes."""
+        text = self.typed(value, key, str)
+        if not IDENTIFIER.fullmatch(text):
+            raise self.fail(key, f"must be an identifier (letters, digits, _; at most 64), got {text[:80]!r}")
         return text
 
     def model(self, doc: dict) -> ModelSpec:
@@ -140,7 +150,7 @@ class _Reader:
         if any(len(pair) != 2 for pair in layouts):
             raise self.fail("pipeline.layouts", "each entry must be a [pp, vpp] pair")
         return ModelSpec(
-            name=self.typed(doc["name"], "name", str),
+            name=self.identifier(doc["name"], "name"),
             display_name=self.typed(doc["display_name"], "display_name", str),
             recipe_function=self.typed(recipe["function"], "recipe.function", str),
             recipe_target=self.typed(recipe["target"], "recipe.target", str),

@@ -19,9 +19,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autotune.errors import StudyError
+from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
-from autotune.storage.migrations import ensure_schema
+from autotune.storage.migrations import current_revision, ensure_schema
 from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
 
 # Imported runs (strategy_note "imported") were not dispatched by autotune: outside the budget.
@@ -110,9 +110,17 @@ class Repository:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str) -> "Repository":
-        """Connect, check the schema (creating it in an empty database) and return the repository."""
-        engine = make_engine(url)
+    def open(cls, url: str, create: bool = True) -> "Repository":
+        """Connect, check the schema (creating it in an empty database) and return the repository.
+
+        `create=False` is for commands that only read: a database without autotune's schema (or a
+        SQLite file that does not exist) is a StorageError, and nothing is created.
+        """
+        engine = make_engine(url, create=create)
+        if not create and current_revision(engine) is None:
+            engine.dispose()
+            raise StorageError(f"no autotune store at {engine.url.render_as_string(hide_password=True)} "
+                               "(nothing to read; `autotune start` creates one)")
         ensure_schema(engine)
         return cls(engine)
 
