@@ -22,16 +22,20 @@ def register(sub) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autotune import export
+    from autotune.errors import ConfigError
     from autotune.cli._study_cmds import open_repo
 
     repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
-    if args.format == "table" and args.output and Path(args.output).suffix in (".parquet", ".pq"):
-        export.table_frame(repo, study).to_parquet(args.output, index=False)
-        return 0
-    text = export.render(repo, study, args.format, args.trial)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    try:
+        if args.format == "table" and args.output and Path(args.output).suffix in (".parquet", ".pq"):
+            export.table_frame(repo, study).to_parquet(args.output, index=False)
+            return 0
+        text = export.render(repo, study, args.format, args.trial)
+        if args.output:
+            Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    except OSError as exc:  # a missing or read-only folder, a full disk
+        raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     return 0

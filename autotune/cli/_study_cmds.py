@@ -114,11 +114,14 @@ def _check_positive(name: str, value: int | float | None) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from autotune.controller.session import check_study_inputs, create_study
+    from autotune.backends._reach import check_reachable
+    from autotune.controller.session import check_study_inputs, check_study_name, create_study
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
     space, workload = load_space_and_workload(args)
+    if args.study is not None:
+        check_study_name(args.study)
     backend_options = {k: v for k, v in (("command", args.command), ("replay", args.replay), ("noise", args.noise),
                                          ("seconds_per_trial", args.sim_seconds), ("workdir", args.workdir),
                                          ("python", args.worker_python), ("dispatcher", args.dispatcher))
@@ -132,6 +135,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
         return _dry_run(space, workload, args, backend_options, options)
+    check_reachable(_ray_address(args))
+    _check_metrics_port(args.metrics_port)
     repo = open_repo(args)
     study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
                          sampler=args.sampler, backend=args.backend, backend_options=backend_options,
@@ -140,6 +145,22 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
               f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
     return _run(repo, study, args)
+
+
+def _check_metrics_port(port: int | None) -> None:
+    """Fail before the study is created (or marked running) when the metrics port cannot be bound."""
+    import socket
+
+    from autotune.errors import ConfigError
+
+    if port is None:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror})") from None
 
 
 def _ranks(text: str) -> list[int]:
@@ -174,8 +195,11 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from autotune.backends._reach import check_reachable
     from autotune.errors import StudyError
 
+    check_reachable(_ray_address(args))
+    _check_metrics_port(args.metrics_port)
     repo = open_repo(args, read_only=True)  # resuming needs a store that exists
     study = repo.get_study(args.study)
     counts = repo.counts(study.id)
