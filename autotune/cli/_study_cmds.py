@@ -217,11 +217,14 @@ def _run(repo, study, args: argparse.Namespace) -> int:
         from autotune.metrics import serve
 
         serve(repo, args.metrics_port)
+    from autotune._signals import sigterm_as_interrupt
+
     view = _LiveView(repo, study, quiet=args.json)
-    with view:
+    with view, sigterm_as_interrupt():
         controller = build_controller(repo, study, ray_address=_ray_address(args), local_gpus=args.local_gpus,
                                       max_concurrent=args.max_concurrent, on_tick=view.tick)
-        summary = controller.run()
+        with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
+            summary = controller.run()
     from autotune import leaderboard
 
     board = leaderboard.build(repo, repo.get_study(study.name), top=10)

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StorageError, StudyError
@@ -117,11 +117,18 @@ class Repository:
         SQLite file that does not exist) is a StorageError, and nothing is created.
         """
         engine = make_engine(url, create=create)
-        if not create and current_revision(engine) is None:
+        where = engine.url.render_as_string(hide_password=True)
+        try:
+            if not create and current_revision(engine) is None:
+                raise StorageError(f"no autotune store at {where} (nothing to read; `autotune start` creates one)")
+            ensure_schema(engine)
+        except SQLAlchemyError as exc:  # a corrupt file, a disk I/O error, a read-only file
             engine.dispose()
-            raise StorageError(f"no autotune store at {engine.url.render_as_string(hide_password=True)} "
-                               "(nothing to read; `autotune start` creates one)")
-        ensure_schema(engine)
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
+            raise StorageError(f"cannot use the store {where}: {first}") from None
+        except StorageError:
+            engine.dispose()
+            raise
         return cls(engine)
 
     @property
