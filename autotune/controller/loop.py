@@ -25,9 +25,11 @@ from typing import Any, Callable
 import numpy as np
 
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.runs import harvest
 from autotune.backends.validation import impossible_result, is_plausible_step
 from autotune.config import LayoutConfig, Workload
 from autotune.controller._optuna import OptunaStudy
+from autotune.controller._recovery import abandoned
 from autotune.controller.pruning import SlowBranchPruner
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import Proposal, Strategy
@@ -183,6 +185,7 @@ class Controller:
         self._last_heartbeat = now
         self.repo.controller_heartbeat(self.study.id, self.controller_id)
         self.repo.heartbeat_trials(self.study.id, list(self.running))
+        self._reconcile_optuna()  # proposals of a controller that died meanwhile, once they are stale
 
     # --- dispatch ------------------------------------------------------------------------------
 
@@ -408,17 +411,17 @@ class Controller:
     # --- recovery ------------------------------------------------------------------------------
 
     def _reconcile_optuna(self) -> None:
-        """Optuna trials left RUNNING by a dead controller that never recorded them are failed;
-        those whose autotune trial already ended are told their outcome."""
+        """Optuna trials a dead controller left RUNNING: unrecorded proposals are failed, those whose
+        autotune trial already ended are told their outcome. Proposals of live controllers (younger
+        than the staleness limit) are left alone (controller/_recovery.py)."""
         trials = {t.optuna_trial_number: t for t in self.repo.trials(self.study.id)
                   if t.optuna_trial_number is not None}
-        for number in self.optuna.running_numbers():
-            trial = trials.get(number)
+        for number, trial in abandoned(self.optuna.study, trials, STALE_AFTER_HEARTBEATS * HEARTBEAT_S):
             if trial is None:
                 self.optuna.tell_fail(number, "the controller stopped before recording this proposal")
             elif trial.status == "rejected":
                 self.optuna.tell_infeasible(number, "legality", 1.0, trial.reason or "rejected")
-            elif trial.finished:
+            else:
                 outcome = TrialOutcome(trial.number, TrialStatus(trial.status), step_time_s=trial.step_time_s,
                                        peak_mem_gib=trial.peak_mem_gib, error=trial.message)
                 self._tell(number, trial.status, {"tokens_per_s_per_gpu": trial.tokens_per_s_per_gpu,
@@ -439,7 +442,19 @@ class Controller:
                 return
             if not self.repo.adopt_trial(self.study.id, trial.number, self.controller_id, cutoff):
                 continue
+            if self._harvest(trial):
+                continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
                                   self.controller_id)
             retried = dataclasses.replace(trial, attempt=trial.attempt + 1, controller_id=self.controller_id)
             self._submit(retried, LayoutConfig.from_mapping(trial.config))
+
+    def _harvest(self, trial: Trial) -> bool:
+        """Record the outcome a run left in its run folder after its controller died (no second run)."""
+        outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
+        if outcome is None:
+            return False
+        config = LayoutConfig.from_mapping(trial.config)
+        adopted = dataclasses.replace(trial, controller_id=self.controller_id)
+        self._finish(_Running(adopted, self._spec(adopted, config)), outcome)
+        return True
