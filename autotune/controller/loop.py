@@ -380,7 +380,9 @@ class Controller:
             peak_ok = impossible_result("failed", {"peak_mem_gib": metrics["peak_mem_gib"]}, [], self.workload,
                                         config.tp) is None
             return outcome, {**metrics, "peak_mem_gib": metrics["peak_mem_gib"] if peak_ok else None}
-        problem = impossible_result(outcome.status.value, metrics, outcome.step_times_s, self.workload, config.tp)
+        status = outcome.status.value  # what the launcher reported is named first, then what follows from it
+        problem = (impossible_result(status, outcome.metrics(), outcome.step_times_s, self.workload, config.tp)
+                   or impossible_result(status, metrics, outcome.step_times_s, self.workload, config.tp))
         if problem is None:
             return outcome, metrics
         failed = dataclasses.replace(outcome, status=TrialStatus.FAILED, step_times_s=[],
