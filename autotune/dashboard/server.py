@@ -239,6 +239,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, _page("not found", "<h1>not found</h1>"))
         except StudyError as exc:
             self._send(404, _page("not found", f"<h1>{escape(str(exc))}</h1>"))
+        except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
+            import sys
+
+            sys.stderr.write(f"autotune dashboard: {self.path[:200]!r}: {exc.__class__.__name__}: {str(exc)[:200]}\n")
+            self._send(500, _page("error", "<h1>this page could not be rendered</h1>"))
 
 
 MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column of trial numbers: a larger one is no trial, not an OverflowError
