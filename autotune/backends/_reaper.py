@@ -86,7 +86,8 @@ def main(argv: list[str]) -> int:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the backend's runner died: go too
     try:
-        child = subprocess.Popen(argv)
+        # the launcher dies with the reaper too (a SIGKILLed reaper runs no clean-up of its own)
+        child = subprocess.Popen(argv, preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
     except OSError as exc:
         sys.stderr.write(f"cannot start {argv[0] if argv else ''!r}: {exc}\n")
         return 127
