@@ -77,13 +77,13 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
                                 error="result says completed but has no step_time_s")
         measured = times[spec.warmup_steps:]
         step_time = sum(measured) / len(measured)
-    wall = result.get("wall_time_s")
+    wall = _float(result.get("wall_time_s"))
     return TrialOutcome(spec.trial, TrialStatus(status), step_time_s=_float(step_time),
                         tokens_per_s_per_gpu=_float(result.get("tokens_per_s_per_gpu")),
                         tflops_per_gpu=_float(result.get("tflops_per_gpu")), mfu=_float(result.get("mfu")),
                         peak_mem_gib=_float(result.get("peak_mem_gib")),
-                        step_times_s=[float(t) for t in result.get("step_times_s") or times],
-                        wall_time_s=float(wall) if is_number(wall) and math.isfinite(wall) and wall > 0 else wall_s,
+                        step_times_s=[_float(t) for t in result.get("step_times_s") or times],
+                        wall_time_s=wall if wall is not None and math.isfinite(wall) and wall > 0 else wall_s,
                         error=_as_text(result.get("error")),
                         artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()})
 
@@ -93,8 +93,8 @@ def _float(value: Any) -> float | None:
         return None
     try:
         return float(value)
-    except OverflowError:  # an integer beyond float range: as impossible as infinity
-        return math.inf
+    except OverflowError:  # an integer beyond float range: as impossible as (signed) infinity
+        return math.inf if value > 0 else -math.inf
 
 
 def peak_tflops(gpu, precision: str) -> float:
