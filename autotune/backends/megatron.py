@@ -28,13 +28,15 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
-from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result
+from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
+from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune.backends.validation import is_plausible_step
 from autotune.errors import ConfigError
@@ -98,7 +100,11 @@ class NodeLauncher:
         return {str(p): p.read_text() for p in Path(directory).glob(pattern) if p.is_file()}
 
     def start(self, command: list[str], env: dict[str, str]) -> int:
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # torchrun under the subreaper, every process marked with a token: nothing of the node's run
+        # outlives the trial, not even a rank's setsid or SIGTERM-ignoring child (see _proctree.py)
+        self.token = uuid.uuid4().hex
+        env = {**env, TRIAL_TOKEN_ENV: self.token}
+        self.process = subprocess.Popen(reaped_argv(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         encoding="utf-8", errors="replace",
                                         env={**os.environ, **env}, start_new_session=True,
                                         preexec_fn=_die_with_parent)
@@ -123,6 +129,7 @@ class NodeLauncher:
     def cancel(self) -> None:
         if self.process is not None:
             kill_group(self.process, KILL_GRACE_S)
+            kill_marked(self.token, KILL_GRACE_S)
 
 
 class MegatronBackend(Backend):
