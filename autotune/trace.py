@@ -72,14 +72,16 @@ def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
         rows = db.execute("SELECT k.start, k.end, k.deviceId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
                           "JOIN StringIds AS s ON s.id = k.shortName").fetchall()
     except sqlite3.Error as exc:
-        raise ConfigError(f"{path} is not an nsys SQLite export with a kernel table ({exc})") from None
+        raise ConfigError(f"{path} is not an nsys SQLite export with a kernel table ({str(exc)[:120]})") from None
     finally:
         if "db" in locals():
             db.close()
     by_device: dict[int, tuple[list[Interval], list[Interval]]] = {}
     for start, end, device, name in rows:
+        if None in (start, end, device, name):
+            continue  # a kernel row without a time, device or name says nothing to sum
         comm, compute = by_device.setdefault(int(device), ([], []))
-        (comm if "nccl" in name.lower() else compute).append((int(start), int(end)))
+        (comm if "nccl" in str(name).lower() else compute).append((int(start), int(end)))
     summaries = []
     for device, (comm, compute) in sorted(by_device.items()):
         comm_u, compute_u = union(comm), union(compute)

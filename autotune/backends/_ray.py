@@ -108,10 +108,13 @@ class RayDispatcher:
                 ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
             else:
                 gpus = self.local_gpus or self.resources.gpus
-                # address="local": always a new local cluster, never one that happens to run on this machine
-                ray.init(address="local", num_cpus=os.cpu_count() or 2, num_gpus=gpus, namespace=NAMESPACE,
-                         include_dashboard=False,
-                         log_to_driver=False, logging_level="ERROR")
+                from autotune._signals import ray_outside_our_group
+
+                # address="local": always a new local cluster, never one that happens to run on this machine;
+                # its processes get their own group, so a SIGTERM to ours does not kill them under us
+                with ray_outside_our_group():
+                    ray.init(address="local", num_cpus=os.cpu_count() or 2, num_gpus=gpus, namespace=NAMESPACE,
+                             include_dashboard=False, log_to_driver=False, logging_level="ERROR")
                 self._owns_ray = True
         total_gpus = int(ray.cluster_resources().get("GPU", 0))
         fits = total_gpus // self.resources.gpus

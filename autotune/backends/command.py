@@ -5,9 +5,15 @@ say so explicitly: `--command "bash -c '...'"`). The TrialSpec is written as JSO
 Lines of stdout of the form {"step": k, "step_time_s": t} are intermediate reports; the last JSON
 line of stdout is the result: {"status": "completed"|"oom"|"failed", "step_time_s", ...}.
 A non-zero exit, no result line, or running past the trial timeout is a failed / timed-out trial
-with the stderr tail kept. The child runs in its own process group, which is killed on cancel and
-on timeout, and dies with its parent (PR_SET_PDEATHSIG) so no orphan outlives a dead worker.
-Options: `command` (the argv or a string to split), `env` (extra environment variables).
+with the stderr tail kept; the result's numbers are checked (backends.validation). Output is decoded
+with replacement (invalid UTF-8 never stops a reader) and both pipes are read at once.
+The command runs under a subreaper (`_reaper.py`) in its own process group, which is killed on
+cancel and on timeout; it dies with its parent (PR_SET_PDEATHSIG), and when the trial ends every
+process still carrying the trial's token in its environment is killed, so no descendant (a `setsid`
+grandchild, one that ignores SIGTERM) outlives the trial. The launcher gets its run folder in
+$AUTOTUNE_TRIAL_DIR (write artifacts there: the dashboard serves nothing else); the outcome is
+written there too, so a controller that died meanwhile is not followed by a second run (runs.py).
+Options: `command` (the argv or a string to split), `env` (extra environment variables), `workdir`.
 """
 
 from __future__ import annotations
@@ -19,12 +25,18 @@ import shlex
 import signal
 import subprocess
 import threading
+import sys
 import time
+import uuid
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
+from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
+from autotune.backends.runs import trial_dir, write_outcome
+from autotune.backends.validation import is_plausible_step, parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -32,7 +44,10 @@ KILL_GRACE_S = 5.0
 
 
 def parse_command(command: str | list[str]) -> list[str]:
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    except ValueError as exc:  # an unbalanced quote
+        raise ConfigError(f"--command {command!r} cannot be split into arguments: {exc}") from None
     if not argv:
         raise ConfigError("--command is empty")
     return argv
@@ -74,40 +89,44 @@ def kill_group(process: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None
 
 
 def outcome_from_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wall_s: float) -> TrialOutcome:
-    status = str(result.get("status", "completed")).lower()
-    if status not in ("completed", "oom", "failed"):
-        return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
-                            error=f"result has unknown status {status!r}")
+    """A launcher's result JSON as an outcome (types checked: see backends.validation)."""
+    return parse_result(spec, result, times, wall_s)
 
-    def number(key: str) -> float | None:
-        value = result.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    step_time = number("step_time_s")
-    if status == "completed" and step_time is None:
-        if len(times) > spec.warmup_steps:
-            measured = times[spec.warmup_steps:]
-            step_time = sum(measured) / len(measured)
-        else:
-            return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
-                                error="result says completed but has no step_time_s")
-    return TrialOutcome(spec.trial, TrialStatus(status), step_time_s=step_time,
-                        tokens_per_s_per_gpu=number("tokens_per_s_per_gpu"), tflops_per_gpu=number("tflops_per_gpu"),
-                        mfu=number("mfu"), peak_mem_gib=number("peak_mem_gib"), step_times_s=times,
-                        wall_time_s=number("wall_time_s") or wall_s, error=result.get("error"),
-                        artifacts={str(k): str(v) for k, v in (result.get("artifacts") or {}).items()})
+REAPER = str(Path(__file__).with_name("_reaper.py"))
+
+
+def reaped_argv(argv: list[str]) -> list[str]:
+    """`argv` run under the subreaper, so no descendant of the launcher outlives the trial."""
+    return [sys.executable, "-S", REAPER, "--", *argv]
 
 
 class CommandBackend(Backend):
     name = "command"
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
+        options = {**self.options, **spec.backend_options}
+        token = uuid.uuid4().hex
+        try:
+            outcome = self._run(spec, report, cancelled, options, token)
+        finally:
+            kill_marked(token, KILL_GRACE_S)  # whatever escaped the reaper (it was killed itself)
+        write_outcome(options, spec, outcome)
+        return outcome
+
+    def _run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event, options: dict[str, Any],
+             token: str) -> TrialOutcome:
         argv = parse_command(self.options["command"])
-        env = {**os.environ, **{str(k): str(v) for k, v in (self.options.get("env") or {}).items()}}
+        directory = trial_dir(options, spec)
+        env = {**os.environ, **{str(k): str(v) for k, v in (self.options.get("env") or {}).items()},
+               TRIAL_TOKEN_ENV: token, "AUTOTUNE_TRIAL_DIR": str(directory)}
         start = time.monotonic()
         try:
-            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True, start_new_session=True, preexec_fn=_die_with_parent, env=env)
+            directory.mkdir(parents=True, exist_ok=True)
+            # errors="replace": one invalid UTF-8 byte must not kill a reader (and block the launcher)
+            process = subprocess.Popen(reaped_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
+                                       start_new_session=True, preexec_fn=_die_with_parent, env=env)
         except OSError as exc:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, error=f"cannot start {argv[0]!r}: {exc}")
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
@@ -161,7 +180,9 @@ class CommandBackend(Backend):
             if value is not None and "step" in value and "status" not in value:
                 try:
                     step, seconds = int(value["step"]), float(value["step_time_s"])
-                except (KeyError, TypeError, ValueError):
+                except (KeyError, TypeError, ValueError, OverflowError):
+                    continue
+                if not is_plausible_step(seconds):
                     continue
                 times.append(seconds)
                 report(StepReport(spec.trial, step, seconds, step <= spec.warmup_steps))

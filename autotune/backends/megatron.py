@@ -28,23 +28,21 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
-from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result
+from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
+from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result, reaped_argv
+from autotune.backends.runs import trial_dir, write_outcome
+from autotune.backends.validation import is_plausible_step
 from autotune.errors import ConfigError
 from autotune.logparse import classify_failure, parse_log
 
 STEP_MARKER = "AUTOTUNE_STEP "
-
-
-def trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
-    root = Path(options.get("workdir") or "/tmp/autotune-runs")
-    safe_study = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in spec.study)
-    return root / safe_study / f"trial{spec.trial}-attempt{spec.attempt}"
 
 
 def node_command(spec: TrialSpec, options: dict[str, Any], node_rank: int, master_addr: str,
@@ -102,7 +100,12 @@ class NodeLauncher:
         return {str(p): p.read_text() for p in Path(directory).glob(pattern) if p.is_file()}
 
     def start(self, command: list[str], env: dict[str, str]) -> int:
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # torchrun under the subreaper, every process marked with a token: nothing of the node's run
+        # outlives the trial, not even a rank's setsid or SIGTERM-ignoring child (see _proctree.py)
+        self.token = uuid.uuid4().hex
+        env = {**env, TRIAL_TOKEN_ENV: self.token}
+        self.process = subprocess.Popen(reaped_argv(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        encoding="utf-8", errors="replace",
                                         env={**os.environ, **env}, start_new_session=True,
                                         preexec_fn=_die_with_parent)
         threading.Thread(target=self._pump, daemon=True).start()
@@ -126,6 +129,7 @@ class NodeLauncher:
     def cancel(self) -> None:
         if self.process is not None:
             kill_group(self.process, KILL_GRACE_S)
+            kill_marked(self.token, KILL_GRACE_S)
 
 
 class MegatronBackend(Backend):
@@ -152,7 +156,9 @@ class MegatronBackend(Backend):
                                           scheduling_strategy=PlacementGroupSchedulingStrategy(group, i))
                      .remote() for i in range(nodes)]
         try:
-            return self._run(spec, report, cancelled, launchers)
+            outcome = self._run(spec, report, cancelled, launchers)
+            write_outcome({**self.options, **spec.backend_options}, spec, outcome)  # for a harvest after a crash
+            return outcome
         finally:
             for launcher in launchers:
                 try:
@@ -184,11 +190,10 @@ class MegatronBackend(Backend):
             polls = ray.get([l.poll.remote() for l in launchers])
             for _code, lines in polls:
                 for line in lines:
-                    if line.startswith(STEP_MARKER):
-                        step = json.loads(line[len(STEP_MARKER):])
-                        times.append(float(step["step_time_s"]))
-                        report(StepReport(spec.trial, int(step["step"]), times[-1],
-                                          int(step["step"]) <= spec.warmup_steps))
+                    step = _step_line(line)
+                    if step is not None:
+                        times.append(step[1])
+                        report(StepReport(spec.trial, step[0], step[1], step[0] <= spec.warmup_steps))
             codes = [code for code, _ in polls]
             if any(code not in (None, 0) for code in codes) or all(code == 0 for code in codes):
                 status = "exited"
@@ -204,12 +209,12 @@ class MegatronBackend(Backend):
 
         result_text = ray.get(launchers[0].read.remote(str(directory / "result.json")))
         artifacts = self._artifacts(launchers, directory, options)
-        if result_text:
-            result = json.loads(result_text)
+        result = _json_object(result_text)
+        if result is not None:
             outcome = outcome_from_result(spec, result, result.get("step_times_s", times), wall)
             return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts})
-        failures = [json.loads(text) for l in launchers
-                    for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()]
+        failures = [f for l in launchers for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
+                    if (f := _json_object(text)) is not None]
         failure = merge_rank_failures(failures)
         logs = "".join(ray.get([l.log_tail.remote() for l in launchers]))
         if failure is None:  # no file at all: fall back to the log
@@ -232,6 +237,26 @@ class MegatronBackend(Backend):
             for path in ray.get(launchers[0].glob.remote(str(directory), "memory_snapshot*.pickle")):
                 found[f"memory:{Path(path).stem}"] = path
         return found
+
+
+def _json_object(text: str | None) -> dict | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _step_line(line: str) -> tuple[int, float] | None:
+    """(step, seconds) of a rank-0 step line; None for any other line or a malformed / impossible one."""
+    if not line.startswith(STEP_MARKER):
+        return None
+    value = _json_object(line[len(STEP_MARKER):])
+    try:
+        step, seconds = int(value["step"]), float(value["step_time_s"])
+    except (TypeError, KeyError, ValueError, OverflowError):
+        return None
+    return (step, seconds) if is_plausible_step(seconds) else None
 
 
 def dry_run_lines(spec: TrialSpec, options: dict[str, Any]) -> list[str]:

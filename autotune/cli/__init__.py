@@ -52,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         sys.stderr.write(f"autotune {args.subcommand}: error: {exc}\n")
         return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("autotune: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:
+        from autotune._signals import Terminated
+
+        terminated = isinstance(exc, Terminated)
+        sys.stderr.write(f"autotune: interrupted{' (SIGTERM)' if terminated else ''}\n")
+        return 143 if terminated else 130
     except BrokenPipeError:
         return 0
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+from autotune.cli._checks import check_port, port_or_zero
 
 
 def register(sub) -> None:
@@ -11,7 +14,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("dashboard", help="serve the web dashboard (reads the SQL store only)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=port_or_zero, default=8080)
     add_storage_option(p)
     p.set_defaults(handler=cmd_dashboard)
 
@@ -27,7 +30,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune.dashboard.server import make_server
     from autotune.errors import ConfigError
 
-    repo = open_repo(args)
+    check_port("--port", args.port, allow_zero=True)
+    repo = open_repo(args, read_only=True)
+    if not is_loopback(args.host):
+        sys.stderr.write(f"autotune dashboard: warning: --host {args.host} serves every study, its configs and "
+                         "artifacts to anyone who can reach this address; the dashboard has no authentication. "
+                         "Prefer the default 127.0.0.1 with an SSH tunnel.\n")
     try:
         server = make_server(repo, args.host, args.port)
     except OSError as exc:
@@ -43,12 +51,24 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def is_loopback(host: str) -> bool:
+    """True when `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from autotune import leaderboard
     from autotune.cli._study_cmds import open_repo, wide_console
     from autotune.config import LayoutConfig
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     summaries = [leaderboard.build(repo, repo.get_study(name), top=0).summary for name in args.studies]
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))

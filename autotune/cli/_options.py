@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from autotune.cli._checks import positive
 from autotune.config import KNOBS, LayoutConfig, Workload, coerce_knob
 from autotune.errors import ConfigError
 
@@ -13,11 +14,11 @@ def add_workload_options(parser: argparse.ArgumentParser, model_required: bool =
     group = parser.add_argument_group("model and cluster (defaults come from the model's recipe)")
     group.add_argument("--model", required=model_required, help="catalog name (see `autotune models`)")
     group.add_argument("--space", help="a search-space YAML file to use instead of the model's own")
-    group.add_argument("--gpus", type=int, help="GPUs one trial uses (the world size)")
-    group.add_argument("--gpus-per-node", type=int)
+    group.add_argument("--gpus", type=positive("--gpus"), help="GPUs one trial uses (the world size)")
+    group.add_argument("--gpus-per-node", type=positive("--gpus-per-node"))
     group.add_argument("--gpu", help="GPU type: a100, h100, h200, b200, b300, gb200, gb300")
-    group.add_argument("--global-batch-size", type=int)
-    group.add_argument("--seq-length", type=int)
+    group.add_argument("--global-batch-size", type=positive("--global-batch-size"))
+    group.add_argument("--seq-length", type=positive("--seq-length"))
     group.add_argument("--precision", help="bf16, fp8, mxfp8 or nvfp4")
 
 

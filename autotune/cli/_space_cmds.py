@@ -128,6 +128,10 @@ def _parse_line(number: int, line: str):
         value = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"stdin line {number} is not JSON ({exc.msg})") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise ConfigError(f"stdin line {number} is not usable JSON ({str(exc)[:80]})") from None
+    except RecursionError:
+        raise ConfigError(f"stdin line {number} nests too deeply") from None
     try:
         return LayoutConfig.from_mapping(value)
     except ConfigError as exc:

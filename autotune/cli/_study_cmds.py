@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from autotune.cli._checks import float_in, int_in, port, positive, seconds, seed, trial_number
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
 
 
@@ -18,9 +19,9 @@ def add_storage_option(parser: argparse.ArgumentParser) -> None:
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("dispatch")
     group.add_argument("--ray-address", help="join an existing Ray cluster (default: $RAY_ADDRESS, else a local one)")
-    group.add_argument("--local-gpus", type=int, help="logical GPUs of the local Ray cluster (default: the study's GPUs)")
-    group.add_argument("--max-concurrent", type=int, help="trials at once (default: what the Ray cluster holds)")
-    group.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while running")
+    group.add_argument("--local-gpus", type=positive("--local-gpus"), help="logical GPUs of the local Ray cluster (default: the study's GPUs)")
+    group.add_argument("--max-concurrent", type=positive("--max-concurrent"), help="trials at once (default: what the Ray cluster holds)")
+    group.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on 127.0.0.1:PORT while running")
 
 
 def register(sub) -> None:
@@ -32,20 +33,20 @@ def register(sub) -> None:
     p.add_argument("--command", help="command backend: the program run per trial (an argv, no shell)")
     p.add_argument("--replay", help="replay backend: CSV or Parquet table of measured layouts")
     p.add_argument("--sampler", default="auto", help="auto (model-guided, default), tpe, random or grid")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
     p.add_argument("--study", help="study name (default: MODEL-GPUSg-TIMESTAMP)")
-    p.add_argument("--trial-timeout", type=float, default=3600.0, help="seconds per trial (default 3600)")
-    p.add_argument("--warmup-steps", type=int, default=3)
-    p.add_argument("--measured-steps", type=int, default=5)
+    p.add_argument("--trial-timeout", type=seconds, default=3600.0, help="seconds per trial (default 3600)")
+    p.add_argument("--warmup-steps", type=int_in(1, 10**6, "--warmup-steps"), default=3)
+    p.add_argument("--measured-steps", type=int_in(1, 10**6, "--measured-steps"), default=5)
     p.add_argument("--no-prune", action="store_true", help="never stop slow trials early")
-    p.add_argument("--validate-steps", type=int, default=0, metavar="N",
+    p.add_argument("--validate-steps", type=int_in(0, 10**6, "--validate-steps"), default=0, metavar="N",
                    help="after the budget, run the winner (and the runner-up when within the noise) again "
                         "with N measured steps, outside the budget, reported apart (default: no validation)")
-    p.add_argument("--memory-headroom-gib", type=float, metavar="GIB",
+    p.add_argument("--memory-headroom-gib", type=float_in(0.0, 1e6, what="--memory-headroom-gib"), metavar="GIB",
                    help="the recommended layout keeps this much below the GPU's memory (default: 4%% of it, "
                         "twice the run-to-run spread of a measured peak)")
-    p.add_argument("--noise", type=float, help="simulate backend: relative measurement noise (default 0.01)")
-    p.add_argument("--sim-seconds", type=float, help="simulate backend: real seconds per trial (default 0.05)")
+    p.add_argument("--noise", type=float_in(0.0, 1.0, what="--noise"), help="simulate backend: relative measurement noise (default 0.01)")
+    p.add_argument("--sim-seconds", type=float_in(0.0, 86400.0, what="--sim-seconds"), help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     gpu = p.add_argument_group("megatron backend (GPU clusters)")
     gpu.add_argument("--dry-run", action="store_true",
@@ -75,7 +76,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("leaderboard", help="a study's trials, best first")
     p.add_argument("study")
-    p.add_argument("--top", type=int)
+    p.add_argument("--top", type=int_in(0, 10**9, "--top"))
     p.add_argument("--all", action="store_true", help="include layouts rejected before dispatch")
     p.add_argument("--watch", action="store_true", help="refresh until the study ends")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
@@ -84,7 +85,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("show", help="one trial: config, metrics, prediction, overrides, artifacts")
     p.add_argument("study")
-    p.add_argument("trial", type=int, nargs="?", help="trial number (omit with --calibration)")
+    p.add_argument("trial", type=trial_number, nargs="?", help="trial number (omit with --calibration)")
     p.add_argument("--calibration", action="store_true",
                    help="the cost model's per-term scales fitted to the study's measurements, and the memory "
                         "model's measured/predicted peak ratio")
@@ -101,10 +102,11 @@ def wide_console():
     return console if console.is_terminal else Console(width=150)
 
 
-def open_repo(args: argparse.Namespace):
+def open_repo(args: argparse.Namespace, read_only: bool = False):
+    """The store of --storage; `read_only` commands never create one (they say there is none)."""
     from autotune.storage import Repository, default_storage_url
 
-    return Repository.open(args.storage or default_storage_url())
+    return Repository.open(args.storage or default_storage_url(), create=not read_only)
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:
@@ -121,11 +123,14 @@ def _check_positive(name: str, value: int | float | None) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from autotune.controller.session import check_study_inputs, create_study
+    from autotune.backends._reach import check_reachable
+    from autotune.controller.session import check_study_inputs, check_study_name, create_study
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
     space, workload = load_space_and_workload(args)
+    if args.study is not None:
+        check_study_name(args.study)
     backend_options = {k: v for k, v in (("command", args.command), ("replay", args.replay), ("noise", args.noise),
                                          ("seconds_per_trial", args.sim_seconds), ("workdir", args.workdir),
                                          ("python", args.worker_python), ("dispatcher", args.dispatcher))
@@ -135,16 +140,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.memory_snapshot:
         backend_options["memory_snapshot"] = True
     _check_headroom(args.memory_headroom_gib, workload)
-    if args.validate_steps < 0:
-        from autotune.errors import ConfigError
-
-        raise ConfigError(f"--validate-steps must be >= 0, got {args.validate_steps}")
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
                "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib}
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
         return _dry_run(space, workload, args, backend_options, options)
+    check_reachable(_ray_address(args))
+    _check_metrics_port(args.metrics_port)
     repo = open_repo(args)
     study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
                          sampler=args.sampler, backend=args.backend, backend_options=backend_options,
@@ -169,6 +172,22 @@ def _check_headroom(headroom_gib: float | None, workload) -> None:
     limit = workload.cluster.gpu.memory_gib
     if headroom_gib is not None and not (math.isfinite(headroom_gib) and 0 <= headroom_gib < limit):
         raise ConfigError(f"--memory-headroom-gib must be between 0 and the GPU's {limit:g} GiB, got {headroom_gib}")
+
+
+def _check_metrics_port(port: int | None) -> None:
+    """Fail before the study is created (or marked running) when the metrics port cannot be bound."""
+    import socket
+
+    from autotune.errors import ConfigError
+
+    if port is None:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror})") from None
 
 
 def _ranks(text: str) -> list[int]:
@@ -203,9 +222,12 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from autotune.backends._reach import check_reachable
     from autotune.errors import StudyError
 
-    repo = open_repo(args)
+    check_reachable(_ray_address(args))
+    _check_metrics_port(args.metrics_port)
+    repo = open_repo(args, read_only=True)  # resuming needs a store that exists
     study = repo.get_study(args.study)
     counts = repo.counts(study.id)
     if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
@@ -222,11 +244,14 @@ def _run(repo, study, args: argparse.Namespace) -> int:
         from autotune.metrics import serve
 
         serve(repo, args.metrics_port)
+    from autotune._signals import sigterm_as_interrupt
+
     view = _LiveView(repo, study, quiet=args.json)
-    with view:
+    with view, sigterm_as_interrupt():
         controller = build_controller(repo, study, ray_address=_ray_address(args), local_gpus=args.local_gpus,
                                       max_concurrent=args.max_concurrent, on_tick=view.tick)
-        summary = controller.run()
+        with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
+            summary = controller.run()
     from autotune import leaderboard
 
     board = leaderboard.build(repo, repo.get_study(study.name), top=10)
@@ -311,7 +336,7 @@ class _LiveView:
 def cmd_status(args: argparse.Namespace) -> int:
     from autotune import leaderboard
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     studies = [repo.get_study(args.study)] if args.study else repo.list_studies()
     summaries = [leaderboard.build(repo, s, top=0).summary for s in studies]
     if args.json:
@@ -339,7 +364,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from autotune import leaderboard
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     if args.watch and args.format == "table":
         from rich.console import Console, Group
@@ -397,7 +422,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     from autotune.errors import ConfigError
 
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     if args.calibration:
         return _show_calibration(repo, study, args.json)

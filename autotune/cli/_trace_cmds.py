@@ -60,7 +60,7 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     path = Path(args.log)
     if not path.is_file():
         raise ConfigError(f"log file {path} does not exist")
-    repo = open_repo(args)
+    repo = open_repo(args, read_only=True)  # the study must exist already
     trial = import_log(repo, repo.get_study(args.study), layout_from_flags(args), path.read_text(errors="replace"),
                        source=str(path))
     if args.json:

@@ -7,6 +7,7 @@ like any measurement. It does not use up the study's dispatch budget: autotune d
 
 from __future__ import annotations
 
+from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller.session import study_space_and_workload
@@ -32,10 +33,16 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
     metrics = {"peak_mem_gib": parsed.max_reserved_gib or parsed.max_allocated_gib}
     if status == "completed":
         step = parsed.step_time_s
+        if not step > 0:
+            raise ConfigError(f"{source}: the log's mean iteration time is {step * 1000:g} ms: not a measurement")
         tokens = tokens_per_s_per_gpu(workload.global_batch_size, workload.seq_length, workload.cluster.gpus, step)
         tflops = parsed.mean_tflops_per_gpu  # Megatron's own figure from the log
         metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
                        mfu=tflops / workload.cluster.gpu.bf16_peak_tflops if tflops else None)
+    problem = impossible_result(status, {**dict.fromkeys(METRIC_KEYS), **metrics},
+                                parsed.measured_times(), workload, layout.tp)
+    if problem:
+        raise ConfigError(f"{source}: impossible figures in the log ({problem}); nothing imported")
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False)
     number = optuna.add_measured(layout, metrics.get("tokens_per_s_per_gpu"), oom=status == "oom")
     trial = repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,

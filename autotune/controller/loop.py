@@ -25,8 +25,11 @@ from typing import Any, Callable
 import numpy as np
 
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.runs import harvest
+from autotune.backends.validation import impossible_result, is_plausible_step
 from autotune.config import LayoutConfig, Workload
 from autotune.controller._optuna import OptunaStudy
+from autotune.controller._recovery import abandoned
 from autotune.controller.pruning import SlowBranchPruner
 from autotune.controller.recommend import Recommendation, recommend, default_headroom_gib
 from autotune.controller.state import P_FIT_REJECT, SearchState
@@ -200,6 +203,7 @@ class Controller:
         self._last_heartbeat = now
         self.repo.controller_heartbeat(self.study.id, self.controller_id)
         self.repo.heartbeat_trials(self.study.id, list(self.running))
+        self._reconcile_optuna()  # proposals of a controller that died meanwhile, once they are stale
 
     # --- dispatch ------------------------------------------------------------------------------
 
@@ -340,6 +344,8 @@ class Controller:
                 continue
             tick = time.perf_counter()
             for step in steps:
+                if not is_plausible_step(step.step_time_s):
+                    continue  # a launcher's NaN / negative step must not steer the pruner
                 run.steps.append(step.step_time_s)
                 if self.pruner.should_prune(run.steps, self.best_step_time_s):
                     self.dispatcher.cancel(number)
@@ -369,11 +375,12 @@ class Controller:
                 return
             outcome = dataclasses.replace(outcome, status=TrialStatus.FAILED,
                                           error=f"lost on {trial.attempt} attempts: {outcome.error}")
-        metrics = derive_metrics(outcome, self.workload, LayoutConfig.from_mapping(trial.config))
+        outcome, metrics = self._checked(outcome, LayoutConfig.from_mapping(trial.config))
         status = outcome.status.value
         reason = {"oom": "out_of_memory", "pruned": "slow_branch", "timeout": "timeout"}.get(status)
         if status == "failed":
-            reason = "failed"
+            reason = "invalid_result" if (outcome.error or "").startswith(("impossible result", "invalid result")) \
+                else "failed"
         if status == "pruned" and not run.steps:
             reason = "cancelled"
         self.repo.finish_trial(self.study.id, number, status, reason=reason, message=outcome.error,
@@ -386,6 +393,23 @@ class Controller:
                                        peak_mem_gib=metrics["peak_mem_gib"])
         self._learn(finished)
         self._tell(optuna_number, status, metrics, outcome, run.steps)
+
+    def _checked(self, outcome: TrialOutcome, config: LayoutConfig) -> tuple[TrialOutcome, dict]:
+        """The outcome and its metrics (missing ones derived), or a failed outcome when the numbers
+        are impossible (a hostile or broken launcher: see backends.validation)."""
+        metrics = derive_metrics(outcome, self.workload, config)
+        if outcome.status not in (TrialStatus.COMPLETED, TrialStatus.OOM):
+            peak_ok = impossible_result("failed", {"peak_mem_gib": metrics["peak_mem_gib"]}, [], self.workload,
+                                        config.tp) is None
+            return outcome, {**metrics, "peak_mem_gib": metrics["peak_mem_gib"] if peak_ok else None}
+        status = outcome.status.value  # what the launcher reported is named first, then what follows from it
+        problem = (impossible_result(status, outcome.metrics(), outcome.step_times_s, self.workload, config.tp)
+                   or impossible_result(status, metrics, outcome.step_times_s, self.workload, config.tp))
+        if problem is None:
+            return outcome, metrics
+        failed = dataclasses.replace(outcome, status=TrialStatus.FAILED, step_times_s=[],
+                                     error=f"impossible result ({problem}); reported status {outcome.status.value}")
+        return failed, {key: None for key in metrics}
 
     def _tell(self, number: int | None, status: str, metrics: dict, outcome: TrialOutcome,
               step_times_s: list[float]) -> None:
@@ -446,17 +470,17 @@ class Controller:
     # --- recovery ------------------------------------------------------------------------------
 
     def _reconcile_optuna(self) -> None:
-        """Optuna trials left RUNNING by a dead controller that never recorded them are failed;
-        those whose autotune trial already ended are told their outcome."""
+        """Optuna trials a dead controller left RUNNING: unrecorded proposals are failed, those whose
+        autotune trial already ended are told their outcome. Proposals of live controllers (younger
+        than the staleness limit) are left alone (controller/_recovery.py)."""
         trials = {t.optuna_trial_number: t for t in self.repo.trials(self.study.id)
                   if t.optuna_trial_number is not None}
-        for number in self.optuna.running_numbers():
-            trial = trials.get(number)
+        for number, trial in abandoned(self.optuna.study, trials, STALE_AFTER_HEARTBEATS * HEARTBEAT_S):
             if trial is None:
                 self.optuna.tell_fail(number, "the controller stopped before recording this proposal")
             elif trial.status == "rejected":
                 self.optuna.tell_infeasible(number, "legality", 1.0, trial.reason or "rejected")
-            elif trial.finished:
+            else:
                 outcome = TrialOutcome(trial.number, TrialStatus(trial.status), step_time_s=trial.step_time_s,
                                        peak_mem_gib=trial.peak_mem_gib, error=trial.message)
                 self._tell(number, trial.status, {"tokens_per_s_per_gpu": trial.tokens_per_s_per_gpu,
@@ -477,7 +501,19 @@ class Controller:
                 return
             if not self.repo.adopt_trial(self.study.id, trial.number, self.controller_id, cutoff):
                 continue
+            if self._harvest(trial):
+                continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
                                   self.controller_id)
             retried = dataclasses.replace(trial, attempt=trial.attempt + 1, controller_id=self.controller_id)
             self._submit(retried, LayoutConfig.from_mapping(trial.config))
+
+    def _harvest(self, trial: Trial) -> bool:
+        """Record the outcome a run left in its run folder after its controller died (no second run)."""
+        outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
+        if outcome is None:
+            return False
+        config = LayoutConfig.from_mapping(trial.config)
+        adopted = dataclasses.replace(trial, controller_id=self.controller_id)
+        self._finish(_Running(adopted, self._spec(adopted, config)), outcome)
+        return True

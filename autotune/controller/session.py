@@ -19,6 +19,8 @@ from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, load_space, make_workload
 from autotune.storage import Repository, Study
 
+MAX_STUDY_NAME = 200  # autotune_studies.name is String(200)
+MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
 DEFAULT_OPTIONS = {"warmup_steps": 3, "measured_steps": 5, "trial_timeout_s": 3600.0, "prune_slow": True,
                    "slow_margin": 0.25}
 
@@ -75,8 +77,8 @@ def default_study_name(workload: Workload) -> str:
 def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, sampler: str, backend: str,
                        backend_options: dict[str, Any]) -> None:
     """Every check of `create_study` that needs no database: run it before storage is even opened."""
-    if budget <= 0:
-        raise ConfigError(f"--budget must be a positive number of trials, got {budget}")
+    if not 0 < budget <= MAX_BUDGET:
+        raise ConfigError(f"--budget must be a positive number of trials up to {MAX_BUDGET:,}, got {budget}")
     check_sampler(sampler)
     check_backend(backend, backend_options)
     check_space_not_empty(space, workload)
@@ -93,17 +95,50 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
     from autotune.controller._optuna import OptunaStudy
 
     check_study_inputs(space, workload, budget, sampler, backend, backend_options)
-    name = name or default_study_name(workload)
+    name = check_study_name(name or default_study_name(workload))
+    check_options(options or {})
     if repo.find_study(name) is not None:
         raise StudyError(f"study {name!r} already exists: continue it with `autotune resume {name}` "
                          "or choose another --study")
     optuna_name = f"autotune:{name}"
+    _drop_orphan_optuna_study(repo.url, optuna_name)
     OptunaStudy(repo.url, optuna_name, space, sampler, seed, create=True)
-    return repo.create_study(name=name, model=workload.model.name, workload=workload.to_dict(),
-                             space=space.to_dict(), budget=budget, sampler=sampler, backend=backend,
-                             backend_options=backend_options,
-                             options={**DEFAULT_OPTIONS, **(options or {}), "seed": seed},
-                             optuna_study_name=optuna_name, status="created")
+    try:
+        return repo.create_study(name=name, model=workload.model.name, workload=workload.to_dict(),
+                                 space=space.to_dict(), budget=budget, sampler=sampler, backend=backend,
+                                 backend_options=backend_options,
+                                 options={**DEFAULT_OPTIONS, **(options or {}), "seed": seed},
+                                 optuna_study_name=optuna_name, status="created")
+    except BaseException:
+        _drop_orphan_optuna_study(repo.url, optuna_name)  # both records or neither
+        raise
+
+
+def check_study_name(name: str) -> str:
+    """A study name the stores take: 1..200 printable characters (no newline, no control character)."""
+    if not name or len(name) > MAX_STUDY_NAME or not name.isprintable():
+        raise ConfigError(f"--study must be 1..{MAX_STUDY_NAME} printable characters, got {len(name)} "
+                          f"character(s): {name[:40]!r}")
+    return name
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Study options are stored as JSON: every number finite (NaN would be stored and obeyed)."""
+    import math
+
+    for key, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"option {key} must be a finite number, got {value}")
+
+
+def _drop_orphan_optuna_study(url: str, optuna_name: str) -> None:
+    """Delete an Optuna study that has no autotune study (left by a start that failed half-way)."""
+    import optuna
+
+    try:
+        optuna.delete_study(study_name=optuna_name, storage=url)
+    except KeyError:
+        pass  # there was none
 
 
 def study_space_and_workload(study: Study) -> tuple[SearchSpace, Workload]:

@@ -6,7 +6,7 @@ refresh while a study runs, so the page needs no JavaScript and nothing from the
   /                         studies, side by side (select several to compare)
   /study/<name>             leaderboard (sortable), throughput by trial, memory vs throughput
   /study/<name>/trial/<n>   one trial: config, metrics, prediction and breakdown, overrides, artifacts
-  /artifact/<name>/<n>/<k>  an artifact file recorded by that trial (only recorded paths are served)
+  /artifact/<name>/<n>/<k>  an artifact file recorded by that trial, only from inside the study's run folder
   /api/study/<name>         the leaderboard as JSON
   /metrics                  Prometheus metrics of every study
 """
@@ -180,11 +180,17 @@ class DashboardApp:
         return _page(f"{name} trial {number}", body)
 
     def artifact(self, name: str, number: int, key: str) -> tuple[bytes, str] | None:
+        """An artifact's bytes, only when the recorded path resolves into the study's own run folder."""
+        from autotune.dashboard._artifacts import read_confined
+
         study = self.repo.get_study(name)
         path = (self.repo.trial(study.id, number).artifacts or {}).get(key)
-        if not isinstance(path, str) or not Path(path).is_file():
+        if not isinstance(path, str):
             return None
-        return Path(path).read_bytes(), mimetypes.guess_type(path)[0] or "application/octet-stream"
+        data = read_confined(path, study.backend_options, study.name)
+        if data is None:
+            return None
+        return data, mimetypes.guess_type(path)[0] or "application/octet-stream"
 
     def api(self, name: str) -> bytes:
         return leaderboard.to_json(leaderboard.build(self.repo, self.repo.get_study(name))).encode()
@@ -221,9 +227,9 @@ class _Handler(BaseHTTPRequestHandler):
             elif parts[0] == "study" and len(parts) == 2:
                 self._send(200, self.app.study_page(parts[1], query.get("sort", ["tokens_per_s_per_gpu"])[0],
                                                     query.get("order", ["desc"])[0]))
-            elif parts[0] == "study" and len(parts) == 4 and parts[2] == "trial" and parts[3].isdigit():
+            elif parts[0] == "study" and len(parts) == 4 and parts[2] == "trial" and _trial_number(parts[3]):
                 self._send(200, self.app.trial_page(parts[1], int(parts[3])))
-            elif parts[0] == "artifact" and len(parts) == 4 and parts[2].isdigit():
+            elif parts[0] == "artifact" and len(parts) == 4 and _trial_number(parts[2]):
                 found = self.app.artifact(parts[1], int(parts[2]), parts[3])
                 if found is None:
                     self._send(404, _page("not found", "<h1>artifact not found</h1>"))
@@ -233,6 +239,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, _page("not found", "<h1>not found</h1>"))
         except StudyError as exc:
             self._send(404, _page("not found", f"<h1>{escape(str(exc))}</h1>"))
+        except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
+            import sys
+
+            sys.stderr.write(f"autotune dashboard: {self.path[:200]!r}: {exc.__class__.__name__}: {str(exc)[:200]}\n")
+            self._send(500, _page("error", "<h1>this page could not be rendered</h1>"))
+
+
+MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column of trial numbers: a larger one is no trial, not an OverflowError
+
+
+def _trial_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_TRIAL_NUMBER
 
 
 def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:

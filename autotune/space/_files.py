@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import keyword
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,7 +21,9 @@ import yaml
 from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
 from autotune.config import KNOBS, PRECISIONS, LayoutConfig, coerce_knob
 from autotune.errors import ConfigError
+from autotune.space._arch_checks import architecture_problem
 
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
 
@@ -80,6 +84,12 @@ def _load_path(path: str) -> SearchSpace:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file (invalid UTF-8): a search space is YAML") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests too deeply to be a search space") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read search space file {path}: {exc.strerror}") from None
     return _Reader(path).space(document)
 
 
@@ -121,9 +131,16 @@ class _Reader:
         text = self.typed(value, key, str)
         module, sep, function = text.partition(":")
         parts = module.split(".") + ([function] if with_function else [])
-        if (with_function and not sep) or not all(p.isidentifier() for p in parts):
+        if (with_function and not sep) or not all(IDENTIFIER.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
             form = "package.module:function" if with_function else "an identifier"
             raise self.fail(key, f"must be {form}, got {text!r}")
+        return text
+
+    def identifier(self, value: Any, key: str) -> str:
+        """An ASCII identifier: the model name becomes part of a function name in exported recipes."""
+        text = self.typed(value, key, str)
+        if not IDENTIFIER.fullmatch(text):
+            raise self.fail(key, f"must be an identifier (letters, digits, _; at most 64), got {text[:80]!r}")
         return text
 
     def model(self, doc: dict) -> ModelSpec:
@@ -135,12 +152,12 @@ class _Reader:
             raise self.fail("hf.extra", "must be a mapping of HF config values")
         pipeline = self.mapping(doc["pipeline"], "pipeline",
                                 ("account_for_embedding", "account_for_loss", "layouts", "layout_function"))
-        layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair)
-                        for pair in pipeline.get("layouts") or [])
-        if any(len(pair) != 2 for pair in layouts):
-            raise self.fail("pipeline.layouts", "each entry must be a [pp, vpp] pair")
+        raw_layouts = pipeline.get("layouts") or []
+        if not isinstance(raw_layouts, list) or not all(isinstance(p, list) and len(p) == 2 for p in raw_layouts):
+            raise self.fail("pipeline.layouts", "must be a list of [pp, vpp] pairs")
+        layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair) for pair in raw_layouts)
         return ModelSpec(
-            name=self.typed(doc["name"], "name", str),
+            name=self.identifier(doc["name"], "name"),
             display_name=self.typed(doc["display_name"], "display_name", str),
             recipe_function=self.typed(recipe["function"], "recipe.function", str),
             recipe_target=self.typed(recipe["target"], "recipe.target", str),
@@ -166,7 +183,11 @@ class _Reader:
             typed[name] = self.typed(raw, f"architecture.{name}", kind)
             if kind is int and typed[name] < 0:
                 raise self.fail(f"architecture.{name}", "must be >= 0")
-        return Architecture(**typed)
+        architecture = Architecture(**typed)
+        problem = architecture_problem(architecture)
+        if problem:
+            raise self.fail(f"architecture.{problem[0]}", problem[1])
+        return architecture
 
     def defaults(self, value: Any) -> RecipeDefaults:
         keys = ("gpus", "gpus_per_node", "gpu", "global_batch_size", "seq_length", "precision", "layout")

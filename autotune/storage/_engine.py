@@ -34,7 +34,8 @@ def normalize_url(url: str) -> str:
     """Check the URL's form and pick our driver: postgresql:// means psycopg 3 here."""
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018 - a port that is not a number raises ValueError here, not at connect time
+    except (ArgumentError, ValueError):
         raise StorageError(f"--storage {url!r} is not a database URL (e.g. sqlite:///path.db, "
                            "postgresql+psycopg://user@host/db)") from None
     backend = parsed.get_backend_name()
@@ -42,9 +43,40 @@ def normalize_url(url: str) -> str:
         raise StorageError(f"--storage: unsupported database {backend!r} (use sqlite or postgresql)")
     if backend == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
-    if backend == "sqlite" and parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for PostgreSQL and in-memory SQLite)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def prepare_sqlite_file(url: str, create: bool) -> None:
+    """Make the SQLite file's folder (create) or insist the file exists (read-only commands).
+
+    A read-only command must not leave a new empty store (and its folders) behind a typo; a folder
+    that cannot be made is one line, not a FileExistsError / PermissionError traceback.
+    """
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if not create:
+        if not path.is_file():
+            raise StorageError(f"no autotune store at {path} (nothing to read; `autotune start` creates one)")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StorageError(f"cannot create the store {path}: a file is in the way of its folder") from None
+    except OSError as exc:
+        raise StorageError(f"cannot create the folder of the store {path}: {exc.strerror}") from None
+    if path.exists() and not path.is_file():
+        raise StorageError(f"cannot use the store {path}: it is not a file")
+    if not os.access(path.parent, os.W_OK):
+        raise StorageError(f"cannot write the store {path}: no write permission in {path.parent}")
 
 
 def engine_kwargs(url: str) -> dict:
@@ -63,12 +95,16 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`, checked to answer (StorageError with one clear line otherwise)."""
+def make_engine(url: str, create: bool = True) -> Engine:
+    """An engine for `url`, checked to answer (StorageError with one clear line otherwise).
+
+    `create=False` (read-only commands): a SQLite file that does not exist is an error, not a new store.
+    """
     url = normalize_url(url)
+    prepare_sqlite_file(url, create)
     try:
         engine = create_engine(url, **engine_kwargs(url))
-    except (ArgumentError, ImportError) as exc:
+    except (ArgumentError, ImportError, ValueError) as exc:
         raise StorageError(f"--storage {url!r}: {exc}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -78,6 +114,7 @@ def make_engine(url: str) -> Engine:
     except OperationalError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise StorageError(f"cannot reach storage {engine.url.render_as_string(hide_password=True)}: {first}") from None
-    except SQLAlchemyError as exc:
-        raise StorageError(f"storage {url!r} failed: {exc.__class__.__name__}") from None
+    except (SQLAlchemyError, ValueError) as exc:
+        raise StorageError(f"storage {engine.url.render_as_string(hide_password=True)} failed: "
+                           f"{exc.__class__.__name__}") from None
     return engine

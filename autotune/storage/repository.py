@@ -16,12 +16,12 @@ from typing import Any, Iterator
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autotune.errors import StudyError
+from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
-from autotune.storage.migrations import ensure_schema
+from autotune.storage.migrations import current_revision, ensure_schema
 from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
 
 # Imported runs (strategy_note "imported") were not dispatched by autotune, and validation runs of the
@@ -112,10 +112,25 @@ class Repository:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str) -> "Repository":
-        """Connect, check the schema (creating it in an empty database) and return the repository."""
-        engine = make_engine(url)
-        ensure_schema(engine)
+    def open(cls, url: str, create: bool = True) -> "Repository":
+        """Connect, check the schema (creating it in an empty database) and return the repository.
+
+        `create=False` is for commands that only read: a database without autotune's schema (or a
+        SQLite file that does not exist) is a StorageError, and nothing is created.
+        """
+        engine = make_engine(url, create=create)
+        where = engine.url.render_as_string(hide_password=True)
+        try:
+            if not create and current_revision(engine) is None:
+                raise StorageError(f"no autotune store at {where} (nothing to read; `autotune start` creates one)")
+            ensure_schema(engine)
+        except SQLAlchemyError as exc:  # a corrupt file, a disk I/O error, a read-only file
+            engine.dispose()
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
+            raise StorageError(f"cannot use the store {where}: {first}") from None
+        except StorageError:
+            engine.dispose()
+            raise
         return cls(engine)
 
     @property

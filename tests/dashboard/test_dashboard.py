@@ -10,6 +10,7 @@ import pytest
 
 from autotune.config import LayoutConfig
 from autotune.dashboard.server import DashboardApp, serve_in_background
+from autotune.backends.runs import study_dir
 from autotune.storage import Repository
 
 HOSTILE = "<script>alert('x')</script>"
@@ -23,9 +24,11 @@ def repo(tmp_path):
                               workload={"gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024,
                                         "seq_length": 4096, "precision": "bf16"},
                               space={"domains": {}}, budget=4, sampler="auto", backend="simulate",
-                              backend_options={}, options={}, optuna_study_name="autotune:demo", status="finished")
-    report = tmp_path / "trace.nsys-rep"
-    report.write_bytes(b"NSYS")
+                              backend_options={"workdir": str(tmp_path / "runs")}, options={},
+                              optuna_study_name="autotune:demo", status="finished")
+    report = study_dir(study.backend_options, study.name) / "trial1-attempt1" / "trace.nsys-rep"
+    report.parent.mkdir(parents=True)
+    report.write_bytes(b"NSYS")  # artifacts are served from the study's run folder only
     rows = [({"ep": 16, "dist_opt": True}, "completed", 7400.0, 67.0, "baseline"),
             ({"ep": 8, "dist_opt": True, "mbs": 2}, "completed", 7900.0, 75.0, "explore"),
             ({"ep": 4, "mbs": 8}, "oom", None, 85.0, "explore"),

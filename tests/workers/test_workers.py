@@ -230,7 +230,7 @@ def test_megatron_backend_on_ray_with_a_stand_in_torchrun(fake_torchrun, tmp_pat
     assert sorted(next(a for a in c if a.startswith("--node-rank")) for c in calls) == ["--node-rank=0",
                                                                                        "--node-rank=1"]
     if status == "completed":
-        assert len(steps) == 5 and outcome["step_time_s"] == pytest.approx(1.5)
+        assert len(steps) == 5 and outcome["step_time_s"] == pytest.approx(30.0)
         assert outcome["peak_mem_gib"] == 64.0
     if status == "oom":
         assert "rank 1" in outcome["error"] and "out of memory" in outcome["error"]

@@ -1,0 +1,72 @@
+"""SIGTERM handled like Ctrl-C, and a local Ray that a signal to our process group does not reach.
+
+A controller stopped with SIGTERM (a scheduler's kill, `timeout`, systemd) must end as one stopped
+with Ctrl-C does: cancel its trials, mark the study "interrupted", release Ray, print one line.
+Two things stood in the way:
+- Ray installs its own SIGTERM handler when it starts a local cluster; `sigterm_as_interrupt`
+  replaces it, after Ray started, with one that raises `Terminated` (a KeyboardInterrupt, so every
+  `except KeyboardInterrupt` clean-up path runs).
+- A signal to the whole process group also hit Ray's raylet and GCS, whose deaths made the driver
+  abort (SIGABRT, a C++ stack dump). `ray_outside_our_group` starts them in a process group of their
+  own: the controller moves to a new group while Ray spawns its processes, then moves back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from typing import Iterator
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: stop as after Ctrl-C (the CLI exits with 143)."""
+
+
+def _raise_terminated(_signum, _frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises Terminated in the main thread (no-op in other threads)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def ray_outside_our_group() -> Iterator[None]:
+    """Processes started inside land in another process group than the caller's.
+
+    A placeholder process opens a new group; the caller joins it while inside (children inherit
+    it) and returns to its own group afterwards. A session leader cannot change groups: then
+    nothing changes.
+    """
+    original = os.getpgrp()
+    if os.getsid(0) == os.getpid():
+        yield
+        return
+    placeholder = subprocess.Popen(["sleep", "3600"], process_group=0, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        os.setpgid(0, placeholder.pid)
+    except OSError:
+        placeholder.kill()
+        placeholder.wait()
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, original if original != os.getpid() else 0)
+        placeholder.kill()
+        placeholder.wait()

@@ -1,0 +1,69 @@
+"""Run folders: where a trial's files live, and the outcome file that outlives a dead controller.
+
+    <workdir>/<study>/trial<N>-attempt<K>/   spec.json, outcome.json, the launcher's own files
+
+`workdir` is the backend option (default /tmp/autotune-runs). The command and megatron backends
+write `outcome.json` (atomically: a temporary file renamed) as soon as a run ends. When a
+controller dies between that moment and recording the outcome, the controller that adopts the
+trial reads the file (`harvest`) instead of launching the same run again.
+
+The same folder bounds what the dashboard serves as artifacts: `study_dir` is the only tree it
+reads files from, whatever path a launcher reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import TrialOutcome, TrialSpec
+
+DEFAULT_WORKDIR = "/tmp/autotune-runs"
+OUTCOME_FILE = "outcome.json"
+
+
+def safe_name(study: str) -> str:
+    """The study name as one path component (no separators, no `..`)."""
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in study)
+    return name if name.strip(".") else f"_{name}"
+
+
+def study_dir(options: dict[str, Any], study: str) -> Path:
+    return Path(options.get("workdir") or DEFAULT_WORKDIR) / safe_name(study)
+
+
+def trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
+    return study_dir(options, spec.study) / f"trial{spec.trial}-attempt{spec.attempt}"
+
+
+def attempt_dir(options: dict[str, Any], study: str, trial: int, attempt: int) -> Path:
+    return study_dir(options, study) / f"trial{trial}-attempt{attempt}"
+
+
+def write_outcome(options: dict[str, Any], spec: TrialSpec, outcome: TrialOutcome) -> None:
+    """Record how the run ended, next to its files; a failure to write never fails the trial."""
+    directory = trial_dir(options, spec)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary = directory / f".{OUTCOME_FILE}.{os.getpid()}"
+        temporary.write_text(json.dumps({"spec": spec.to_dict(), "outcome": outcome.to_dict()}))
+        os.replace(temporary, directory / OUTCOME_FILE)
+    except OSError:
+        pass
+
+
+def harvest(options: dict[str, Any], study: str, trial: int, attempt: int, config: dict[str, Any]) -> TrialOutcome | None:
+    """The recorded outcome of that attempt when its run finished and its spec matches `config`."""
+    path = attempt_dir(options, study, trial, attempt) / OUTCOME_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        spec, outcome = data["spec"], TrialOutcome.from_dict(data["outcome"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if spec.get("study") != study or spec.get("trial") != trial or spec.get("config") != config:
+        return None  # a folder of another study that shares the safe name, or a stale leftover
+    if outcome.trial != trial:
+        return None
+    return outcome

@@ -1,0 +1,152 @@
+"""Checking what a launcher reports before it becomes a measurement.
+
+A launcher is not trusted: its result line may hold strings where numbers belong, NaN, infinity,
+negative or zero times, an MFU of a billion or a memory peak of 1e300 GiB. Stored as measured,
+such a value would be ranked first, exported, and would steer the search (an absurd OOM peak
+moves the OOM frontier). So every result goes through two checks:
+
+- `parse_result` (the command and megatron backends' result JSON): types. A wrong type is a
+  failed trial, never an exception in the controller.
+- `impossible_result` (every backend, in the controller, after the missing metrics are derived):
+  every number finite and positive, and physically possible on the study's GPU (MFU <= 1 at the
+  study's precision, TFLOP/s <= the GPU's peak, memory <= a bound). The controller turns an
+  impossible result into a failed trial whose message says which value and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from autotune.backends.base import TrialOutcome, TrialSpec, TrialStatus
+
+METRIC_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
+RESULT_STATUSES = ("completed", "oom", "failed")
+# A completed run held its peak in the GPU's memory: allow 10% for GB/GiB and reserved/total slack.
+COMPLETED_MEMORY_SLACK = 1.10
+# An OOM's peak may be what the run needed rather than what it held; beyond 4x the GPU it is no figure.
+OOM_MEMORY_FACTOR = 4.0
+MAX_ERROR_CHARS = 20_000
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _failed(spec: TrialSpec, times: list[float], wall_s: float, message: str) -> TrialOutcome:
+    return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
+                        error=f"invalid result: {message}")
+
+
+def _as_text(value: Any) -> str | None:
+    """A launcher's `error` as one string, whatever JSON type it sent (a list or a mapping too)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:MAX_ERROR_CHARS]
+
+
+def _type_problem(result: dict[str, Any]) -> str | None:
+    for key in (*METRIC_KEYS, "wall_time_s"):
+        value = result.get(key)
+        if value is not None and not is_number(value):
+            return f"{key} must be a number, got {json.dumps(value, default=str)[:80]}"
+    times = result.get("step_times_s")
+    if times is not None and (not isinstance(times, list) or not all(is_number(t) for t in times)):
+        return "step_times_s must be a list of numbers"
+    artifacts = result.get("artifacts")
+    if artifacts is not None and (not isinstance(artifacts, dict)
+                                  or not all(isinstance(v, str) for v in artifacts.values())):
+        return "artifacts must map names to file paths (strings)"
+    return None
+
+
+def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wall_s: float) -> TrialOutcome:
+    """The TrialOutcome of a launcher's result JSON object; wrong types make a failed trial."""
+    status = str(result.get("status", "completed")).lower()
+    if status not in RESULT_STATUSES:
+        return _failed(spec, times, wall_s, f"unknown status {status[:40]!r}")
+    problem = _type_problem(result)
+    if problem:
+        return _failed(spec, times, wall_s, problem)
+    step_time = result.get("step_time_s")
+    if status == "completed" and step_time is None:
+        if len(times) <= spec.warmup_steps:
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
+                                error="result says completed but has no step_time_s")
+        measured = times[spec.warmup_steps:]
+        step_time = sum(measured) / len(measured)
+    wall = _float(result.get("wall_time_s"))
+    return TrialOutcome(spec.trial, TrialStatus(status), step_time_s=_float(step_time),
+                        tokens_per_s_per_gpu=_float(result.get("tokens_per_s_per_gpu")),
+                        tflops_per_gpu=_float(result.get("tflops_per_gpu")), mfu=_float(result.get("mfu")),
+                        peak_mem_gib=_float(result.get("peak_mem_gib")),
+                        step_times_s=[_float(t) for t in result.get("step_times_s") or times],
+                        wall_time_s=wall if wall is not None and math.isfinite(wall) and wall > 0 else wall_s,
+                        error=_as_text(result.get("error")),
+                        artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()})
+
+
+def _float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range: as impossible as (signed) infinity
+        return math.inf if value > 0 else -math.inf
+
+
+def peak_tflops(gpu, precision: str) -> float:
+    """The GPU's dense peak at the study's precision (BF16 when the GPU has no such peak)."""
+    return float(gpu.peak_tflops.get(precision, gpu.bf16_peak_tflops))
+
+
+def memory_bound_gib(gpu, status: str) -> float:
+    factor = OOM_MEMORY_FACTOR if status == "oom" else COMPLETED_MEMORY_SLACK
+    return gpu.memory_gib * factor
+
+
+def impossible_result(status: str, metrics: dict[str, float | None], step_times_s: list[float], workload,
+                      tp: int) -> str | None:
+    """Why the reported (and derived) numbers cannot be a real measurement, or None when they can.
+
+    `metrics` holds the five METRIC_KEYS after the controller derived the missing ones; MFU there
+    is against the BF16 peak, so its bound is the study precision's peak over the BF16 peak.
+    """
+    from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
+
+    for key in METRIC_KEYS:
+        value = metrics.get(key)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return f"{key} = {value!r} (must be a finite number > 0)"
+    if any(not (math.isfinite(t) and t > 0) for t in step_times_s):
+        return "step_times_s holds a value that is not a finite number > 0"
+    if status == "completed" and metrics.get("step_time_s") is None:
+        return "completed without a step time"
+    gpu, w = workload.cluster.gpu, workload
+    peak = peak_tflops(gpu, w.precision)
+    implied_tflops = {"tflops_per_gpu": metrics.get("tflops_per_gpu")}
+    if metrics.get("tokens_per_s_per_gpu"):
+        implied_tflops["tokens_per_s_per_gpu"] = model_tflops_per_gpu(
+            w.model.architecture, w.seq_length, tp, metrics["tokens_per_s_per_gpu"])
+    if metrics.get("step_time_s"):
+        tokens = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, metrics["step_time_s"])
+        implied_tflops["step_time_s"] = model_tflops_per_gpu(w.model.architecture, w.seq_length, tp, tokens)
+    for key, tflops in implied_tflops.items():
+        if tflops is not None and not tflops <= peak:
+            return (f"{key} = {metrics[key]:.4g} implies {tflops:.4g} TFLOP/s per GPU, above the "
+                    f"{gpu.name} peak of {peak:g} at {w.precision}")
+    mfu_bound = peak / gpu.bf16_peak_tflops
+    if metrics.get("mfu") is not None and metrics["mfu"] > mfu_bound:
+        return f"mfu = {metrics['mfu']:.4g} (at most {mfu_bound:g}: the GPU's peak)"
+    bound = memory_bound_gib(gpu, status)
+    if metrics.get("peak_mem_gib") is not None and metrics["peak_mem_gib"] > bound:
+        return (f"peak_mem_gib = {metrics['peak_mem_gib']:.4g} above the {bound:.1f} GiB bound of a "
+                f"{gpu.memory_gib:g} GiB {gpu.name}")
+    return None
+
+
+def is_plausible_step(step_time_s: Any) -> bool:
+    """A step report the pruner may use: a finite number of seconds > 0."""
+    return is_number(step_time_s) and math.isfinite(step_time_s) and step_time_s > 0

@@ -1,0 +1,149 @@
+"""Hostile launcher results: every impossible or ill-typed result becomes a failed trial with its reason.
+
+Each case runs a real one-trial study: the command backend runs tests/fixtures/hostile_launcher.py
+under the session's local Ray, the controller validates, and the outcome lands in a real SQLite file.
+The table is issue 13's list (items 4, 5, 6); the process-tree cases (item 7) run the backend directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from autotune import leaderboard
+from autotune.backends import TrialSpec
+from autotune.backends.command import CommandBackend
+from autotune.controller.session import build_controller, create_study
+from autotune.space import load_space, make_workload
+from autotune.storage import Repository
+
+HOSTILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hostile_launcher.py")
+GOOD = {"status": "completed", "step_time_s": 30.0}  # 8,738 tokens/s/GPU for qwen3_30b on 16 H100s: plausible
+
+# (case id, result line as text, expected status, words the stored message must contain)
+RESULTS = [
+    ("infinite-tokens", '{"status": "completed", "step_time_s": 30.0, "tokens_per_s_per_gpu": Infinity}',
+     "failed", "tokens_per_s_per_gpu"),
+    ("1e400-tokens", '{"status": "completed", "step_time_s": 30.0, "tokens_per_s_per_gpu": 1e400}', "failed",
+     "tokens_per_s_per_gpu"),
+    ("1e300-tokens", '{"status": "completed", "step_time_s": 30.0, "tokens_per_s_per_gpu": 1e300}', "failed",
+     "above the h100 peak"),
+    ("1e-300-step", '{"status": "completed", "step_time_s": 1e-300}', "failed", "step_time_s"),
+    ("nan-step", '{"status": "completed", "step_time_s": NaN}', "failed", "step_time_s"),
+    ("zero-step", '{"status": "completed", "step_time_s": 0}', "failed", "step_time_s"),
+    ("negative-tokens", '{"status": "completed", "step_time_s": 30.0, "tokens_per_s_per_gpu": -5}', "failed",
+     "tokens_per_s_per_gpu"),
+    ("negative-memory", '{"status": "completed", "step_time_s": 30.0, "peak_mem_gib": -1}', "failed",
+     "peak_mem_gib"),
+    ("memory-above-gpu", '{"status": "completed", "step_time_s": 30.0, "peak_mem_gib": 500}', "failed",
+     "peak_mem_gib"),
+    ("negative-oom-peak", '{"status": "oom", "peak_mem_gib": -3}', "failed", "peak_mem_gib"),
+    ("oom-peak-1e300", '{"status": "oom", "peak_mem_gib": 1e300}', "failed", "peak_mem_gib"),
+    ("mfu-1e9", '{"status": "completed", "step_time_s": 30.0, "mfu": 1e9}', "failed", "mfu"),
+    ("mfu-above-1", '{"status": "completed", "step_time_s": 30.0, "mfu": 1.2}', "failed", "mfu"),
+    ("string-step", '{"status": "completed", "step_time_s": "fast"}', "failed", "must be a number"),
+    ("bool-memory", '{"status": "completed", "step_time_s": 30.0, "peak_mem_gib": true}', "failed",
+     "must be a number"),
+    ("artifact-not-a-path", '{"status": "completed", "step_time_s": 30.0, "artifacts": {"a": 1}}', "failed",
+     "artifacts"),
+    ("unknown-status", '{"status": "great", "step_time_s": 30.0}', "failed", "unknown status"),
+    ("error-is-a-list", '{"status": "failed", "error": ["x"]}', "failed", '["x"]'),
+    ("error-is-a-mapping", '{"status": "failed", "error": {"a": 1}}', "failed", '{"a": 1}'),
+    ("error-list-on-success", '{"status": "completed", "step_time_s": 30.0, "error": ["x"]}', "completed", '["x"]'),
+    ("plausible", json.dumps(GOOD), "completed", None),
+    ("plausible-oom", '{"status": "oom", "peak_mem_gib": 81.0, "error": "CUDA out of memory"}', "oom", "memory"),
+]
+
+
+def _strict_json(text: str):
+    """json.loads that refuses NaN / Infinity (what other JSON parsers do)."""
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in JSON output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _one_trial_study(tmp_path, env: dict[str, str], timeout_s: float = 120.0):
+    repo = Repository.open(f"sqlite:///{tmp_path / 'hostile.db'}")
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    study = create_study(repo, name="hostile", space=space, workload=workload, budget=1, sampler="auto",
+                         backend="command", seed=0,
+                         backend_options={"command": [sys.executable, HOSTILE], "env": env,
+                                          "workdir": str(tmp_path / "runs")},
+                         options={"trial_timeout_s": timeout_s, "warmup_steps": 1, "measured_steps": 1})
+    build_controller(repo, study, max_concurrent=1).run()
+    study = repo.get_study("hostile")
+    (trial,) = repo.trials(study.id, dispatched_only=True)
+    return repo, study, trial
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("case,line,status,needle", RESULTS, ids=[c[0] for c in RESULTS])
+def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, needle):
+    repo, study, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "result", "HOSTILE_RESULT": line})
+    assert study.status == "finished"  # the controller did not crash with the study left "running"
+    assert trial.status == status, (trial.status, trial.message)
+    if status == "failed":
+        assert trial.reason == "invalid_result" or case.startswith("error-is"), trial.reason
+        assert all(getattr(trial, k) is None for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu"))
+    if needle:
+        assert needle in (trial.message or ""), trial.message
+    for value in (trial.step_time_s, trial.tokens_per_s_per_gpu, trial.tflops_per_gpu, trial.mfu, trial.peak_mem_gib):
+        assert value is None or (math.isfinite(value) and value > 0)
+    board = leaderboard.build(repo, study)
+    _strict_json(leaderboard.to_json(board))  # valid JSON: no bare Infinity / NaN
+    best = board.summary["best_tokens_per_s_per_gpu"]
+    assert best is None or best < 20_000  # nothing impossible is ranked
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_invalid_utf8_byte_before_the_result_line_is_harmless(tmp_path):
+    _, _, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "result", "HOSTILE_PREFIX": "ff0a",
+                                              "HOSTILE_RESULT": json.dumps(GOOD)})
+    assert trial.status == "completed" and trial.step_time_s == 30.0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_two_megabytes_of_invalid_utf8_on_stderr_neither_block_nor_vanish(tmp_path):
+    started = time.monotonic()
+    _, _, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "stderr"}, timeout_s=60.0)
+    assert time.monotonic() - started < 45  # ended by its exit, not by the trial timeout
+    assert trial.status == "failed" and "exit code 3" in trial.message
+    assert "last line of stderr" in trial.message and "\ufffd" in trial.message  # decoded with replacement
+
+
+def _spec(tmp_path) -> TrialSpec:
+    return TrialSpec(study="tree", trial=1, model="qwen3_30b", gpus=16, gpus_per_node=8, gpu="h100",
+                     global_batch_size=1024, seq_length=4096, precision="bf16", config={}, overrides=[],
+                     timeout_s=60.0, warmup_steps=1, measured_steps=1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("setsid", [False, True], ids=["sigterm-ignoring-grandchild", "setsid-grandchild"])
+def test_no_descendant_of_the_launcher_outlives_its_trial(tmp_path, setsid):
+    pid_file = tmp_path / "pids"
+    backend = CommandBackend({"command": [sys.executable, HOSTILE], "workdir": str(tmp_path / "runs"),
+                              "env": {"HOSTILE_MODE": "grandchild", "HOSTILE_PID_FILE": str(pid_file),
+                                      "HOSTILE_SETSID": "1" if setsid else "0"}})
+    outcome = backend.run(_spec(tmp_path), lambda _r: None, threading.Event())
+    assert outcome.status.value == "completed", outcome.error
+    (pid,) = [int(p) for p in pid_file.read_text().split()]
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"grandchild {pid} outlived the trial"
+    written = json.loads((tmp_path / "runs" / "tree" / "trial1-attempt1" / "outcome.json").read_text())
+    assert written["outcome"]["status"] == "completed"  # the run folder records how it ended

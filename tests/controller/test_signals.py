@@ -1,0 +1,97 @@
+"""SIGTERM to a running controller, alone or with its whole process group: stopped like Ctrl-C.
+
+Each case starts a real study (local Ray, simulate backend slowed to 1 s per trial) as the leader
+of its own process group, as a shell job is, waits until trials run, sends the signal, and checks
+the exit code, the single stderr line, the study's status, that no Ray process of it survives,
+and that `resume` completes the study.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune.errors import StorageError
+from autotune.storage import Repository
+
+pytestmark = pytest.mark.slow
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "AUTOTUNE_HEARTBEAT_S": "0.5"}
+BUDGET = 12
+
+
+def _group_alive(pgids: set[int]) -> list[str]:
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in pgids and fields[0] not in ("Z", "X"):
+            alive.append(entry)
+    return alive
+
+
+def _ray_groups(pid: int) -> set[int]:
+    """Process groups of the controller's descendants (Ray's processes live in a group of their own)."""
+    groups, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == parent:
+                    groups.add(int(fields[2]))
+                    frontier.append(int(entry))
+    return groups
+
+
+@pytest.mark.parametrize("target", ["controller", "process-group"])
+def test_sigterm_interrupts_cleanly_and_resume_finishes(tmp_path, target):
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    process = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget",
+                                str(BUDGET), "--sim-seconds", "1", "--study", "sig", "--storage", url, "--json"],
+                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    repo = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the study runs trials
+        time.sleep(0.5)
+        if os.path.exists(tmp_path / "sig.db"):
+            try:
+                repo = repo or Repository.open(url, create=False)
+            except StorageError:
+                continue  # the controller is still creating the schema
+            study = repo.find_study("sig")
+            if study is not None and repo.counts(study.id)["dispatched"] >= 2:
+                break
+    assert process.poll() is None, process.communicate()[1][-2000:]
+    groups = _ray_groups(process.pid)
+    if target == "controller":
+        process.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["autotune: interrupted (SIGTERM)"], stderr[-3000:]
+    assert repo.get_study("sig").status == "interrupted"
+    deadline = time.monotonic() + 30
+    while _group_alive(groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group_alive(groups) == []  # the local Ray went with its controller
+    resumed = subprocess.run([sys.executable, "-m", "autotune", "resume", "sig", "--storage", url, "--json"],
+                             env=ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout)
+    assert summary["dispatched"] == BUDGET and summary["running"] == 0 and summary["status"] == "finished"

@@ -1,0 +1,116 @@
+"""The dashboard's attack surface over real HTTP: artifact paths a launcher names, trial numbers, --host.
+
+A launcher controls the artifact paths recorded for its trial. Each row records one hostile path
+and requests it; only files inside the study's own run folder may come back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+import pytest
+
+from autotune.backends.runs import study_dir
+from autotune.config import LayoutConfig
+from autotune.dashboard.server import serve_in_background
+from autotune.storage import Repository
+
+SECRET = "/etc/passwd"  # readable here; /etc/shadow is tried too (root can read it)
+
+
+@pytest.fixture
+def served(tmp_path):
+    repo = Repository.open(f"sqlite:///{tmp_path / 'dash.db'}")
+    options = {"workdir": str(tmp_path / "runs")}
+    study = repo.create_study(name="s", model="qwen3_30b",
+                              workload={"gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024,
+                                        "seq_length": 4096, "precision": "bf16"},
+                              space={"domains": {}}, budget=1, sampler="auto", backend="command",
+                              backend_options=options, options={}, optuna_study_name="autotune:s", status="finished")
+    run = study_dir(options, "s") / "trial1-attempt1"
+    run.mkdir(parents=True)
+    (run / "report.nsys-rep").write_bytes(b"NSYS")
+    (run / "link-out").symlink_to(SECRET)
+    (run / "dir-out").symlink_to("/etc")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the study's")
+    artifacts = {"ok": str(run / "report.nsys-rep"), "shadow": "/etc/shadow", "passwd": SECRET,
+                 "dotdot": str(run / ".." / ".." / ".." / "outside.txt"), "relative": "../../etc/passwd",
+                 "symlink-file": str(run / "link-out"), "symlink-dir": str(run / "dir-out" / "passwd"),
+                 "sibling": str(outside), "the-folder": str(run), "nul": str(run / "report.nsys-rep") + "\0x"}
+    layout = LayoutConfig.from_mapping({"ep": 16})
+    trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 1)
+    repo.finish_trial(study.id, trial.number, "failed", reason="failed", artifacts=artifacts)
+    server = serve_in_background(repo)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    repo.close()
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.mark.parametrize("key", ["shadow", "passwd", "dotdot", "relative", "symlink-file", "symlink-dir", "sibling",
+                                 "the-folder", "nul"])
+def test_artifacts_outside_the_study_run_folder_are_refused(served, key):
+    status, body = _get(f"{served}/artifact/s/1/{quote(key, safe='')}")
+    assert status == 404
+    assert b"root:" not in body and b"not the study's" not in body
+
+
+def test_an_artifact_inside_the_run_folder_is_served(served):
+    assert _get(f"{served}/artifact/s/1/ok") == (200, b"NSYS")
+
+
+@pytest.mark.parametrize("path", ["/study/s/trial/99999999999999999999999", "/artifact/s/99999999999999999999999/ok",
+                                  "/study/s/trial/2147483648", "/study/s/trial/%D9%A3", "/study/s/trial/-1"])
+def test_impossible_trial_numbers_get_a_404_not_a_dead_connection(served, path):
+    status, _ = _get(served + path)
+    assert status == 404
+
+
+def _dashboard_stderr(tmp_path, host: str) -> str:
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    Repository.open(url).close()
+    process = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--host", host, "--port", "0",
+                                "--storage", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "autotune dashboard on http://" in process.stdout.readline()
+        time.sleep(0.3)
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=20)
+    return stderr
+
+
+def test_binding_every_interface_warns_that_there_is_no_authentication(tmp_path):
+    stderr = _dashboard_stderr(tmp_path, "0.0.0.0")
+    assert "no authentication" in stderr and "0.0.0.0" in stderr
+
+
+def test_the_default_loopback_address_prints_no_warning(tmp_path):
+    assert "warning" not in _dashboard_stderr(tmp_path, "127.0.0.1")
+
+
+def test_the_check_resolves_before_comparing(tmp_path):
+    """A path that starts with the run folder's name but leaves it (prefix trick) is refused."""
+    from autotune.dashboard._artifacts import confined_path
+
+    options = {"workdir": str(tmp_path / "runs")}
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    twin = tmp_path / "runs" / "s-evil"
+    twin.mkdir()
+    (twin / "f").write_text("x")
+    assert confined_path(str(twin / "f"), options, "s") is None
+    (tmp_path / "runs" / "s" / "f").write_text("y")
+    assert confined_path(str(tmp_path / "runs" / "s" / "f"), options, "s") == (tmp_path / "runs" / "s" / "f").resolve()
