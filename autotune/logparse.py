@@ -89,3 +89,11 @@ def parse_log(text: str) -> ParsedLog:
     failure = classify_failure(text) if any(p in text for _, ps in FAILURES for p in ps) else None
     parsed.failure = failure if failure != "config_error" or not parsed.iterations else None
     return parsed
+
+
+def merge_rank_failures(results: list[dict]) -> dict | None:
+    """One outcome from the failure files of several ranks: OOM on any rank wins, then NCCL, then others."""
+    if not results:
+        return None
+    order = {"oom": 0, "nccl_error": 1, "nccl_timeout": 2, "config_error": 3, "crash": 4}
+    return min(results, key=lambda r: (order.get(r.get("failure", "crash"), 9), r.get("rank", 0)))

@@ -28,7 +28,7 @@ from typing import Any
 
 from workers.result import failure_result, rank_result_path, success_result, write_json
 
-STEP_MARKER = "AUTOTUNE_STEP "
+from autotune.backends.base import STEP_MARKER  # noqa: E402 (the protocol is autotune's)
 
 
 def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snapshot: str | None) -> list[str]:

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from autotune.logparse import classify_failure
+from autotune.logparse import classify_failure, merge_rank_failures  # noqa: F401 (the workers' name for it)
 
 
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
@@ -53,9 +53,3 @@ def failure_result(spec: dict[str, Any], rank: int, text: str) -> dict:
             "log_tail": text[-4000:]}
 
 
-def merge_rank_failures(results: list[dict]) -> dict | None:
-    """One outcome from the failure files of several ranks: OOM on any rank wins, then NCCL, then others."""
-    if not results:
-        return None
-    order = {"oom": 0, "nccl_error": 1, "nccl_timeout": 2, "config_error": 3, "crash": 4}
-    return min(results, key=lambda r: (order.get(r.get("failure", "crash"), 9), r.get("rank", 0)))

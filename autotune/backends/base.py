@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 PROTOCOL_VERSION = 1
+# A launcher prints one step as this marker + a JSON object on stdout (workers/launcher.py writes it).
+STEP_MARKER = "AUTOTUNE_STEP "
 
 
 class TrialStatus(str, enum.Enum):
@@ -155,10 +157,27 @@ class Backend(ABC):
     - It enforces `spec.timeout_s` itself and returns TIMEOUT past it.
     - Missing throughput metrics may be left None: the controller derives them from step_time_s.
     - `one_bundle_per_node` says whether the trial must span one placement bundle per node.
+    - `repeatable_results` is True when running a layout again returns exactly the same result (a
+      replayed table): the search then never spends a trial re-measuring a layout.
     """
 
     name: str = "base"
     one_bundle_per_node: bool = False
+    repeatable_results: bool = False
+    runs_the_recipe: bool = False  # True when it builds the model's Megatron-Bridge recipe (megatron)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Check this backend's options before anything is stored or run (ConfigError with one line
+        naming the flag); return them. Each backend owns its options: the controller never branches
+        on a backend's name."""
+        return options
+
+    @classmethod
+    def answerable_layouts(cls, options: dict[str, Any]) -> set[str] | None:
+        """Canonical keys of the only layouts this backend can answer (a replay table's), or None
+        when it can run any legal layout. The search then spends its budget only on these."""
+        return None
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         self.options = dict(options or {})

@@ -18,91 +18,36 @@ Options: `command` (the argv or a string to split), `env` (extra environment var
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import shlex
-import signal
 import subprocess
 import threading
-import sys
 import time
 import uuid
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
+from autotune.backends._process import (KILL_GRACE_S, check_command, die_with_parent, kill_group, parse_command,
+                                       reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune.backends.validation import is_plausible_step, parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
-KILL_GRACE_S = 5.0
-
-
-def parse_command(command: str | list[str]) -> list[str]:
-    try:
-        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
-    except ValueError as exc:  # an unbalanced quote
-        raise ConfigError(f"--command {command!r} cannot be split into arguments: {exc}") from None
-    if not argv:
-        raise ConfigError("--command is empty")
-    return argv
-
-
-def check_command(command: str | list[str]) -> list[str]:
-    """The argv, checked to name an executable that exists (ConfigError otherwise)."""
-    import shutil
-
-    argv = parse_command(command)
-    program = argv[0]
-    found = shutil.which(program) if os.sep not in program else (program if os.access(program, os.X_OK) else None)
-    if not found:
-        raise ConfigError(f"--command: {program!r} is not an executable file or a program on PATH")
-    return argv
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def kill_group(process: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM the child's whole process group, then SIGKILL whatever is left after `grace_s`."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
-
-
-def outcome_from_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wall_s: float) -> TrialOutcome:
-    """A launcher's result JSON as an outcome (types checked: see backends.validation)."""
-    return parse_result(spec, result, times, wall_s)
-
-
-REAPER = str(Path(__file__).with_name("_reaper.py"))
-
-
-def reaped_argv(argv: list[str]) -> list[str]:
-    """`argv` run under the subreaper, so no descendant of the launcher outlives the trial."""
-    return [sys.executable, "-S", REAPER, "--", *argv]
 
 
 class CommandBackend(Backend):
     name = "command"
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        if not options.get("command"):
+            raise ConfigError("--backend command needs --command \"CMD ARGS\"")
+        check_command(options["command"])
+        return options
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         options = {**self.options, **spec.backend_options}
@@ -126,7 +71,7 @@ class CommandBackend(Backend):
             # errors="replace": one invalid UTF-8 byte must not kill a reader (and block the launcher)
             process = subprocess.Popen(reaped_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
-                                       start_new_session=True, preexec_fn=_die_with_parent, env=env)
+                                       start_new_session=True, preexec_fn=die_with_parent, env=env)
         except OSError as exc:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, error=f"cannot start {argv[0]!r}: {exc}")
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
@@ -156,7 +101,7 @@ class CommandBackend(Backend):
         if result is None:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
                                 error=f"the command printed no result JSON line; stderr tail:\n{tail or ''}")
-        return outcome_from_result(spec, result, times, wall)
+        return parse_result(spec, result, times, wall)
 
     @staticmethod
     def _wait(process: subprocess.Popen, spec: TrialSpec, cancelled: threading.Event, start: float) -> str:

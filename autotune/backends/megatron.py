@@ -33,16 +33,15 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
+from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
-from autotune.backends.command import KILL_GRACE_S, _die_with_parent, kill_group, outcome_from_result, reaped_argv
+from autotune.backends._process import KILL_GRACE_S, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
-from autotune.backends.validation import is_plausible_step
+from autotune.backends.validation import is_plausible_step, parse_result
 from autotune.errors import ConfigError
 from autotune.logparse import classify_failure, parse_log
 
-STEP_MARKER = "AUTOTUNE_STEP "
 
 
 def node_command(spec: TrialSpec, options: dict[str, Any], node_rank: int, master_addr: str,
@@ -107,7 +106,7 @@ class NodeLauncher:
         self.process = subprocess.Popen(reaped_argv(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         encoding="utf-8", errors="replace",
                                         env={**os.environ, **env}, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
         threading.Thread(target=self._pump, daemon=True).start()
         return self.process.pid
 
@@ -136,13 +135,16 @@ class MegatronBackend(Backend):
     name = "megatron"
     one_bundle_per_node = True
 
-    @staticmethod
-    def check_options(options: dict[str, Any]) -> None:
+    runs_the_recipe = True
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         for rank in options.get("nsys_ranks", []):
             if not isinstance(rank, int) or rank < 0:
                 raise ConfigError(f"--nsys-ranks takes rank numbers, got {rank!r}")
         if options.get("dispatcher", "alltoall") not in ("alltoall", "recipe"):
             raise ConfigError("megatron dispatcher option must be alltoall or recipe")
+        return options
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         import ray
@@ -205,13 +207,13 @@ class MegatronBackend(Backend):
     def _outcome(self, spec, launchers, directory, times, wall, options) -> TrialOutcome:
         import ray
 
-        from workers.result import merge_rank_failures
+        from autotune.logparse import merge_rank_failures
 
         result_text = ray.get(launchers[0].read.remote(str(directory / "result.json")))
         artifacts = self._artifacts(launchers, directory, options)
         result = _json_object(result_text)
         if result is not None:
-            outcome = outcome_from_result(spec, result, result.get("step_times_s", times), wall)
+            outcome = parse_result(spec, result, result.get("step_times_s", times), wall)
             return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts})
         failures = [f for l in launchers for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
                     if (f := _json_object(text)) is not None]

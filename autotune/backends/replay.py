@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend, Reporter, TrialOutcome, TrialSpec, TrialStatus
-from autotune.backends.command import outcome_from_result
+from autotune.backends.validation import parse_result
 from autotune.config import KNOBS, LayoutConfig
 from autotune.errors import ConfigError
 
@@ -61,6 +61,18 @@ def table_keys(path: str | Path) -> set[str]:
 
 class ReplayBackend(Backend):
     name = "replay"
+    repeatable_results = True  # the table holds one measurement per layout
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        if not options.get("replay"):
+            raise ConfigError("--backend replay needs --replay FILE (CSV or Parquet)")
+        table_index(read_table(options["replay"]))
+        return options
+
+    @classmethod
+    def answerable_layouts(cls, options: dict[str, Any]) -> set[str]:
+        return table_keys(options["replay"])
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
@@ -71,4 +83,4 @@ class ReplayBackend(Backend):
         row = self._index.get(key)
         if row is None:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, error="layout not in the replay table")
-        return outcome_from_result(spec, {k: v for k, v in row.items() if v is not None}, [], 0.0)
+        return parse_result(spec, {k: v for k, v in row.items() if v is not None}, [], 0.0)

@@ -203,7 +203,7 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
     """Print the launch commands of the trials a study would start with; store and run nothing."""
     import tempfile
 
-    from autotune.backends._dryrun import DryRunDispatcher
+    from autotune.dispatch._dryrun import DryRunDispatcher
     from autotune.controller.session import build_controller, create_study
     from autotune.errors import ConfigError
     from autotune.storage import Repository
@@ -417,7 +417,7 @@ def _show_calibration(repo, study, as_json: bool) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from autotune.config import LayoutConfig
-    from autotune.controller.session import study_space_and_workload
+    from autotune.space import study_space_and_workload
     from autotune.overrides import layout_overrides
 
     from autotune.errors import ConfigError

@@ -7,7 +7,6 @@ empties it), budget, sampler, backend and its options, a taken study name.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from typing import Any, Callable
 
@@ -16,8 +15,8 @@ from autotune.config import LayoutConfig, Workload
 from autotune.controller.loop import Controller
 from autotune.controller.strategies import STRATEGIES, make_strategy
 from autotune.errors import ConfigError, StudyError
-from autotune.space import SearchSpace, enumerate_legal, load_space, make_workload
-from autotune.storage import Repository, Study
+from autotune.space import SearchSpace, enumerate_legal, study_space_and_workload  # noqa: F401 (re-exported)
+from autotune.storage import Repository, Study, StudyStatus
 
 MAX_STUDY_NAME = 200  # autotune_studies.name is String(200)
 MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
@@ -27,22 +26,7 @@ DEFAULT_OPTIONS = {"warmup_steps": 3, "measured_steps": 5, "trial_timeout_s": 36
 
 def check_backend(backend: str, options: dict[str, Any]) -> dict[str, Any]:
     """Validate the backend name and its options here, before anything is written or dispatched."""
-    cls = backend_class(backend)
-    if backend == "command":
-        from autotune.backends.command import check_command
-
-        if not options.get("command"):
-            raise ConfigError("--backend command needs --command \"CMD ARGS\"")
-        check_command(options["command"])
-    if backend == "replay":
-        from autotune.backends.replay import read_table, table_index
-
-        if not options.get("replay"):
-            raise ConfigError("--backend replay needs --replay FILE (CSV or Parquet)")
-        table_index(read_table(options["replay"]))
-    if backend == "megatron":
-        cls.check_options(options)  # type: ignore[attr-defined]
-    return options
+    return backend_class(backend).check_options(options)
 
 
 def check_sampler(sampler: str) -> str:
@@ -53,10 +37,10 @@ def check_sampler(sampler: str) -> str:
 
 def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[int, int, int]:
     """(legal layouts the table measured, legal layouts it lacks, table rows that are not legal here)."""
-    from autotune.backends.replay import table_keys
+    from autotune.backends.replay import ReplayBackend
 
     legal = {c.key() for c in enumerate_legal(space, workload).configs}
-    measured = table_keys(path)
+    measured = ReplayBackend.answerable_layouts({"replay": path})
     return len(legal & measured), len(legal - measured), len(measured - legal)
 
 
@@ -81,12 +65,17 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
         raise ConfigError(f"--budget must be a positive number of trials up to {MAX_BUDGET:,}, got {budget}")
     check_sampler(sampler)
     check_backend(backend, backend_options)
+    if backend_class(backend).runs_the_recipe:
+        from autotune.catalog import require_exportable
+
+        require_exportable(workload.model, f"run the {backend} backend on")
     check_space_not_empty(space, workload)
-    if backend == "replay":
-        covered, _, foreign = replay_coverage(space, workload, backend_options["replay"])
-        if covered == 0:
-            raise ConfigError(f"--replay {backend_options['replay']}: none of its layouts is legal for "
-                              f"{workload.model.name} on {workload.cluster.gpus} GPUs ({foreign} rows are not)")
+    answerable = backend_class(backend).answerable_layouts(backend_options)
+    if answerable is not None:
+        legal = {c.key() for c in enumerate_legal(space, workload).configs}
+        if not legal & answerable:
+            raise ConfigError(f"--backend {backend}: none of the {len(answerable)} layouts it can answer is legal "
+                              f"for {workload.model.name} on {workload.cluster.gpus} GPUs")
 
 
 def create_study(repo: Repository, *, name: str | None, space: SearchSpace, workload: Workload, budget: int,
@@ -108,7 +97,7 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
                                  space=space.to_dict(), budget=budget, sampler=sampler, backend=backend,
                                  backend_options=backend_options,
                                  options={**DEFAULT_OPTIONS, **(options or {}), "seed": seed},
-                                 optuna_study_name=optuna_name, status="created")
+                                 optuna_study_name=optuna_name, status=StudyStatus.CREATED.value)
     except BaseException:
         _drop_orphan_optuna_study(repo.url, optuna_name)  # both records or neither
         raise
@@ -141,18 +130,6 @@ def _drop_orphan_optuna_study(url: str, optuna_name: str) -> None:
         pass  # there was none
 
 
-def study_space_and_workload(study: Study) -> tuple[SearchSpace, Workload]:
-    """Rebuild the space (domains as recorded) and the workload of a stored study."""
-    space = load_space(study.space.get("source") or study.model)
-    space = dataclasses.replace(space, domains={k: tuple(v) for k, v in study.space["domains"].items()},
-                                policy=dict(study.space.get("policy", space.policy)))
-    w = study.workload
-    workload = make_workload(space, gpus=w["gpus"], gpus_per_node=w["gpus_per_node"], gpu=w["gpu"],
-                             global_batch_size=w["global_batch_size"], seq_length=w["seq_length"],
-                             precision=w["precision"])
-    return space, workload
-
-
 def recipe_baseline(space: SearchSpace) -> LayoutConfig:
     return LayoutConfig.from_mapping(space.model.defaults.layout)
 
@@ -165,11 +142,11 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
     resources = ResourceRequest.for_workload(workload.cluster.gpus, workload.cluster.gpus_per_node,
                                              cls.one_bundle_per_node)
     if dispatcher == "inprocess":
-        from autotune.backends._inprocess import InProcessDispatcher
+        from autotune.dispatch._inprocess import InProcessDispatcher
 
         dispatcher = InProcessDispatcher(study.backend, study.backend_options)
     elif dispatcher is None:
-        from autotune.backends._ray import RayDispatcher
+        from autotune.dispatch._ray import RayDispatcher
 
         dispatcher = RayDispatcher(study.backend, study.backend_options, resources, address=ray_address,
                                    local_gpus=local_gpus, max_concurrent=max_concurrent)
@@ -177,6 +154,7 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
     try:
         strategy = make_strategy(study.sampler, study.budget, study.options.get("seed"), recipe_baseline(space),
                                  space)
+        strategy.remeasure = not backend_class(study.backend).repeatable_results
         return Controller(repo, study, space, workload, strategy, dispatcher, baseline=recipe_baseline(space),
                           on_tick=on_tick)
     except BaseException:

@@ -52,6 +52,8 @@ class Strategy(ABC):
         self.rng = np.random.default_rng(seed)
         self.baseline = baseline
         self.space = space  # the SearchSpace (knob domains), for strategies that sample knobs
+        # False when the backend's results repeat exactly (replay): a second run would tell nothing
+        self.remeasure = True
 
     @abstractmethod
     def propose(self, state: SearchState) -> Proposal | None:
@@ -150,7 +152,7 @@ class AutoStrategy(Strategy):
 
     def _remeasure(self, state: SearchState) -> Proposal | None:
         """A close contender measured again, in the budget's last REMEASURE_SHARE (None otherwise)."""
-        if self.budget < REMEASURE_MIN_BUDGET:
+        if self.budget < REMEASURE_MIN_BUDGET or not self.remeasure:
             return None
         remaining = self.budget - state.dispatched
         if remaining <= 0 or remaining > max(1, round(REMEASURE_SHARE * self.budget)):

@@ -196,7 +196,7 @@ def _run_in_ray(spec, options, cancel_after_s=None):
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from autotune.backends._ray import TrialRunner
+    from autotune.dispatch._ray import TrialRunner
 
     group = placement_group([{"GPU": float(spec.gpus_per_node)}] * (spec.gpus // spec.gpus_per_node), strategy="PACK")
     ray.get(group.ready(), timeout=60)

@@ -14,16 +14,17 @@ import traceback
 from typing import Any
 
 from autotune.backends.base import StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.dispatch._base import Dispatcher, TrialEvent
 
 
-class InProcessDispatcher:
+class InProcessDispatcher(Dispatcher):
     capacity = 1
 
     def __init__(self, backend_name: str, backend_options: dict[str, Any]) -> None:
         from autotune.backends import create_backend
 
         self.backend = create_backend(backend_name, backend_options)
-        self._done: list[tuple[int, list[StepReport], TrialOutcome]] = []
+        self._done: list[TrialEvent] = []
 
     def free_slots(self) -> int:
         return 0 if self._done else 1
@@ -35,9 +36,9 @@ class InProcessDispatcher:
         except Exception as exc:  # a backend bug still ends the trial with one outcome
             outcome = TrialOutcome(spec.trial, TrialStatus.FAILED,
                                    error=f"backend raised {exc!r}\n{traceback.format_exc()[-3000:]}")
-        self._done.append((spec.trial, reports, outcome))
+        self._done.append(TrialEvent(spec.trial, reports, outcome))
 
-    def poll(self, timeout_s: float = 0.0) -> list[tuple[int, list[StepReport], TrialOutcome | None]]:
+    def poll(self, timeout_s: float = 0.0) -> list[TrialEvent]:
         done, self._done = self._done, []
         return done
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.backends.base import ResourceRequest, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.dispatch._base import Dispatcher, TrialEvent
 from autotune.errors import AutotuneError, ConfigError
 
 NAMESPACE = "autotune"
@@ -81,7 +82,7 @@ class _Slot:
     pending: Any = None  # the in-flight poll() ObjectRef
 
 
-class RayDispatcher:
+class RayDispatcher(Dispatcher):
     """Runs TrialSpecs on Ray with at most `capacity` trials at once (see module docstring)."""
 
     def __init__(self, backend_name: str, backend_options: dict[str, Any], resources: ResourceRequest, *,
@@ -182,7 +183,7 @@ class RayDispatcher:
             if slot.trial == trial:
                 slot.actor.cancel.remote()
 
-    def poll(self, timeout_s: float = 0.2) -> list[tuple[int, list[StepReport], TrialOutcome | None]]:
+    def poll(self, timeout_s: float = 0.2) -> list[TrialEvent]:
         """New step reports and finished outcomes of the running trials."""
         import ray
 
@@ -202,7 +203,7 @@ class RayDispatcher:
             events.extend(self._collect(slot))
         return events
 
-    def _collect(self, slot: _Slot) -> list[tuple[int, list[StepReport], TrialOutcome | None]]:
+    def _collect(self, slot: _Slot) -> list[TrialEvent]:
         import ray
         from ray.exceptions import RayActorError
 
@@ -213,7 +214,7 @@ class RayDispatcher:
         except RayActorError as exc:
             self._rebuild(slot)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-            return [(trial, [], TrialOutcome(trial, TrialStatus.LOST, error=f"worker died: {first}"))]
+            return [TrialEvent(trial, [], TrialOutcome(trial, TrialStatus.LOST, error=f"worker died: {first}"))]
         if not isinstance(value, tuple):  # the start() call's return value: poll next time
             return []
         running, reports, outcome = value
@@ -221,9 +222,9 @@ class RayDispatcher:
             return []
         steps = [StepReport.from_dict(r) for r in reports]
         if outcome is None:
-            return [(trial, steps, None)]
+            return [TrialEvent(trial, steps, None)]
         slot.trial, slot.spec = None, None
-        return [(trial, steps, TrialOutcome.from_dict(outcome))]
+        return [TrialEvent(trial, steps, TrialOutcome.from_dict(outcome))]
 
     def _rebuild(self, slot: _Slot) -> None:
         """Replace a dead runner; a new placement group when the old one lost its node."""

@@ -10,18 +10,19 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from autotune.backends.base import StepReport, TrialOutcome, TrialSpec
+from autotune.backends.base import TrialSpec
+from autotune.dispatch._base import Dispatcher, TrialEvent
 from autotune.backends.megatron import dry_run_lines
 from autotune.backends.simulate import SimulateBackend
 
 
-class DryRunDispatcher:
+class DryRunDispatcher(Dispatcher):
     capacity = 1
 
     def __init__(self, options: dict[str, Any], emit: Callable[[str], None] = print) -> None:
         self.options, self.emit = options, emit
         self._simulate = SimulateBackend({"seconds_per_trial": 0.0, "noise": 0.0})
-        self._done: list[tuple[int, list[StepReport], TrialOutcome]] = []
+        self._done: list[TrialEvent] = []
 
     def free_slots(self) -> int:
         return 0 if self._done else 1
@@ -30,9 +31,9 @@ class DryRunDispatcher:
         for line in dry_run_lines(spec, {**self.options, **spec.backend_options}):
             self.emit(line)
         outcome = self._simulate.run(spec, lambda r: None, threading.Event())
-        self._done.append((spec.trial, [], outcome))
+        self._done.append(TrialEvent(spec.trial, [], outcome))
 
-    def poll(self, timeout_s: float = 0.0):
+    def poll(self, timeout_s: float = 0.0) -> list[TrialEvent]:
         done, self._done = self._done, []
         return done
 

@@ -1,0 +1,69 @@
+"""Process helpers shared by the backends that start processes (command, megatron): splitting and
+checking a command line, the parent-death signal, killing a process group, the subreaper."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from autotune.errors import ConfigError
+
+KILL_GRACE_S = 5.0  # SIGTERM first; SIGKILL what is still there after this
+
+
+def parse_command(command: str | list[str]) -> list[str]:
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    except ValueError as exc:  # an unbalanced quote
+        raise ConfigError(f"--command {command!r} cannot be split into arguments: {exc}") from None
+    if not argv:
+        raise ConfigError("--command is empty")
+    return argv
+
+
+def check_command(command: str | list[str]) -> list[str]:
+    """The argv, checked to name an executable that exists (ConfigError otherwise)."""
+    import shutil
+
+    argv = parse_command(command)
+    program = argv[0]
+    found = shutil.which(program) if os.sep not in program else (program if os.access(program, os.X_OK) else None)
+    if not found:
+        raise ConfigError(f"--command: {program!r} is not an executable file or a program on PATH")
+    return argv
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def kill_group(process: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the child's whole process group, then SIGKILL whatever is left after `grace_s`."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+REAPER = str(Path(__file__).with_name("_reaper.py"))
+
+
+def reaped_argv(argv: list[str]) -> list[str]:
+    """`argv` run under the subreaper, so no descendant of the launcher outlives the trial."""
+    return [sys.executable, "-S", REAPER, "--", *argv]
