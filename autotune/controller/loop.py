@@ -20,11 +20,11 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from autotune.backends import TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
 from autotune.backends.validation import impossible_result, is_plausible_step
 from autotune.config import LayoutConfig, Workload
@@ -38,8 +38,11 @@ from autotune.cost import estimate
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 from autotune.overrides import layout_overrides
 from autotune.space import SearchSpace, enumerate_legal, policy_violations, violations
-from autotune.storage import Repository, Study, Trial
+from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial
 from autotune.storage.models import utcnow
+
+if TYPE_CHECKING:
+    from autotune.dispatch import Dispatcher
 
 HEARTBEAT_S = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", "5"))
 STALE_AFTER_HEARTBEATS = 3
@@ -86,7 +89,7 @@ def derive_metrics(outcome: TrialOutcome, workload: Workload, config: LayoutConf
 
 class Controller:
     def __init__(self, repo: Repository, study: Study, space: SearchSpace, workload: Workload,
-                 strategy: Strategy, dispatcher, *, baseline: LayoutConfig | None = None,
+                 strategy: Strategy, dispatcher: "Dispatcher", *, baseline: LayoutConfig | None = None,
                  on_tick: Callable[["Controller"], None] | None = None) -> None:
         self.repo, self.study, self.space, self.workload = repo, study, space, workload
         self.strategy, self.dispatcher, self.baseline = strategy, dispatcher, baseline
@@ -98,11 +101,9 @@ class Controller:
         self.pruner = SlowBranchPruner(int(opts.get("warmup_steps", 3)), margin=float(opts.get("slow_margin", 0.25)),
                                        enabled=bool(opts.get("prune_slow", True)))
         legal = enumerate_legal(space, workload).configs
-        if study.backend == "replay":  # spend the budget only on what the table measured
-            from autotune.backends.replay import table_keys
-
-            measured = table_keys(study.backend_options["replay"])
-            legal = [c for c in legal if c.key() in measured]
+        answerable = backend_class(study.backend).answerable_layouts(study.backend_options)
+        if answerable is not None:  # a replay table: spend the budget only on what it measured
+            legal = [c for c in legal if c.key() in answerable]
         self.state = SearchState.build(workload, legal)
         self.running: dict[int, _Running] = {}
         headroom = opts.get("memory_headroom_gib")
@@ -145,7 +146,7 @@ class Controller:
 
     def run(self) -> RunSummary:
         started = time.monotonic()
-        self.repo.set_study_status(self.study.id, "running")
+        self.repo.set_study_status(self.study.id, StudyStatus.RUNNING)
         self._reconcile_optuna()
         stop_reason = "budget"
         try:
@@ -166,13 +167,13 @@ class Controller:
             stop_reason = "interrupted"
             for number in list(self.running):
                 self.dispatcher.cancel(number)
-            self.repo.set_study_status(self.study.id, "interrupted")
+            self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)
             raise
         finally:
             self.dispatcher.shutdown()
         counts = self.repo.counts(self.study.id)
         finished = counts["running"] == 0 and (counts["dispatched"] >= self.study.budget or stop_reason == "exhausted")
-        self.repo.set_study_status(self.study.id, "finished" if finished else "interrupted")
+        self.repo.set_study_status(self.study.id, StudyStatus.FINISHED if finished else StudyStatus.INTERRUPTED)
         return self.summary(time.monotonic() - started, stop_reason)
 
     def summary(self, elapsed_s: float, stop_reason: str) -> RunSummary:
@@ -236,11 +237,11 @@ class Controller:
                                                self.controller_id, self.study.budget, predicted, note,
                                                dispatch_key=dispatch_key)
             self._mark_tried(config.key())
-            if claimed == "budget":
+            if claimed == ClaimRefused.BUDGET:
                 self.optuna.tell_fail(number, "not dispatched: the study's budget is used up")
                 self._exhausted = True
                 return False
-            if claimed == "duplicate":  # checked under the study's lock, so also across controllers
+            if claimed == ClaimRefused.DUPLICATE:  # checked under the study's lock, so also across controllers
                 self._reject(number, config, note, "duplicate", "already dispatched in this study", 1.0, None)
                 continue
             self._submit(claimed, config)
@@ -456,7 +457,7 @@ class Controller:
                                                self.controller_id, self.study.budget, self._prediction(config),
                                                VALIDATION, dispatch_key=f"{config.key()}#validation",
                                                outside_budget=True)
-            if isinstance(claimed, str):  # validated before this controller resumed
+            if isinstance(claimed, ClaimRefused):  # validated before this controller resumed
                 self.optuna.tell_fail(number, "validation run already recorded")
                 continue
             run = self._spec(claimed, config)

@@ -2,7 +2,8 @@
 
 from autotune.storage._engine import default_storage_url, engine_kwargs, make_engine, normalize_url
 from autotune.storage.migrations import current_revision, ensure_schema, head_revision, upgrade
+from autotune.storage.models import ClaimRefused, StudyStatus, TrialRecordStatus
 from autotune.storage.repository import Repository, Study, Trial
 
-__all__ = ["Repository", "Study", "Trial", "current_revision", "default_storage_url", "engine_kwargs",
+__all__ = ["ClaimRefused", "Repository", "Study", "StudyStatus", "Trial", "TrialRecordStatus", "current_revision", "default_storage_url", "engine_kwargs",
            "ensure_schema", "head_revision", "make_engine", "normalize_url", "upgrade"]

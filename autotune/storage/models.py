@@ -9,6 +9,7 @@ unique `number`; a layout is dispatched at most once per study (unique dispatch 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
@@ -19,6 +20,45 @@ SCHEMA_REVISION = "0002_trial_prediction_owner"  # the newest Alembic revision t
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class StudyStatus(str, enum.Enum):
+    """A study's life: created -> running -> finished, or interrupted (resumable)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrialRecordStatus(str, enum.Enum):
+    """A trial row's status: the backend outcomes (backends.TrialStatus) plus the two states a trial
+    has before it has an outcome: rejected before dispatch, or dispatched and not yet ended."""
+
+    REJECTED = "rejected"
+    DISPATCHED = "dispatched"
+    COMPLETED = "completed"
+    OOM = "oom"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ClaimRefused(str, enum.Enum):
+    """Why `Repository.claim_dispatch` recorded nothing."""
+
+    BUDGET = "budget"  # the study has dispatched its budget
+    DUPLICATE = "duplicate"  # this layout (dispatch key) is already dispatched in the study
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class Base(DeclarativeBase):
@@ -39,7 +79,7 @@ class StudyRow(Base):
     backend_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # seed, timeouts, pruning settings
     optuna_study_name: Mapped[str] = mapped_column(String(250))
-    status: Mapped[str] = mapped_column(String(20), default="running")  # running, finished, interrupted
+    status: Mapped[str] = mapped_column(String(20), default=StudyStatus.CREATED.value)  # a StudyStatus value
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     controller_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
@@ -66,8 +106,7 @@ class TrialRow(Base):
     # "a layout is dispatched at most once per study", also across concurrent controllers.
     dispatch_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     dispatched: Mapped[bool] = mapped_column(Boolean, default=False)
-    # rejected | dispatched | completed | oom | pruned | failed | timeout | lost
-    status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20))  # a TrialRecordStatus value
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # rule name or failure class
     message: Mapped[str | None] = mapped_column(Text, nullable=True)  # human text, stderr tail
     implied_by_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # OOM-frontier source
@@ -93,4 +132,5 @@ class TrialRow(Base):
     study: Mapped[StudyRow] = relationship(back_populates="trials")
 
 
-TERMINAL_STATUSES = ("completed", "oom", "pruned", "failed", "timeout", "lost")
+TERMINAL_STATUSES = tuple(s.value for s in TrialRecordStatus if s not in (TrialRecordStatus.REJECTED,
+                                                                          TrialRecordStatus.DISPATCHED))

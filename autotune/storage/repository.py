@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
@@ -22,7 +22,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
 from autotune.storage.migrations import current_revision, ensure_schema
-from autotune.storage.models import TERMINAL_STATUSES, StudyRow, TrialRow, utcnow
+from autotune.storage.models import (TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus, TrialRecordStatus,
+                                     TrialRow, utcnow)
+
+T = TypeVar("T")
+NUMBER_RETRIES = 50  # concurrent controllers racing for the next trial number; each loss costs one query
 
 # Imported runs (strategy_note "imported") were not dispatched by autotune, and validation runs of the
 # winner (strategy_note "validation", `--validate-steps`) come after the study: both are outside the budget.
@@ -139,8 +143,28 @@ class Repository:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
+        """One committed transaction. A unique-key clash (IntegrityError) reaches the caller, which
+        treats it as a lost race; any other database error becomes a one-line StorageError."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except IntegrityError:
+            raise
+        except SQLAlchemyError as exc:
+            where = self.engine.url.render_as_string(hide_password=True)
+            first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [exc.__class__.__name__])[0]
+            raise StorageError(f"the store {where} failed: {first[:200]}") from None
+
+    def _numbered(self, study_id: int, write: Callable[[Session, int], T]) -> T:
+        """Run `write(session, last trial number)` in a transaction, again when a concurrent controller
+        took the same number (the unique key on (study, number) refuses the second insert)."""
+        for _ in range(NUMBER_RETRIES):
+            try:
+                with self.session() as s:
+                    return write(s, _last_number(s, study_id))
+            except IntegrityError:
+                continue  # lost the race for this number: take the next one
+        raise StorageError(f"could not allocate a trial number after {NUMBER_RETRIES} attempts")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -174,9 +198,11 @@ class Repository:
         with self.session() as s:
             return [_study(r) for r in s.scalars(select(StudyRow).order_by(StudyRow.created_at))]
 
-    def set_study_status(self, study_id: int, status: str) -> None:
+    def set_study_status(self, study_id: int, status: StudyStatus | str) -> None:
+        status = StudyStatus(status)  # a misspelt status is a bug here, not a new state in the table
         with self.session() as s:
-            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status, updated_at=utcnow()))
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status.value,
+                                                                             updated_at=utcnow()))
 
     def controller_heartbeat(self, study_id: int, controller_id: str) -> None:
         with self.session() as s:
@@ -187,16 +213,13 @@ class Repository:
 
     def _insert_trial(self, study_id: int, **values: Any) -> Trial:
         """Insert with the next free number (retrying when a concurrent controller took it)."""
-        for _ in range(50):
-            try:
-                with self.session() as s:
-                    row = TrialRow(study_id=study_id, number=_last_number(s, study_id) + 1, **values)
-                    s.add(row)
-                    s.flush()
-                    return _trial(row)
-            except IntegrityError:
-                continue  # lost the race for this number: take the next one
-        raise RuntimeError("could not allocate a trial number after 50 attempts")
+        def write(s: Session, last: int) -> Trial:
+            row = TrialRow(study_id=study_id, number=last + 1, **values)
+            s.add(row)
+            s.flush()
+            return _trial(row)
+
+        return self._numbered(study_id, write)
 
     def is_dispatched(self, study_id: int, config_key: str) -> bool:
         with self.session() as s:
@@ -207,23 +230,19 @@ class Repository:
         """Record several rejected layouts in one transaction (strategy skips, e.g. the OOM frontier)."""
         if not rows:
             return
-        for _ in range(50):
-            try:
-                with self.session() as s:
-                    number = _last_number(s, study_id)
-                    for offset, values in enumerate(rows, 1):
-                        s.add(TrialRow(study_id=study_id, number=number + offset, dispatched=False,
-                                       status="rejected", finished_at=utcnow(), **values))
-                return
-            except IntegrityError:
-                continue
-        raise RuntimeError("could not record rejected layouts after 50 attempts")
+
+        def write(s: Session, last: int) -> None:
+            for offset, values in enumerate(rows, 1):
+                s.add(TrialRow(study_id=study_id, number=last + offset, dispatched=False,
+                               status=TrialRecordStatus.REJECTED.value, finished_at=utcnow(), **values))
+
+        self._numbered(study_id, write)
 
     def add_rejected(self, study_id: int, config: dict, config_key: str, reason: str, message: str,
                      optuna_trial_number: int | None = None, implied_by_trial: int | None = None,
                      predicted: dict | None = None, strategy_note: str | None = None) -> Trial:
         trial = self._insert_trial(study_id, config=config, config_key=config_key, dispatched=False,
-                                   status="rejected", reason=reason, message=message,
+                                   status=TrialRecordStatus.REJECTED.value, reason=reason, message=message,
                                    optuna_trial_number=optuna_trial_number, implied_by_trial=implied_by_trial,
                                    predicted=predicted, strategy_note=strategy_note, finished_at=utcnow())
         return trial
@@ -231,40 +250,39 @@ class Repository:
     def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
                        controller_id: str, budget: int, predicted: dict | None = None,
                        strategy_note: str | None = None, dispatch_key: str | None = None,
-                       outside_budget: bool = False) -> Trial | str:
+                       outside_budget: bool = False) -> Trial | ClaimRefused:
         """Record a trial as dispatched, committed before anything runs it.
 
-        Returns the trial, or a reason it was not recorded: "budget" (the study has dispatched its
-        budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
-        or "duplicate" (this layout was already dispatched in the study). A deliberate repeat run of
+        Returns the trial, or why it was not recorded: ClaimRefused.BUDGET (the study has dispatched
+        its budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
+        or ClaimRefused.DUPLICATE (this layout was already dispatched in the study). A deliberate repeat run of
         a measured layout passes its own `dispatch_key` (the layout's key plus a run number).
         """
         dispatch_key = dispatch_key or config_key
-        for _ in range(50):
-            try:
-                with self.session() as s:
-                    s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
-                    dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
-                        TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), NOT_IMPORTED))
-                    if dispatched >= budget and not outside_budget:
-                        return "budget"
-                    if s.scalar(select(func.count()).select_from(TrialRow).where(
-                            TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
-                        return "duplicate"
-                    number = _last_number(s, study_id) + 1
-                    now = utcnow()
-                    row = TrialRow(study_id=study_id, number=number, config=config, config_key=config_key,
-                                   dispatch_key=dispatch_key, dispatched=True, status="dispatched", attempt=1,
-                                   optuna_trial_number=optuna_trial_number, predicted=predicted,
-                                   strategy_note=strategy_note, dispatched_at=now, heartbeat_at=now,
-                                   controller_id=controller_id)
-                    s.add(row)
-                    s.flush()
-                    return _trial(row)
-            except IntegrityError:
-                if self.is_dispatched(study_id, dispatch_key):
-                    return "duplicate"
-        raise RuntimeError("could not record a dispatch after 50 attempts")
+
+        def write(s: Session, last: int) -> Trial | ClaimRefused:
+            s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+            dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
+                TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), NOT_IMPORTED))
+            if dispatched >= budget and not outside_budget:
+                return ClaimRefused.BUDGET
+            if s.scalar(select(func.count()).select_from(TrialRow).where(
+                    TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
+                return ClaimRefused.DUPLICATE
+            now = utcnow()
+            row = TrialRow(study_id=study_id, number=_last_number(s, study_id) + 1, config=config,
+                           config_key=config_key, dispatch_key=dispatch_key, dispatched=True,
+                           status=TrialRecordStatus.DISPATCHED.value, attempt=1,
+                           optuna_trial_number=optuna_trial_number, predicted=predicted,
+                           strategy_note=strategy_note, dispatched_at=now, heartbeat_at=now,
+                           controller_id=controller_id)
+            s.add(row)
+            s.flush()
+            return _trial(row)
+
+        # a clash on the dispatch key (another controller claimed this layout) retries too, and the
+        # retry then finds the layout dispatched
+        return self._numbered(study_id, write)
 
     def add_imported(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int, status: str,
                      metrics: dict[str, Any], step_times_s: list[float], source: str) -> Trial:
@@ -280,7 +298,7 @@ class Repository:
         cutoff = utcnow() - dt.timedelta(seconds=older_than_s)
         with self.session() as s:
             rows = s.scalars(select(TrialRow).where(
-                TrialRow.study_id == study_id, TrialRow.status == "dispatched",
+                TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 (TrialRow.controller_id.is_(None)) | (TrialRow.controller_id != exclude_controller),
                 (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < cutoff)).order_by(TrialRow.number))
             return [_trial(r) for r in rows]
@@ -289,7 +307,7 @@ class Repository:
         """Take over a stale trial (compare-and-set on its heartbeat, so two adopters cannot both win)."""
         with self.session() as s:
             result = s.execute(update(TrialRow).where(
-                TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.status == "dispatched",
+                TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < stale_before)).values(
                 controller_id=controller_id, heartbeat_at=utcnow()))
             return result.rowcount == 1
@@ -333,7 +351,7 @@ class Repository:
             if worker_lost:
                 artifacts["worker_losses"] = int(artifacts.get("worker_losses", 0)) + 1
                 artifacts["losses"] = [*artifacts.get("losses", []), message]
-            row.status, row.attempt, row.message = "dispatched", row.attempt + 1, message
+            row.status, row.attempt, row.message = TrialRecordStatus.DISPATCHED.value, row.attempt + 1, message
             row.dispatched_at = row.heartbeat_at = utcnow()
             row.controller_id, row.gpu_seconds, row.artifacts = controller_id, row.gpu_seconds + gpu_seconds, artifacts
 

@@ -117,3 +117,34 @@ def test_sqlite_runs_in_wal_mode(tmp_path):
     repo = Repository.open(f"sqlite:///{tmp_path / 'x.db'}")
     with repo.engine.connect() as c:
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+def test_database_errors_become_one_line_storage_errors(tmp_path):
+    """A broken store (here: a table dropped under the repository) is a StorageError naming the store."""
+    from sqlalchemy import text
+
+    from autotune.errors import StorageError
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'broken.db'}")
+    with repo.engine.begin() as connection:
+        connection.execute(text("DROP TABLE autotune_trials"))
+    with pytest.raises(StorageError) as raised:
+        repo.trials(1)
+    assert "broken.db" in str(raised.value) and "\n" not in str(raised.value)
+    repo.close()
+
+
+def test_states_are_enums_and_a_misspelt_study_status_is_refused(storage_url):
+    from autotune.storage import ClaimRefused, StudyStatus
+
+    repo = Repository.open(storage_url)
+    study = new_study(repo, name="enum", budget=1)
+    assert study.status == StudyStatus.CREATED
+    repo.set_study_status(study.id, StudyStatus.RUNNING)
+    assert repo.get_study(study.name).status == "running"
+    with pytest.raises(ValueError):
+        repo.set_study_status(study.id, "runing")
+    assert repo.get_study(study.name).status == StudyStatus.RUNNING
+    assert not isinstance(repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget), ClaimRefused)
+    assert repo.claim_dispatch(study.id, {"tp": 2}, "k2", 1, "c1", study.budget) is ClaimRefused.BUDGET
+    repo.close()
