@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.config import KNOBS, LayoutConfig
-from autotune.controller.session import study_space_and_workload
+from autotune.space import study_space_and_workload
 from autotune.errors import ConfigError, IllegalLayoutError, StudyError
 from autotune.overrides import layout_fields, layout_overrides
 from autotune.space import violations
@@ -155,6 +155,10 @@ def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = 
     if fmt == "table":
         return table_frame(repo, study).to_csv(index=False)
     trial = choose_trial(repo, study, trial_number)
+    if fmt in ("recipe", "overrides"):
+        from autotune.catalog import require_exportable
+
+        require_exportable(study_space_and_workload(study)[0].model, f"export --format {fmt} for")
     if fmt == "recipe":
         return render_recipe(study, trial)
     if fmt == "overrides":

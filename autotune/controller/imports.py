@@ -10,7 +10,7 @@ from __future__ import annotations
 from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
-from autotune.controller.session import study_space_and_workload
+from autotune.space import study_space_and_workload
 from autotune.cost.flops import tokens_per_s_per_gpu
 from autotune.errors import ConfigError, IllegalLayoutError
 from autotune.logparse import parse_log

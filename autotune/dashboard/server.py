@@ -150,7 +150,7 @@ class DashboardApp:
                 f"{escape(label)}</a>{arrow}</th>")
 
     def trial_page(self, name: str, number: int) -> bytes:
-        from autotune.controller.session import study_space_and_workload
+        from autotune.space import study_space_and_workload
         from autotune.overrides import layout_overrides
 
         study = self.repo.get_study(name)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from autotune.catalog import get_gpu
 from autotune.config import PRECISIONS, Cluster, Workload
 from autotune.errors import ConfigError
-from autotune.space._files import SearchSpace
+from autotune.space._files import SearchSpace, load_space
 
 
 def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
@@ -36,3 +39,19 @@ def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node:
         raise ConfigError(f"{gpu_type.display_name} has no {precision} tensor cores "
                           f"(it has: {', '.join(gpu_type.peak_tflops)})")
     return Workload(space.model, Cluster(gpus, min(gpus_per_node, gpus), gpu_type), gbs, seq, precision)
+
+
+def study_space_and_workload(study: Any) -> tuple[SearchSpace, Workload]:
+    """Rebuild the space (domains as recorded) and the workload of a stored study.
+
+    `study` is a storage Study record (its `model`, `space` and `workload`); this is the read side's
+    way back from SQL to a space, so it imports neither the controller nor Optuna.
+    """
+    space = load_space(study.space.get("source") or study.model)
+    space = dataclasses.replace(space, domains={k: tuple(v) for k, v in study.space["domains"].items()},
+                                policy=dict(study.space.get("policy", space.policy)))
+    w = study.workload
+    workload = make_workload(space, gpus=w["gpus"], gpus_per_node=w["gpus_per_node"], gpu=w["gpu"],
+                             global_batch_size=w["global_batch_size"], seq_length=w["seq_length"],
+                             precision=w["precision"])
+    return space, workload
