@@ -154,6 +154,10 @@ class ModelSpec:
     # module:function that recomputes the recipe's pipeline layout after PP/VPP change (DeepSeek-V3)
     pipeline_layout_function: str = ""
     hf_extra: dict = field(default_factory=dict)  # HF config values that are not architecture numbers
+    # False for a model measured elsewhere (a public sweep) whose Bridge recipe is not its own: `export`
+    # and the megatron backend refuse it, with `recipe_note` saying why.
+    exportable: bool = True
+    recipe_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -171,6 +175,8 @@ class ModelSpec:
             "account_for_loss_in_pipeline_split": self.account_for_loss_in_pipeline_split,
             "pipeline_layouts": [list(p) for p in self.pipeline_layouts],
             "pipeline_layout_function": self.pipeline_layout_function,
+            "exportable": self.exportable,
+            "recipe_note": self.recipe_note,
         }
 
 
@@ -185,3 +191,9 @@ def list_models() -> list[ModelSpec]:
     from autotune.space import available_space_names, load_space
 
     return [load_space(name).model for name in available_space_names()]
+
+
+def require_exportable(model: ModelSpec, action: str) -> None:
+    """ConfigError when `model` has no Megatron-Bridge recipe of its own to `action` with."""
+    if not model.exportable:
+        raise ConfigError(f"cannot {action} {model.name}: {model.recipe_note or 'it has no Megatron-Bridge recipe'}")

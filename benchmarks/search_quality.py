@@ -24,6 +24,12 @@ A regret curve (median ratio of the recommendation after k trials, per sampler a
 
     python benchmarks/search_quality.py                       # everything (~1 h on 2 cores)
     python benchmarks/search_quality.py --seeds 2 --cases qwen3_30b:16 --families mixed --samplers auto random
+    python benchmarks/search_quality.py --cases --public vtrain_gpt_175b     # one public sweep only
+
+Public sweeps (vTrain's measured A100 layouts, replayed; the study's legal set is restricted to the
+layouts the sweep measured) are run first, at budgets 10 and 20: ratio = measured throughput of the
+recommended layout / best measured layout of the sweep. Every layout in a sweep ran, so their OOM share
+is 0 by construction: they test ranking, not the memory model.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ from autotune.space import enumerate_legal, load_space, make_workload  # noqa: E
 from autotune.storage import Repository  # noqa: E402
 
 CASES = ["qwen3_30b:16", "qwen3_30b:64", "llama3_70b:64"]
+# public measured sweeps (vTrain, Megatron-DeepSpeed on A100): replay tables made by
+# benchmarks/public_sweeps/make_tables.py, search spaces search_spaces/vtrain_gpt_*.yaml
+PUBLIC = ["vtrain_gpt_3p6b", "vtrain_gpt_18p4b", "vtrain_gpt_39p1b", "vtrain_gpt_175b"]
+PUBLIC_SAMPLERS = ["auto", "gp", "tpe", "random", "grid"]
+PUBLIC_BUDGETS = [10, 20]
 FAMILIES = ["interact", "regime", "prior_wrong", "mixed"]
 SAMPLERS = ["auto", "gp", "tpe", "random"]
 BUDGETS = [10, 20, 40]
@@ -99,6 +110,55 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     return curve, ooms / max(1, len(trials)), 1000 * summary.controller_s_per_trial
 
 
+class PublicTruth:
+    """A public sweep: every layout it measured ran; a layout it lacks is not in the study's legal set."""
+
+    def __init__(self, model: str) -> None:
+        import pandas as pd
+
+        from autotune.backends.replay import table_index
+
+        self.table = str(Path(__file__).with_name("public_sweeps") / f"{model}.csv")
+        self.space = load_space(model)
+        self.workload = make_workload(self.space)
+        index = table_index(pd.read_csv(self.table))
+        self.speed = {key: float(row["tokens_per_s_per_gpu"]) for key, row in index.items()}
+        self.best = max(self.speed.values())
+
+
+def run_public_study(truth: PublicTruth, seed: int, sampler: str, budget: int, directory: str):
+    url = f"sqlite:///{directory}/{truth.workload.model.name}-{seed}-{sampler}-{budget}.db"
+    repo = Repository.open(url)
+    study = create_study(repo, name="bench", space=truth.space, workload=truth.workload, budget=budget,
+                         sampler=sampler, backend="replay", seed=seed, backend_options={"replay": truth.table})
+    controller = build_controller(repo, study, dispatcher="inprocess")
+    summary = controller.run()
+    trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
+    pick = recommend(trials, truth.workload.cluster.gpu.memory_gib, controller.headroom_gib)
+    ratio = truth.speed.get(pick.trial.config_key, 0.0) / truth.best if pick else 0.0
+    ooms = sum(t.status == "oom" for t in trials)
+    repo.close()
+    return ratio, ooms / max(1, len(trials)), 1000 * summary.controller_s_per_trial
+
+
+def public_main(args) -> None:
+    print(f"{'public sweep':<18} {'layouts':>7} {'sampler':<7} {'budget':>6} {'median':>7} {'worst':>6} "
+          f"{'OOM share':>9} {'ms/trial':>8}", flush=True)
+    with tempfile.TemporaryDirectory() as directory:
+        for model in args.public:
+            truth = PublicTruth(model)
+            for sampler in args.public_samplers:
+                for budget in PUBLIC_BUDGETS:
+                    # grid and a deterministic table: one ordering, the seed changes nothing
+                    seeds = range(1) if sampler == "grid" else range(args.seeds)
+                    runs = [run_public_study(truth, seed, sampler, budget, directory) for seed in seeds]
+                    ratios = [r[0] for r in runs]
+                    print(f"{model:<18} {len(truth.speed):>7} {sampler:<7} {budget:>6} "
+                          f"{statistics.median(ratios):>7.3f} {min(ratios):>6.3f} "
+                          f"{statistics.median(r[1] for r in runs):>9.1%} "
+                          f"{statistics.median(r[2] for r in runs):>8.1f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -107,7 +167,14 @@ def main() -> None:
     parser.add_argument("--samplers", nargs="*", default=SAMPLERS)
     parser.add_argument("--budgets", nargs="*", type=int, default=BUDGETS)
     parser.add_argument("--plot", default=str(Path(__file__).with_name("search_quality.png")))
+    parser.add_argument("--public", nargs="*", default=PUBLIC, help="public sweeps to replay ('' for none)")
+    parser.add_argument("--public-samplers", nargs="*", default=PUBLIC_SAMPLERS)
     args = parser.parse_args()
+    args.public = [p for p in args.public if p]
+    if args.public:
+        public_main(args)
+    if not args.cases:
+        return
     top = max(args.budgets)
     print(f"{'case':<14} {'landscape':<11} {'sampler':<7} {'budget':>6} {'median':>7} {'worst':>6} "
           f"{'OOM share':>9} {'ms/trial':>8} {'prior rank of optimum':>22}", flush=True)

@@ -144,7 +144,8 @@ class _Reader:
         return text
 
     def model(self, doc: dict) -> ModelSpec:
-        recipe = self.mapping(doc["recipe"], "recipe", ("function", "target"), ("function", "target"))
+        recipe = self.mapping(doc["recipe"], "recipe", ("function", "target", "exportable", "note"),
+                              ("function", "target"))
         self.python_name(recipe["function"], "recipe.function", with_function=False)
         self.python_name(recipe["target"], "recipe.target", with_function=True)
         hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture", "extra"), ("model_type", "architecture"))
@@ -161,6 +162,8 @@ class _Reader:
             display_name=self.typed(doc["display_name"], "display_name", str),
             recipe_function=self.typed(recipe["function"], "recipe.function", str),
             recipe_target=self.typed(recipe["target"], "recipe.target", str),
+            exportable=self.typed(recipe.get("exportable", True), "recipe.exportable", bool),
+            recipe_note=self.typed(recipe.get("note", ""), "recipe.note", str),
             hf_model_type=self.typed(hf["model_type"], "hf.model_type", str),
             hf_architecture=self.typed(hf["architecture"], "hf.architecture", str),
             architecture=self.architecture(doc["architecture"]),

@@ -4,6 +4,7 @@ in-process dispatcher, and the sampler inside a plain Optuna study."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -13,7 +14,7 @@ from autotune.backends._landscapes import Landscape
 from autotune.config import LayoutConfig
 from autotune.controller.recommend import recommend
 from autotune.controller.sampler import AutotuneSampler
-from autotune.controller.session import build_controller, create_study
+from autotune.controller.session import build_controller, create_study, replay_coverage
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import AutoStrategy, expected_improvement, remeasure_choice
 from autotune.controller.surrogate import MemoryFeasibility, ResidualGP
@@ -216,3 +217,46 @@ def test_physics_calibration_uses_measured_trace_breakdowns(qwen16):
     with_traces.fit(breakdown[sample], breakdown[sample] @ true_scale, traces)
     without.fit(breakdown[sample], breakdown[sample] @ true_scale)
     assert abs(with_traces.scales["ep"] - 2.0) < abs(without.scales["ep"] - 2.0)
+
+
+PUBLIC_SWEEPS = Path(__file__).resolve().parents[2] / "benchmarks" / "public_sweeps"
+
+
+@pytest.mark.parametrize("model", ["vtrain_gpt_3p6b", "vtrain_gpt_18p4b", "vtrain_gpt_39p1b", "vtrain_gpt_175b"])
+def test_public_sweep_tables_are_legal_in_their_spaces(model):
+    """Every measured layout of a public sweep is legal in its search space (else replay could never reach it)."""
+    space = load_space(model)
+    covered, lacking, foreign = replay_coverage(space, make_workload(space), str(PUBLIC_SWEEPS / f"{model}.csv"))
+    assert covered >= 15 and foreign == 0 and lacking > 0
+    assert not space.model.exportable
+
+
+def test_replay_of_a_public_sweep_measures_only_its_layouts_once_each(tmp_path):
+    """A replay study spends its budget on the table's layouts only and never re-measures (replay repeats)."""
+    space = load_space("vtrain_gpt_39p1b")
+    workload = make_workload(space)
+    table = str(PUBLIC_SWEEPS / "vtrain_gpt_39p1b.csv")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'replay.db'}")
+    study = create_study(repo, name="pub", space=space, workload=workload, budget=12, sampler="auto",
+                         backend="replay", seed=0, backend_options={"replay": table})
+    summary = build_controller(repo, study, dispatcher="inprocess").run()
+    trials = repo.trials(study.id, dispatched_only=True)
+    assert len(trials) == 12 and summary.counts["dispatched"] == 12
+    assert {t.status for t in trials} == {"completed"}  # never a layout missing from the table
+    assert len({t.config_key for t in trials}) == 12 and not any(t.strategy_note == "remeasure" for t in trials)
+    repo.close()
+
+
+def test_a_public_sweep_model_is_not_exported_nor_run_on_megatron(tmp_path):
+    from autotune.catalog import require_exportable
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no recipe of this model"):
+        require_exportable(load_space("vtrain_gpt_175b").model, "export")
+    space = load_space("vtrain_gpt_175b")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'm.db'}")
+    with pytest.raises(ConfigError, match="cannot run the megatron backend"):
+        create_study(repo, name="m", space=space, workload=make_workload(space), budget=4, sampler="auto",
+                     backend="megatron", seed=0, backend_options={})
+    assert repo.list_studies() == []
+    repo.close()
