@@ -9,6 +9,7 @@ import time
 
 from autotune.cli._checks import float_in, int_in, port, positive, seconds, seed, trial_number
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
+from autotune.controller.options import DEFAULTS
 
 
 def add_storage_option(parser: argparse.ArgumentParser) -> None:
@@ -35,11 +36,15 @@ def register(sub) -> None:
     p.add_argument("--sampler", default="auto", help="auto (model-guided, default), tpe, random or grid")
     p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
     p.add_argument("--study", help="study name (default: MODEL-GPUSg-TIMESTAMP)")
-    p.add_argument("--trial-timeout", type=seconds, default=3600.0, help="seconds per trial (default 3600)")
-    p.add_argument("--warmup-steps", type=int_in(1, 10**6, "--warmup-steps"), default=3)
-    p.add_argument("--measured-steps", type=int_in(1, 10**6, "--measured-steps"), default=5)
+    p.add_argument("--trial-timeout", type=seconds, default=DEFAULTS.trial_timeout_s,
+                   help=f"seconds per trial (default {DEFAULTS.trial_timeout_s:g})")
+    p.add_argument("--warmup-steps", type=int_in(1, 10**6, "--warmup-steps"), default=DEFAULTS.warmup_steps,
+                   help=f"steps per trial left out of the measurement (default {DEFAULTS.warmup_steps})")
+    p.add_argument("--measured-steps", type=int_in(1, 10**6, "--measured-steps"), default=DEFAULTS.measured_steps,
+                   help=f"steps per trial whose median is its step time (default {DEFAULTS.measured_steps})")
     p.add_argument("--no-prune", action="store_true", help="never stop slow trials early")
-    p.add_argument("--validate-steps", type=int_in(0, 10**6, "--validate-steps"), default=0, metavar="N",
+    p.add_argument("--validate-steps", type=int_in(0, 10**6, "--validate-steps"), default=DEFAULTS.validate_steps,
+                   metavar="N",
                    help="after the budget, run the winner (and the runner-up when within the noise) again "
                         "with N measured steps, outside the budget, reported apart (default: no validation)")
     p.add_argument("--memory-headroom-gib", type=float_in(0.0, 1e6, what="--memory-headroom-gib"), metavar="GIB",

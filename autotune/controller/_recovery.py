@@ -1,4 +1,7 @@
-"""Which Optuna proposals a dead controller left behind (and only those).
+"""Recovery: what a dead controller left behind, and only that.
+
+Trials it was running (stale heartbeat) are adopted by compare-and-set (`adoptable`); Optuna proposals
+it left RUNNING are settled (`reconcile`).
 
 Several controllers may share a study (PostgreSQL). A controller records each proposal (dispatch
 or rejection) within moments of asking Optuna for it, and tells Optuna a trial's outcome within
@@ -40,3 +43,25 @@ def abandoned(optuna_study, recorded: dict[int, Any], stale_s: float) -> list[tu
             if mine.finished_at is None or (utcnow() - mine.finished_at).total_seconds() > stale_s:
                 found.append((trial.number, mine))
     return found
+
+
+def reconcile(repo, study_id: int, optuna, stale_s: float, tell_trial) -> None:
+    """Settle the Optuna trials a dead controller left RUNNING: an unrecorded proposal is failed;
+    one whose autotune trial was recorded gets that trial's outcome through `tell_trial(number, trial)`."""
+    recorded = {t.optuna_trial_number: t for t in repo.trials(study_id) if t.optuna_trial_number is not None}
+    for number, trial in abandoned(optuna.study, recorded, stale_s):
+        if trial is None:
+            optuna.tell_fail(number, "the controller stopped before recording this proposal")
+        else:
+            tell_trial(number, trial)
+
+
+def adoptable(repo, study_id: int, controller_id: str, stale_s: float, free_slots):
+    """Trials whose controller stopped heartbeating, each adopted (compare-and-set: two adopters
+    cannot both win) before it is yielded; stops while `free_slots()` is 0."""
+    cutoff = utcnow() - dt.timedelta(seconds=stale_s)
+    for trial in repo.stale_trials(study_id, stale_s, controller_id):
+        if free_slots() == 0:
+            return
+        if repo.adopt_trial(study_id, trial.number, controller_id, cutoff):
+            yield trial

@@ -116,3 +116,17 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     best = safe[0]
     risky = tuple(r for r in results if r.mean_tokens_per_s_per_gpu > best.mean_tokens_per_s_per_gpu and r not in safe)
     return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated)
+
+
+def validation_choices(pick: Recommendation | None, noise_log_std: float) -> list[LayoutResult]:
+    """What `--validate-steps` runs again: the recommended layout, and the runner-up when the
+    screening runs cannot tell them apart (their log gap within two standard errors of the noise)."""
+    if pick is None:
+        return []
+    chosen = [pick.best]
+    runner_up = pick.runner_up
+    if runner_up is not None:
+        gap = math.log(pick.best.mean_tokens_per_s_per_gpu / runner_up.mean_tokens_per_s_per_gpu)
+        if gap <= 2 * noise_log_std * math.sqrt(1 / pick.best.runs + 1 / runner_up.runs):
+            chosen.append(runner_up)
+    return chosen

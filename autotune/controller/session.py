@@ -13,6 +13,7 @@ from typing import Any, Callable
 from autotune.backends import ResourceRequest, backend_class
 from autotune.config import LayoutConfig, Workload
 from autotune.controller.loop import Controller
+from autotune.controller.options import StudyOptions
 from autotune.controller.strategies import STRATEGIES, make_strategy
 from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, study_space_and_workload  # noqa: F401 (re-exported)
@@ -20,8 +21,6 @@ from autotune.storage import Repository, Study, StudyStatus
 
 MAX_STUDY_NAME = 200  # autotune_studies.name is String(200)
 MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
-DEFAULT_OPTIONS = {"warmup_steps": 3, "measured_steps": 5, "trial_timeout_s": 3600.0, "prune_slow": True,
-                   "slow_margin": 0.25}
 
 
 def check_backend(backend: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +84,7 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
 
     check_study_inputs(space, workload, budget, sampler, backend, backend_options)
     name = check_study_name(name or default_study_name(workload))
-    check_options(options or {})
+    stored = study_options(options, seed).to_stored()
     if repo.find_study(name) is not None:
         raise StudyError(f"study {name!r} already exists: continue it with `autotune resume {name}` "
                          "or choose another --study")
@@ -96,7 +95,7 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
         return repo.create_study(name=name, model=workload.model.name, workload=workload.to_dict(),
                                  space=space.to_dict(), budget=budget, sampler=sampler, backend=backend,
                                  backend_options=backend_options,
-                                 options={**DEFAULT_OPTIONS, **(options or {}), "seed": seed},
+                                 options=stored,
                                  optuna_study_name=optuna_name, status=StudyStatus.CREATED.value)
     except BaseException:
         _drop_orphan_optuna_study(repo.url, optuna_name)  # both records or neither
@@ -111,13 +110,12 @@ def check_study_name(name: str) -> str:
     return name
 
 
-def check_options(options: dict[str, Any]) -> None:
-    """Study options are stored as JSON: every number finite (NaN would be stored and obeyed)."""
-    import math
-
-    for key, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"option {key} must be a finite number, got {value}")
+def study_options(options: dict[str, Any] | None, seed: int | None) -> StudyOptions:
+    """The study's options, defaults filled in (controller/options.py); an unknown key is a ConfigError."""
+    try:
+        return StudyOptions(**{**(options or {}), "seed": seed})
+    except TypeError as exc:  # an option this version does not know
+        raise ConfigError(f"unknown study option: {exc}") from None
 
 
 def _drop_orphan_optuna_study(url: str, optuna_name: str) -> None:
@@ -152,7 +150,7 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
                                    local_gpus=local_gpus, max_concurrent=max_concurrent)
         dispatcher.start()
     try:
-        strategy = make_strategy(study.sampler, study.budget, study.options.get("seed"), recipe_baseline(space),
+        strategy = make_strategy(study.sampler, study.budget, StudyOptions.from_stored(study.options).seed, recipe_baseline(space),
                                  space)
         strategy.remeasure = not backend_class(study.backend).repeatable_results
         return Controller(repo, study, space, workload, strategy, dispatcher, baseline=recipe_baseline(space),

@@ -84,6 +84,12 @@ class SearchState:
         memory.p_fit()
         return state
 
+    def mark_tried(self, key: str) -> None:
+        """A layout dispatched or rejected (recorded): strategies never propose it again."""
+        i = self.index.get(key)
+        if i is not None:
+            self.tried[i] = True
+
     # --- memory --------------------------------------------------------------------------------
 
     def predicted_peak_gib(self, i: int) -> float:

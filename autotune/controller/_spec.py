@@ -1,0 +1,44 @@
+"""What the controller sends and records for one dispatched layout: the TrialSpec (the backend
+protocol's input) and the model's prediction stored beside the measurement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.backends import TrialSpec
+from autotune.config import LayoutConfig, Workload
+from autotune.controller.options import StudyOptions
+from autotune.controller.state import SearchState
+from autotune.cost import estimate
+from autotune.overrides import layout_overrides
+from autotune.space import SearchSpace
+from autotune.storage import Study
+
+
+def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: StudyOptions, number: int,
+               attempt: int, config: LayoutConfig) -> TrialSpec:
+    w = workload
+    backend_options = dict(study.backend_options)
+    if space.source and not space.source.endswith(f"{w.model.name}.yaml"):
+        backend_options["space_source"] = space.source  # the worker rebuilds the model from the same file
+    return TrialSpec(study=study.name, trial=number, model=w.model.name, gpus=w.cluster.gpus,
+                     gpus_per_node=w.cluster.gpus_per_node, gpu=w.cluster.gpu.name,
+                     global_batch_size=w.global_batch_size, seq_length=w.seq_length, precision=w.precision,
+                     config=config.to_dict(), overrides=layout_overrides(config, w), attempt=attempt,
+                     timeout_s=float(options.trial_timeout_s), warmup_steps=int(options.warmup_steps),
+                     measured_steps=int(options.measured_steps), seed=int(options.seed or 0),
+                     backend_options=backend_options)
+
+
+def prediction(state: SearchState, workload: Workload, config: LayoutConfig) -> dict[str, Any]:
+    """The cost model's prediction for `config` (from the study's precomputed arrays when it is in
+    the legal set), as stored with the trial."""
+    i = state.index.get(config.key())
+    p = state.predicted
+    if i is None:
+        e = estimate(workload, config)
+        return {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+                "peak_mem_gib": e.peak_mem_gib, "breakdown": e.breakdown}
+    return {"step_time_s": float(p.step_time_s[i]), "tokens_per_s_per_gpu": float(p.tokens_per_s_per_gpu[i]),
+            "peak_mem_gib": float(p.peak_mem_gib[i]), "mfu": float(p.mfu[i]),
+            "breakdown": {k: float(v[i]) for k, v in p.breakdown_s.items()}}

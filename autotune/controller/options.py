@@ -1,0 +1,45 @@
+"""StudyOptions: every study option and its default, written once.
+
+The CLI's flag defaults, `create_study` and the controller all read them from here; a study stores
+its options as JSON (`autotune_studies.options`) and the controller reads them back through
+`StudyOptions.from_stored`, so a study created by an older version (fewer keys) gets today's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    seed: int | None = None
+    trial_timeout_s: float = 3600.0  # a trial is a short profiling run; past this it is TIMEOUT
+    warmup_steps: int = 3  # steps excluded from the measurement (compilation, allocator warm-up)
+    measured_steps: int = 5  # steps whose median is the trial's step time
+    prune_slow: bool = True  # stop a trial whose measured steps are clearly slower than the best so far
+    slow_margin: float = 0.25  # "clearly": this much slower than the best step time (a share)
+    validate_steps: int = 0  # after the study, run the winner again with this many steps (0: no)
+    memory_headroom_gib: float | None = None  # None: derived from the GPU (recommend.default_headroom_gib)
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any] | None) -> "StudyOptions":
+        """The options of a stored study; keys this version does not know are ignored, missing ones
+        take the defaults above."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (stored or {}).items() if k in known and v is not None})
+
+    def to_stored(self) -> dict[str, Any]:
+        """As stored in the study row (JSON): every number must be finite, NaN would be obeyed."""
+        values = dataclasses.asdict(self)
+        for key, value in values.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"option {key} must be a finite number, got {value}")
+        return values
+
+
+DEFAULTS = StudyOptions()

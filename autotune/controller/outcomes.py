@@ -1,0 +1,97 @@
+"""Outcomes: what a finished trial's result means for SQL, Optuna and the search.
+
+Three pure pieces the loop composes: `derive_metrics` fills what a backend left out, `checked`
+refuses physically impossible numbers, `verdict` names why a trial ended (a table, tested as one).
+`tell` is the one place that maps a trial's status to what Optuna is told.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from autotune.backends import TrialOutcome, TrialStatus
+from autotune.backends.validation import impossible_result
+from autotune.config import LayoutConfig, Workload
+from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
+
+# status -> the reason stored with the trial (None: nothing to explain)
+VERDICTS: dict[str, str | None] = {
+    "completed": None,
+    "oom": "out_of_memory",
+    "pruned": "slow_branch",
+    "timeout": "timeout",
+    "failed": "failed",
+    "lost": "lost",
+}
+IMPOSSIBLE = ("impossible result", "invalid result")  # how validation's refusals begin
+
+
+def verdict(status: str, error: str | None, saw_steps: bool) -> str | None:
+    """The reason stored with a finished trial: the table above, except that a failure whose numbers
+    were impossible is `invalid_result`, and a trial stopped before any step is `cancelled`."""
+    if status == "failed" and (error or "").startswith(IMPOSSIBLE):
+        return "invalid_result"
+    if status == "pruned" and not saw_steps:
+        return "cancelled"
+    return VERDICTS[status]
+
+
+def derive_metrics(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> dict[str, float | None]:
+    """Fill throughput, TFLOP/s and MFU that a backend left out, from step time and model FLOPs."""
+    metrics = outcome.metrics()
+    step = metrics["step_time_s"]
+    if step:
+        w = workload
+        tokens = metrics["tokens_per_s_per_gpu"] or tokens_per_s_per_gpu(w.global_batch_size, w.seq_length,
+                                                                         w.cluster.gpus, step)
+        metrics["tokens_per_s_per_gpu"] = tokens
+        if metrics["tflops_per_gpu"] is None:
+            metrics["tflops_per_gpu"] = model_tflops_per_gpu(w.model.architecture, w.seq_length, config.tp, tokens)
+        if metrics["mfu"] is None:
+            metrics["mfu"] = metrics["tflops_per_gpu"] / workload.cluster.gpu.bf16_peak_tflops
+    return metrics
+
+
+def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> tuple[TrialOutcome, dict]:
+    """The outcome and its metrics (missing ones derived), or a failed outcome when the numbers are
+    impossible (a hostile or broken launcher: see backends.validation)."""
+    metrics = derive_metrics(outcome, workload, config)
+    if outcome.status not in (TrialStatus.COMPLETED, TrialStatus.OOM):
+        peak_ok = impossible_result("failed", {"peak_mem_gib": metrics["peak_mem_gib"]}, [], workload,
+                                    config.tp) is None
+        return outcome, {**metrics, "peak_mem_gib": metrics["peak_mem_gib"] if peak_ok else None}
+    status = outcome.status.value  # what the launcher reported is named first, then what follows from it
+    problem = (impossible_result(status, outcome.metrics(), outcome.step_times_s, workload, config.tp)
+               or impossible_result(status, metrics, outcome.step_times_s, workload, config.tp))
+    if problem is None:
+        return outcome, metrics
+    failed = dataclasses.replace(outcome, status=TrialStatus.FAILED, step_times_s=[],
+                                 error=f"impossible result ({problem}); reported status {outcome.status.value}")
+    return failed, {key: None for key in metrics}
+
+
+def tell(optuna, number: int | None, status: str, metrics: dict, error: str | None, step_times_s: list[float],
+         workload: Workload, warmup_steps: int, reason: str | None = None) -> None:
+    """Tell Optuna (the study of record) how trial `number` ended. Rejections and OOMs are infeasible
+    (a constraint, never FAIL); a slow-branch prune is PRUNED with its measured throughput."""
+    if number is None:
+        return
+    if status == "rejected":
+        optuna.tell_infeasible(number, "legality", 1.0, reason or "rejected")
+    elif status == "completed" and metrics.get("tokens_per_s_per_gpu"):
+        optuna.tell_complete(number, metrics["tokens_per_s_per_gpu"])
+    elif status == "oom":
+        limit = workload.cluster.gpu.memory_gib
+        over = (metrics.get("peak_mem_gib") or limit * 1.01) - limit
+        optuna.tell_infeasible(number, "memory", max(over, 0.01), "out of memory")
+    elif status == "pruned":
+        steps = step_times_s[warmup_steps:] or step_times_s
+        value = None
+        if steps:
+            w = workload
+            value = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, float(np.median(steps)))
+        optuna.tell_pruned(number, step_times_s, value)
+    else:
+        optuna.tell_fail(number, f"{status}: {error or ''}")

@@ -1,0 +1,232 @@
+"""The controller's parts on their own, without Ray: the verdict table, outcomes and what Optuna is
+told, screening, study options, the slow-branch pruner, the search state, the Optuna adapter, and a
+whole study on the in-process dispatcher in a process that never imports Ray."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.backends import TrialOutcome, TrialStatus
+from autotune.config import LayoutConfig
+from autotune.controller import outcomes
+from autotune.controller._optuna import OptunaStudy
+from autotune.controller.options import DEFAULTS, StudyOptions
+from autotune.controller.pruning import SlowBranchPruner
+from autotune.controller.screening import Rejection, frontier_skips, screen
+from autotune.controller.session import create_study
+from autotune.controller.state import SearchState
+from autotune.errors import ConfigError
+from autotune.space import enumerate_legal, load_space, make_workload
+from autotune.storage import Repository
+
+
+@pytest.fixture(scope="module")
+def qwen16():
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    return space, workload, enumerate_legal(space, workload).configs
+
+
+# --- the verdict table ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("status, error, saw_steps, reason", [
+    ("completed", None, True, None),
+    ("oom", "CUDA out of memory", True, "out_of_memory"),
+    ("pruned", None, True, "slow_branch"),
+    ("pruned", None, False, "cancelled"),  # stopped before its first step: nothing was slow
+    ("timeout", "ran past 60 s", True, "timeout"),
+    ("failed", "exit code 1", True, "failed"),
+    ("failed", "impossible result (mfu 3.2 > 1)", True, "invalid_result"),
+    ("failed", "invalid result: step_time_s is a list", False, "invalid_result"),
+    ("lost", "worker died", True, "lost"),
+])
+def test_verdict_table(status, error, saw_steps, reason):
+    assert outcomes.verdict(status, error, saw_steps) == reason
+
+
+def test_derive_metrics_fills_throughput_tflops_and_mfu_from_the_step_time(qwen16):
+    _, workload, legal = qwen16
+    config = legal[0]
+    metrics = outcomes.derive_metrics(TrialOutcome(1, TrialStatus.COMPLETED, step_time_s=2.0, peak_mem_gib=50.0),
+                                      workload, config)
+    tokens = workload.global_batch_size * workload.seq_length / workload.cluster.gpus / 2.0
+    assert metrics["tokens_per_s_per_gpu"] == pytest.approx(tokens)
+    assert metrics["mfu"] == pytest.approx(metrics["tflops_per_gpu"] / workload.cluster.gpu.bf16_peak_tflops)
+
+
+@pytest.mark.parametrize("changes, status", [
+    ({"step_time_s": 20.0, "peak_mem_gib": 50.0}, TrialStatus.COMPLETED),
+    ({"step_time_s": 1e-9, "peak_mem_gib": 50.0}, TrialStatus.FAILED),  # faster than the GPU's peak allows
+    ({"step_time_s": 20.0, "peak_mem_gib": 1e6}, TrialStatus.FAILED),  # more memory than the GPU has
+    ({"step_time_s": 20.0, "peak_mem_gib": -1.0}, TrialStatus.FAILED),
+])
+def test_checked_turns_impossible_numbers_into_a_failed_trial(qwen16, changes, status):
+    _, workload, legal = qwen16
+    outcome, metrics = outcomes.checked(TrialOutcome(1, TrialStatus.COMPLETED, **changes), workload, legal[0])
+    assert outcome.status == status
+    if status == TrialStatus.FAILED:
+        assert outcome.error.startswith("impossible result") and all(v is None for v in metrics.values())
+        assert outcomes.verdict(outcome.status.value, outcome.error, True) == "invalid_result"
+
+
+# --- what Optuna is told: one mapping, checked against a real Optuna storage -----------------------
+
+@pytest.fixture
+def optuna_study(tmp_path, qwen16):
+    space, _, _ = qwen16
+    return OptunaStudy(f"sqlite:///{tmp_path / 'o.db'}", "autotune:t", space, "auto", 0, create=True)
+
+
+@pytest.mark.parametrize("status, metrics, steps, state, constraint", [
+    ("completed", {"tokens_per_s_per_gpu": 7000.0, "peak_mem_gib": 60.0}, [], TrialState.COMPLETE, None),
+    ("oom", {"peak_mem_gib": 90.0}, [], TrialState.PRUNED, "memory"),
+    ("rejected", {}, [], TrialState.PRUNED, "legality"),
+    ("pruned", {}, [3.0, 3.0, 3.0, 3.1, 3.2], TrialState.PRUNED, None),
+    ("failed", {}, [], TrialState.FAIL, None),
+    ("timeout", {}, [], TrialState.FAIL, None),
+])
+def test_tell_maps_each_status_to_one_optuna_state(optuna_study, qwen16, status, metrics, steps, state, constraint):
+    _, workload, legal = qwen16
+    number, _ = optuna_study.ask(legal[0])
+    outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, warmup_steps=3, reason="rule")
+    trial = optuna_study.study.trials[number]
+    assert trial.state == state
+    if state == TrialState.COMPLETE:
+        assert trial.value == 7000.0
+    if constraint == "memory":
+        assert trial.system_attrs["constraints:memory"] == pytest.approx(90.0 - workload.cluster.gpu.memory_gib)
+    elif constraint == "legality":
+        assert trial.system_attrs["constraints:legality"] == 1.0 and trial.user_attrs["autotune_reason"] == "rule"
+    if status == "pruned":  # the measured throughput of the steps after warm-up is its last report
+        assert list(trial.intermediate_values.values())[-1] > 0
+    # telling a finished trial again changes nothing (a resumed controller may repeat itself)
+    outcomes.tell(optuna_study, number, "completed", {"tokens_per_s_per_gpu": 1.0}, None, [], workload, 3)
+    assert optuna_study.study.trials[number].state == state
+
+
+def test_the_optuna_adapter_fixes_a_layout_and_round_trips_its_parameters(optuna_study, qwen16):
+    _, _, legal = qwen16
+    for config in legal[:: max(1, len(legal) // 25)]:
+        number, back = optuna_study.ask(config)
+        assert back == config
+        assert optuna_study.study.trials[number].state == TrialState.RUNNING
+    assert len(optuna_study.running_numbers()) == len(optuna_study.study.trials)
+    imported = optuna_study.add_measured(legal[1], None, oom=True)
+    assert optuna_study.study.trials[imported].state == TrialState.PRUNED
+
+
+# --- screening ----------------------------------------------------------------------------------
+
+def test_screening_names_the_first_reason_a_layout_must_not_run(qwen16):
+    space, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    illegal = LayoutConfig(tp=3)
+    rejection = screen(illegal, workload, space, state)
+    assert isinstance(rejection, Rejection) and rejection.kind == "legality" and rejection.constraint >= 1
+    fitting = int(max(range(len(legal)), key=lambda i: state.p_fit()[i]))
+    assert screen(legal[fitting], workload, space, state) is None
+    # a measured OOM puts every layout that needs at least as much memory behind the frontier
+    heavy = max(range(len(legal)), key=lambda i: state.predicted.peak_mem_gib[i])
+    source = legal[heavy]
+    state.add_oom(source, trial_number=7)
+    dominated = [c for i, c in enumerate(legal) if state.frontier_by[i] == 7 and c != source]
+    if dominated:
+        rejection = screen(dominated[0], workload, space, state)
+        assert rejection.reason == "oom_frontier" and rejection.implied_by == 7 and rejection.kind == "memory"
+
+
+def test_predicted_oom_is_rejected_only_when_it_surely_does_not_fit(qwen16):
+    space, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    p_fit = state.p_fit()
+    sure_oom = [i for i in range(len(legal)) if p_fit[i] < 0.05]
+    assert sure_oom, "the qwen3_30b space on 16 GPUs has layouts that cannot fit"
+    rejection = screen(legal[sure_oom[0]], workload, space, state)
+    assert rejection.reason == "predicted_oom" and rejection.constraint > 0
+
+
+def test_frontier_skips_record_only_untried_layouts_the_prior_ranked_higher(qwen16):
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    heavy = max(range(len(legal)), key=lambda i: state.predicted.peak_mem_gib[i])
+    state.add_oom(legal[heavy], trial_number=3)
+    chosen = min(range(len(legal)), key=lambda i: state.log_prior[i])  # the prior's last choice
+    rows = frontier_skips(state, legal[chosen], "refine")
+    assert all(r["reason"] == "oom_frontier" and r["implied_by_trial"] == 3 for r in rows)
+    assert all(state.tried[state.index[r["config_key"]]] for r in rows)
+    assert frontier_skips(state, legal[chosen], "refine") == []  # recorded once
+
+
+# --- options --------------------------------------------------------------------------------------
+
+def test_study_options_hold_every_default_once_and_read_old_studies():
+    assert StudyOptions.from_stored({}) == DEFAULTS
+    stored = StudyOptions.from_stored({"warmup_steps": 1, "retired_option": 5, "memory_headroom_gib": None})
+    assert stored.warmup_steps == 1 and stored.memory_headroom_gib is None and stored.measured_steps == 5
+    with pytest.raises(ConfigError, match="finite"):
+        StudyOptions(slow_margin=math.nan).to_stored()
+
+
+def test_create_study_refuses_an_unknown_option_before_writing(tmp_path, qwen16):
+    space, workload, _ = qwen16
+    repo = Repository.open(f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(ConfigError, match="unknown study option"):
+        create_study(repo, name="x", space=space, workload=workload, budget=2, sampler="auto", backend="simulate",
+                     backend_options={}, seed=0, options={"warmup_stepz": 2})
+    assert repo.list_studies() == []
+    repo.close()
+
+
+# --- pruning --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("steps, best, expected", [
+    ([9.0, 9.0, 9.0, 2.0], 1.0, False),  # one measured step after warm-up: too early to judge
+    ([9.0, 9.0, 9.0, 2.0, 2.0], 1.0, True),  # twice the best: cannot win
+    ([9.0, 9.0, 9.0, 1.2, 1.2], 1.0, False),  # within the 25% margin
+    ([9.0, 9.0, 9.0, 2.0, 2.0], None, False),  # nothing completed yet to compare with
+])
+def test_slow_branch_pruner(steps, best, expected):
+    assert SlowBranchPruner(warmup_steps=3).should_prune(steps, best) is expected
+    assert SlowBranchPruner(warmup_steps=3, enabled=False).should_prune(steps, best) is False
+
+
+# --- the search state -----------------------------------------------------------------------------
+
+def test_state_marks_tried_layouts_and_learns_memory_from_a_measurement(qwen16):
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    state.mark_tried(legal[0].key())
+    state.mark_tried("not-a-layout")  # a layout outside the legal set changes nothing
+    assert state.tried.sum() == 1 and state.tried[0]
+    i = 5
+    before = state.predicted_peak_gib(i)
+    state.record_memory(legal[i], before * 1.2, oom=False)
+    assert state.predicted_peak_gib(i) > before
+    state.record_speed(legal[i], 5000.0)
+    assert state.n_runs == 1 and i in state.measured_means()
+
+
+# --- a whole study on the in-process dispatcher, in a process that never imports Ray ---------------
+
+def test_a_study_runs_on_the_in_process_dispatcher_without_ray(tmp_path):
+    code = f"""
+import sys
+from autotune.controller.session import build_controller, create_study
+from autotune.space import load_space, make_workload
+from autotune.storage import Repository
+space = load_space("qwen3_30b"); workload = make_workload(space, gpus=16)
+repo = Repository.open("sqlite:///{tmp_path / 'inproc.db'}")
+study = create_study(repo, name="s", space=space, workload=workload, budget=6, sampler="auto",
+                     backend="simulate", backend_options={{"seconds_per_trial": 0.0}}, seed=1)
+summary = build_controller(repo, study, dispatcher="inprocess").run()
+print(summary.counts["dispatched"], summary.best is not None, "ray" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["6", "True", "False"]
