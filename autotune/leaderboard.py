@@ -34,7 +34,7 @@ def _row(trial: Trial, baseline_speed: float | None) -> dict[str, Any]:
         "tflops_per_gpu": trial.tflops_per_gpu if speed else None, "mfu": trial.mfu if speed else None,
         "peak_mem_gib": trial.peak_mem_gib, "gpu_seconds": trial.gpu_seconds,
         "speedup_vs_baseline": speed / baseline_speed if speed and baseline_speed else None,
-        "note": trial.strategy_note, "message": trial.message, "implied_by_trial": trial.implied_by_trial,
+        "note": trial.strategy_note or (trial.origin if trial.origin != "study" else None), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
     }
 
 

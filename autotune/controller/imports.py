@@ -1,7 +1,7 @@
 """Bringing runs launched by hand into a study (`autotune import-log`).
 
 The log is parsed with Megatron's own line formats (autotune.logparse); the run becomes a trial of
-the study (strategy note "imported"), told to Optuna as an ordinary trial, and feeds the search
+the study (origin "imported"), told to Optuna as an ordinary trial, and feeds the search
 like any measurement. It does not use up the study's dispatch budget: autotune did not run it.
 """
 

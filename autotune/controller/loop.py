@@ -37,7 +37,7 @@ from autotune.controller.screening import DUPLICATE, Rejection, frontier_skips, 
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import REMEASURE, Strategy, run_noise_std
 from autotune.space import SearchSpace, enumerate_legal
-from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial
+from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialOrigin
 
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
@@ -47,7 +47,6 @@ STALE_AFTER_HEARTBEATS = 3
 MAX_REJECTIONS_PER_DISPATCH = 2000
 MAX_ATTEMPTS = 2  # a lost trial is retried once
 WATCHDOG_GRACE_S = 60.0  # a trial running this long past its timeout is cancelled by the controller
-VALIDATION = "validation"  # the strategy note of a longer run of the winner after the study
 
 
 @dataclass
@@ -226,7 +225,7 @@ class Controller:
                                     f"{rejection.reason}: {rejection.message}")
 
     def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int | None = None) -> None:
-        if trial.attempt <= 1 and trial.strategy_note != VALIDATION:
+        if trial.attempt <= 1 and trial.origin == TrialOrigin.STUDY:
             self.state.dispatched += 1
         spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config)
         if measured_steps is not None:
@@ -293,8 +292,9 @@ class Controller:
             number, config = self.optuna.ask(LayoutConfig.from_mapping(result.trial.config))
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
-                                               prediction(self.state, self.workload, config), VALIDATION,
-                                               dispatch_key=f"{config.key()}#validation", outside_budget=True)
+                                               prediction(self.state, self.workload, config),
+                                               dispatch_key=f"{config.key()}#validation",
+                                               origin=TrialOrigin.VALIDATION)
             if isinstance(claimed, ClaimRefused):  # validated before this controller resumed
                 self.optuna.tell_fail(number, "validation run already recorded")
                 continue

@@ -71,7 +71,7 @@ def _step_spread(trial: "Trial") -> float:
     return statistics.stdev(steps) / statistics.mean(steps) / math.sqrt(len(steps))
 
 
-VALIDATION = "validation"
+VALIDATION = "validation"  # the origin of a --validate-steps run (storage.TrialOrigin.VALIDATION)
 
 
 def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[LayoutResult]:
@@ -80,7 +80,7 @@ def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[
     groups: dict[str, list] = {}
     for t in trials:
         if t.status == "completed" and t.tokens_per_s_per_gpu and t.dispatched \
-                and (t.strategy_note == VALIDATION) == validation:
+                and (t.origin == VALIDATION) == validation:
             groups.setdefault(t.config_key, []).append(t)
     results = []
     for runs in groups.values():

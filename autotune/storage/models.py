@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0002_trial_prediction_owner"  # the newest Alembic revision this code writes
+SCHEMA_REVISION = "0003_trial_origin_worker_losses"  # the newest Alembic revision this code writes
 
 
 def utcnow() -> dt.datetime:
@@ -46,6 +46,17 @@ class TrialRecordStatus(str, enum.Enum):
     FAILED = "failed"
     TIMEOUT = "timeout"
     LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrialOrigin(str, enum.Enum):
+    """Where a trial row comes from. Only STUDY trials count against the budget."""
+
+    STUDY = "study"  # proposed by the study's strategy (dispatched or rejected)
+    IMPORTED = "imported"  # a run measured by hand, imported from its log (`autotune import-log`)
+    VALIDATION = "validation"  # a longer run of the winner after the budget (`--validate-steps`)
 
     def __str__(self) -> str:
         return self.value
@@ -110,7 +121,11 @@ class TrialRow(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # rule name or failure class
     message: Mapped[str | None] = mapped_column(Text, nullable=True)  # human text, stderr tail
     implied_by_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # OOM-frontier source
-    strategy_note: Mapped[str | None] = mapped_column(String(100), nullable=True)  # why it was chosen
+    strategy_note: Mapped[str | None] = mapped_column(String(100), nullable=True)  # why the strategy chose it
+    origin: Mapped[str] = mapped_column(String(20), default=TrialOrigin.STUDY.value,
+                                        server_default=TrialOrigin.STUDY.value)  # a TrialOrigin value
+    # attempts that ended because the worker or node died (one retry is granted for those)
+    worker_losses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     tokens_per_s_per_gpu: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -22,16 +22,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
 from autotune.storage.migrations import current_revision, ensure_schema
-from autotune.storage.models import (TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus, TrialRecordStatus,
-                                     TrialRow, utcnow)
+from autotune.storage.models import (TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus, TrialOrigin,
+                                     TrialRecordStatus, TrialRow, utcnow)
 
 T = TypeVar("T")
 NUMBER_RETRIES = 50  # concurrent controllers racing for the next trial number; each loss costs one query
 
-# Imported runs (strategy_note "imported") were not dispatched by autotune, and validation runs of the
-# winner (strategy_note "validation", `--validate-steps`) come after the study: both are outside the budget.
-OUTSIDE_BUDGET = ("imported", "validation")
-NOT_IMPORTED = (TrialRow.strategy_note.is_(None)) | (TrialRow.strategy_note.not_in(OUTSIDE_BUDGET))
+# Imported runs were not dispatched by autotune, and validation runs of the winner (`--validate-steps`)
+# come after the study: only the study's own trials count against the budget.
+IN_BUDGET = TrialRow.origin == TrialOrigin.STUDY.value
 METRIC_FIELDS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
 
 
@@ -68,6 +67,8 @@ class Trial:
     message: str | None = None
     implied_by_trial: int | None = None
     strategy_note: str | None = None
+    origin: str = TrialOrigin.STUDY.value
+    worker_losses: int = 0
     attempt: int = 0
     step_time_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
@@ -250,21 +251,22 @@ class Repository:
     def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
                        controller_id: str, budget: int, predicted: dict | None = None,
                        strategy_note: str | None = None, dispatch_key: str | None = None,
-                       outside_budget: bool = False) -> Trial | ClaimRefused:
+                       origin: TrialOrigin = TrialOrigin.STUDY) -> Trial | ClaimRefused:
         """Record a trial as dispatched, committed before anything runs it.
 
         Returns the trial, or why it was not recorded: ClaimRefused.BUDGET (the study has dispatched
         its budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
         or ClaimRefused.DUPLICATE (this layout was already dispatched in the study). A deliberate repeat run of
-        a measured layout passes its own `dispatch_key` (the layout's key plus a run number).
+        a measured layout passes its own `dispatch_key` (the layout's key plus a run number). A trial of
+        another `origin` (a validation run) is outside the budget.
         """
         dispatch_key = dispatch_key or config_key
 
         def write(s: Session, last: int) -> Trial | ClaimRefused:
             s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
             dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
-                TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), NOT_IMPORTED))
-            if dispatched >= budget and not outside_budget:
+                TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), IN_BUDGET))
+            if dispatched >= budget and origin == TrialOrigin.STUDY:
                 return ClaimRefused.BUDGET
             if s.scalar(select(func.count()).select_from(TrialRow).where(
                     TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
@@ -274,8 +276,8 @@ class Repository:
                            config_key=config_key, dispatch_key=dispatch_key, dispatched=True,
                            status=TrialRecordStatus.DISPATCHED.value, attempt=1,
                            optuna_trial_number=optuna_trial_number, predicted=predicted,
-                           strategy_note=strategy_note, dispatched_at=now, heartbeat_at=now,
-                           controller_id=controller_id)
+                           strategy_note=strategy_note, origin=TrialOrigin(origin).value, dispatched_at=now,
+                           heartbeat_at=now, controller_id=controller_id)
             s.add(row)
             s.flush()
             return _trial(row)
@@ -289,7 +291,7 @@ class Repository:
         """A measured run that autotune did not dispatch (an imported log): outside the budget."""
         values = {k: metrics.get(k) for k in METRIC_FIELDS}
         return self._insert_trial(study_id, config=config, config_key=config_key, dispatched=True, status=status,
-                                  optuna_trial_number=optuna_trial_number, strategy_note="imported",
+                                  optuna_trial_number=optuna_trial_number, origin=TrialOrigin.IMPORTED.value,
                                   step_times_s=step_times_s, artifacts={"log": source}, finished_at=utcnow(),
                                   reason="out_of_memory" if status == "oom" else None, **values)
 
@@ -331,7 +333,7 @@ class Repository:
         if step_times_s is not None:
             values["step_times_s"] = list(step_times_s)
         with self.session() as s:
-            if artifacts:  # merge: keep what earlier attempts recorded (e.g. worker_losses)
+            if artifacts:  # merge: keep what earlier attempts recorded (e.g. the messages of lost attempts)
                 current = s.scalar(select(TrialRow.artifacts).where(TrialRow.study_id == study_id,
                                                                       TrialRow.number == number)) or {}
                 values["artifacts"] = {**current, **artifacts}
@@ -341,15 +343,15 @@ class Repository:
                     gpu_seconds: float = 0.0, worker_lost: bool = False) -> None:
         """A trial goes back to dispatched for its next attempt (its GPU time so far is kept).
 
-        `worker_lost` counts the attempt as lost to a dead worker or node (in artifacts, key
-        `worker_losses`, with the messages under `losses`): those get one retry; re-runs after a
-        controller death do not count.
+        `worker_lost` counts the attempt as lost to a dead worker or node (column `worker_losses`, the
+        messages in artifacts under `losses`): those get one retry; re-runs after a controller death
+        do not count.
         """
         with self.session() as s:
             row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
             artifacts = dict(row.artifacts or {})
             if worker_lost:
-                artifacts["worker_losses"] = int(artifacts.get("worker_losses", 0)) + 1
+                row.worker_losses = (row.worker_losses or 0) + 1
                 artifacts["losses"] = [*artifacts.get("losses", []), message]
             row.status, row.attempt, row.message = TrialRecordStatus.DISPATCHED.value, row.attempt + 1, message
             row.dispatched_at = row.heartbeat_at = utcnow()
@@ -357,7 +359,7 @@ class Repository:
 
     def worker_losses(self, study_id: int, number: int) -> int:
         """How many attempts of this trial ended because its worker or node died."""
-        return int((self.trial(study_id, number).artifacts or {}).get("worker_losses", 0))
+        return self.trial(study_id, number).worker_losses
 
     def trials(self, study_id: int, dispatched_only: bool = False) -> list[Trial]:
         with self.session() as s:
@@ -375,16 +377,16 @@ class Repository:
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""
-        note = TrialRow.strategy_note
+        origin = TrialRow.origin
         with self.session() as s:
-            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, note, func.count()).where(
-                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched, note)).all()
+            rows = s.execute(select(TrialRow.status, TrialRow.dispatched, origin, func.count()).where(
+                TrialRow.study_id == study_id).group_by(TrialRow.status, TrialRow.dispatched, origin)).all()
         counts = {"dispatched": 0, "rejected": 0, "running": 0, "completed": 0, "oom": 0, "pruned": 0,
                   "failed": 0, "timeout": 0, "lost": 0, "imported": 0, "validation": 0}
-        for status, dispatched, strategy_note, count in rows:
-            if strategy_note == "imported":
+        for status, dispatched, trial_origin, count in rows:
+            if trial_origin == TrialOrigin.IMPORTED:
                 counts["imported"] += count  # measured by hand: outside the budget and the status counts
-            elif strategy_note == "validation":
+            elif trial_origin == TrialOrigin.VALIDATION:
                 counts["validation"] += count  # the winner's longer run after the study: outside the budget
             elif dispatched:
                 counts["dispatched"] += count

@@ -41,7 +41,7 @@ def test_a_worker_killed_mid_trial_is_retried_once(tmp_path):
     assert killed
     victim = repo.trial(study.id, killed[0])
     assert victim.status == "completed" and victim.attempt == 2
-    assert victim.artifacts["worker_losses"] == 1 and "worker died" in victim.artifacts["losses"][0]
+    assert victim.worker_losses == 1 and "worker died" in victim.artifacts["losses"][0]
     assert summary.counts["dispatched"] == 3 and summary.counts["completed"] == 3
 
 

@@ -230,3 +230,23 @@ print(summary.counts["dispatched"], summary.best is not None, "ray" in sys.modul
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["6", "True", "False"]
+
+
+def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen16):
+    from autotune.controller.recommend import layout_results
+    from autotune.controller.session import build_controller
+
+    space, workload, _ = qwen16
+    repo = Repository.open(f"sqlite:///{tmp_path / 'validate.db'}")
+    study = create_study(repo, name="v", space=space, workload=workload, budget=5, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.05}, seed=3,
+                         options={"validate_steps": 12})
+    summary = build_controller(repo, study, dispatcher="inprocess").run()
+    trials = repo.trials(study.id, dispatched_only=True)
+    validation = [t for t in trials if t.origin == "validation"]
+    assert summary.counts["dispatched"] == 5 and 1 <= summary.counts["validation"] == len(validation) <= 2
+    # the recommendation is a validated layout (of two validated contenders, the faster validation wins)
+    assert summary.recommendation.trial.config_key in {t.config_key for t in validation}
+    assert all(len(t.step_times_s) == DEFAULTS.warmup_steps + 12 for t in validation)
+    assert {r.trial.config_key for r in layout_results(trials, validation=True)} == {t.config_key for t in validation}
+    repo.close()

@@ -95,6 +95,32 @@ def test_upgrade_from_the_first_released_schema(storage_url):
     assert {"predicted", "controller_id"} <= columns
 
 
+def test_upgrade_to_0003_moves_origin_and_worker_losses_out_of_other_fields(storage_url):
+    """0003 turns the strategy notes that were types into origins and the artifacts' loss count into a column."""
+    engine = make_engine(storage_url)
+    upgrade(engine, "0002_trial_prediction_owner")
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO autotune_studies (id, name, model, workload, space, budget, sampler, backend, "
+                       "backend_options, options, optuna_study_name, status, created_at, updated_at) VALUES "
+                       "(1, 'old', 'qwen3_30b', '{}', '{}', 5, 'auto', 'simulate', '{}', '{}', 'autotune:old', "
+                       "'finished', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        for number, note, artifacts in ((1, "baseline", '{"worker_losses": 1, "losses": ["node died"]}'),
+                                        (2, "imported", '{"log": "run.log"}'), (3, "validation", '{}')):
+            c.execute(text("INSERT INTO autotune_trials (study_id, number, config, config_key, dispatched, status, "
+                           "strategy_note, attempt, step_times_s, gpu_seconds, artifacts, created_at) VALUES "
+                           f"(1, {number}, '{{}}', 'k{number}', TRUE, 'completed', '{note}', 1, '[]', 0, "
+                           f"'{artifacts}', CURRENT_TIMESTAMP)"))
+    upgrade(engine)
+    repo = Repository.open(storage_url)
+    study = repo.get_study("old")
+    trials = {t.number: t for t in repo.trials(study.id)}
+    assert [(t.origin, t.worker_losses) for t in trials.values()] == [("study", 1), ("imported", 0), ("validation", 0)]
+    assert trials[1].artifacts["losses"] == ["node died"]
+    counts = repo.counts(study.id)
+    assert (counts["dispatched"], counts["imported"], counts["validation"]) == (1, 1, 1)
+    repo.close()
+
+
 def test_newer_schema_is_refused(storage_url):
     repo = Repository.open(storage_url)
     with repo.engine.begin() as c:

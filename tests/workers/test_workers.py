@@ -278,7 +278,7 @@ def test_import_log_into_a_study(cli, tmp_path):
                  "--storage", url, "--json")
     assert result.returncode == 0, result.stderr
     trial = json.loads(result.stdout)
-    assert trial["status"] == "completed" and trial["strategy_note"] == "imported"
+    assert trial["status"] == "completed" and trial["origin"] == "imported"
     assert trial["step_time_s"] == pytest.approx(30.0)
     board = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
     assert board["summary"]["dispatched"] == 1  # the imported run is outside the budget
