@@ -22,7 +22,7 @@ from autotune import __version__
 from autotune.config import KNOBS, LayoutConfig
 from autotune.space import study_space_and_workload
 from autotune.errors import ConfigError, IllegalLayoutError, StudyError
-from autotune.overrides import layout_fields, layout_overrides
+from autotune.megatron.overrides import layout_fields, layout_overrides
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial
 

@@ -12,7 +12,7 @@ import yaml
 from autotune import export
 from autotune.config import LayoutConfig
 from autotune.errors import StudyError
-from autotune.overrides import config_from_overrides, parse_overrides
+from autotune.megatron.overrides import config_from_overrides, parse_overrides
 from autotune.storage import Repository
 
 # Every ConfigContainer path the exporter and the workers may set, as read from Megatron-Bridge 0.6 /

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import LayoutConfig
-from autotune.overrides import config_from_overrides, layout_fields, layout_overrides, parse_overrides
+from autotune.megatron.overrides import config_from_overrides, layout_fields, layout_overrides, parse_overrides
 from autotune.space import load_space, make_workload
 from tests.test_export import BRIDGE_FIELDS
 

@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from autotune.config import KNOBS, LayoutConfig
-from autotune.probe_client import probe_dir, request, run_probe, setup_probe
+from autotune.megatron.probe_client import probe_dir, request, run_probe, setup_probe
 from autotune.space import enumerate_legal, load_space, make_workload, violations
 
 pytestmark = pytest.mark.slow

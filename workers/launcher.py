@@ -63,7 +63,7 @@ def build_config(spec: dict[str, Any], extra_overrides: list[str]):
     from transformers import AutoConfig
 
     from autotune.catalog import get_model
-    from autotune.hf_config import hf_config
+    from autotune.megatron.hf_config import hf_config
 
     model = get_model(spec["model"])
     fields = hf_config(model)

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from autotune.logparse import classify_failure, merge_rank_failures  # noqa: F401 (the workers' name for it)
+from autotune.megatron.logparse import classify_failure, merge_rank_failures  # noqa: F401 (the workers' name for it)
 
 
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ from autotune.backends._process import KILL_GRACE_S, die_with_parent, kill_group
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune.backends.validation import is_plausible_step, parse_result
 from autotune.errors import ConfigError
-from autotune.logparse import classify_failure, parse_log
+from autotune.megatron.logparse import classify_failure, parse_log
 
 
 
@@ -207,7 +207,7 @@ class MegatronBackend(Backend):
     def _outcome(self, spec, launchers, directory, times, wall, options) -> TrialOutcome:
         import ray
 
-        from autotune.logparse import merge_rank_failures
+        from autotune.megatron.logparse import merge_rank_failures
 
         result_text = ray.get(launchers[0].read.remote(str(directory / "result.json")))
         artifacts = self._artifacts(launchers, directory, options)

@@ -423,7 +423,7 @@ def _show_calibration(repo, study, as_json: bool) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from autotune.config import LayoutConfig
     from autotune.space import study_space_and_workload
-    from autotune.overrides import layout_overrides
+    from autotune.megatron.overrides import layout_overrides
 
     from autotune.errors import ConfigError
 

@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from autotune import trace
+    from autotune.megatron import trace
 
     summaries = trace.summarize(args.file)
     data = trace.to_dict(summaries)

@@ -10,7 +10,7 @@ from autotune.config import LayoutConfig, Workload
 from autotune.controller.options import StudyOptions
 from autotune.controller.state import SearchState
 from autotune.cost import estimate
-from autotune.overrides import layout_overrides
+from autotune.megatron.overrides import layout_overrides
 from autotune.space import SearchSpace
 from autotune.storage import Study
 

@@ -1,6 +1,6 @@
 """Bringing runs launched by hand into a study (`autotune import-log`).
 
-The log is parsed with Megatron's own line formats (autotune.logparse); the run becomes a trial of
+The log is parsed with Megatron's own line formats (autotune.megatron.logparse); the run becomes a trial of
 the study (origin "imported"), told to Optuna as an ordinary trial, and feeds the search
 like any measurement. It does not use up the study's dispatch budget: autotune did not run it.
 """
@@ -13,7 +13,7 @@ from autotune.controller._optuna import OptunaStudy
 from autotune.space import study_space_and_workload
 from autotune.cost.flops import tokens_per_s_per_gpu
 from autotune.errors import ConfigError, IllegalLayoutError
-from autotune.logparse import parse_log
+from autotune.megatron.logparse import parse_log
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial
 

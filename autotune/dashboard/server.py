@@ -151,7 +151,7 @@ class DashboardApp:
 
     def trial_page(self, name: str, number: int) -> bytes:
         from autotune.space import study_space_and_workload
-        from autotune.overrides import layout_overrides
+        from autotune.megatron.overrides import layout_overrides
 
         study = self.repo.get_study(name)
         trial = self.repo.trial(study.id, number)

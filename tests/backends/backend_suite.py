@@ -9,7 +9,7 @@ import threading
 
 from autotune.backends import Backend, StepReport, TrialOutcome, TrialSpec, TrialStatus
 from autotune.config import LayoutConfig
-from autotune.overrides import layout_overrides
+from autotune.megatron.overrides import layout_overrides
 from autotune.space import load_space, make_workload
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from autotune.backends import TrialStatus
 from autotune.backends.megatron import MegatronBackend, NodeLauncher, dry_run_lines, node_command
-from autotune.logparse import classify_failure, parse_log
-from autotune.trace import intersection, summarize, union
+from autotune.megatron.logparse import classify_failure, parse_log
+from autotune.megatron.trace import intersection, summarize, union
 from tests.backends.backend_suite import make_spec
 from workers.launcher import short_run_overrides
 from workers.rank_wrapper import wrapped

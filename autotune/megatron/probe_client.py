@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Iterable
 
 from autotune.config import LayoutConfig, Workload
-from autotune.hf_config import hf_config
-from autotune.overrides import layout_overrides
+from autotune.megatron.hf_config import hf_config
+from autotune.megatron.overrides import layout_overrides
 
 # On a CPU, validate() with the flex dispatcher queries the GPU: use alltoall for the check.
 CPU_OVERRIDES = ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
