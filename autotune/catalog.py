@@ -180,19 +180,6 @@ class ModelSpec:
         }
 
 
-def get_model(name: str) -> ModelSpec:
-    """The catalog entry for `name` (ConfigError naming the known models otherwise)."""
-    from autotune.space import load_space
-
-    return load_space(name).model
-
-
-def list_models() -> list[ModelSpec]:
-    from autotune.space import available_space_names, load_space
-
-    return [load_space(name).model for name in available_space_names()]
-
-
 def require_exportable(model: ModelSpec, action: str) -> None:
     """ConfigError when `model` has no Megatron-Bridge recipe of its own to `action` with."""
     if not model.exportable:

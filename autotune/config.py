@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from autotune.catalog import GpuType, ModelSpec
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+# how much memory each recompute choice saves, in order (the cost model's arrays and the OOM frontier)
+RECOMPUTE_CODES = {choice: code for code, choice in enumerate(RECOMPUTE_CHOICES)}
 RECOMPUTE_METHODS = ("uniform", "block")
 PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
 
@@ -149,6 +151,13 @@ class Cluster:
     @property
     def nodes(self) -> int:
         return self.gpus // self.gpus_per_node
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs that talk over NVLink: the node, or the whole NVL72 rack on GB200/GB300."""
+        if self.gpu.nvlink_domain_gpus > self.gpu.default_gpus_per_node:
+            return self.gpu.nvlink_domain_gpus
+        return self.gpus_per_node
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "gpu": self.gpu.name}

@@ -41,7 +41,7 @@ def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snap
         "dataset.blend=null", "dataset.blend_per_split=null",  # mock data
         "tokenizer.use_tokenizer_vocab_size=false",  # keep the model's real vocabulary
     ]
-    from autotune.catalog import get_model
+    from autotune.space import get_model
 
     options = spec.get("backend_options", {})
     is_moe = get_model(spec["model"]).architecture.is_moe
@@ -62,7 +62,7 @@ def build_config(spec: dict[str, Any], extra_overrides: list[str]):
     from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
     from transformers import AutoConfig
 
-    from autotune.catalog import get_model
+    from autotune.space import get_model
     from autotune.megatron.hf_config import hf_config
 
     model = get_model(spec["model"])

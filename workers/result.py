@@ -31,7 +31,8 @@ def rank_result_path(result: str | os.PathLike, rank: int) -> Path:
 
 def success_result(spec: dict[str, Any], times_s: list[float], allocated_gib: float, reserved_gib: float) -> dict:
     """Throughput from the measured iterations (after the warm-up), MFU against the BF16 peak."""
-    from autotune.catalog import get_gpu, get_model
+    from autotune.catalog import get_gpu
+    from autotune.space import get_model
     from autotune.cost.flops import measured_throughput
 
     warmup = int(spec["warmup_steps"])

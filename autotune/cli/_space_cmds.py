@@ -31,7 +31,8 @@ def register(sub) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from autotune.catalog import GPU_TYPES, list_models
+    from autotune.catalog import GPU_TYPES
+    from autotune.space import list_models
 
     models = list_models()
     if args.json:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autotune.config import LayoutConfig, Workload
+from autotune.config import RECOMPUTE_CODES, LayoutConfig, Workload
 from autotune.controller.physics import PhysicsCalibration
 from autotune.controller.surrogate import FAMILY, MemoryFeasibility, ResidualGP, layout_features
 from autotune.cost import Estimates, LayoutArrays, estimate_many
@@ -30,11 +30,6 @@ P_FIT_REJECT = 0.05  # below this a proposal is rejected as predicted OOM withou
 MIN_RUNS_TO_CALIBRATE = 2  # one run only moves the GP's constant mean
 OPTIMIZE_ALWAYS_UP_TO = 12
 OPTIMIZE_EVERY = 4
-
-
-def recompute_strength(config: LayoutConfig) -> int:
-    """How much memory recompute saves: none 0 < selective 1 < full 2."""
-    return {"none": 0, "selective": 1, "full": 2}[config.recompute]
 
 
 def _codes(columns: list[np.ndarray]) -> tuple[np.ndarray, int]:
@@ -112,7 +107,7 @@ class SearchState:
         """Mask of layouts that need at least as much memory as the measured OOM `oom`."""
         x = self.arrays
         mask = ((x.tp <= oom.tp) & (x.pp <= oom.pp) & (x.cp <= oom.cp) & (x.ep <= oom.ep) & (x.etp <= oom.etp)
-                & (x.vpp == oom.vpp) & (x.mbs >= oom.mbs) & (x.recompute <= recompute_strength(oom))
+                & (x.vpp == oom.vpp) & (x.mbs >= oom.mbs) & (x.recompute <= RECOMPUTE_CODES[oom.recompute])
                 & (x.dist_opt <= oom.dist_opt) & (x.sp <= oom.sp))
         if oom.recompute == "full":  # among full recompute, only the same method and depth compare
             same_full = (x.recompute_block == (oom.recompute_method == "block")) & \

@@ -44,7 +44,7 @@ def _log2(v: np.ndarray) -> np.ndarray:
 def layout_features(x: LayoutArrays, predicted: Estimates, w: Workload) -> np.ndarray:
     """Features of every layout, each scaled to about [0, 1] (rows align with the layouts)."""
     a = w.model.architecture
-    domain = min(w.cluster.gpu.nvlink_domain_gpus, w.cluster.gpus_per_node)
+    domain = w.cluster.nvlink_domain_gpus
     step = predicted.step_time_s
     b = predicted.breakdown_s
     comm = sum(b[k] for k in ("tp", "cp", "ep", "pp", "dp") if k in b)

@@ -7,9 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from autotune.config import LayoutConfig
+from autotune.config import RECOMPUTE_CODES, LayoutConfig
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from autotune.cost import calibration as cal
 from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import flops_per_token
 from autotune.cost.memory import microbatches, param_counts, stage_decoder_layers
-from autotune.space.legality import nvlink_domain_gpus
 
 TERMS = ("compute", "recompute", "overhead", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer")
 GRAD_REDUCE_BYTES = 4.0  # gradients are reduced in fp32 (Bridge's DDP default grad_reduce_in_fp32)
@@ -54,7 +53,7 @@ def _shape_factor(tokens: np.ndarray, width: np.ndarray | float) -> np.ndarray:
 
 def _link_bytes_per_s(span: np.ndarray, w: Workload) -> np.ndarray:
     gpu = w.cluster.gpu
-    inside = span <= nvlink_domain_gpus(w)
+    inside = span <= w.cluster.nvlink_domain_gpus
     return np.where(inside, gpu.nvlink_gbps, gpu.network_gbps) * 1e9 * cal.LINK_EFFICIENCY
 
 
@@ -69,7 +68,7 @@ def _dispatch_s(tokens: np.ndarray, x: LayoutArrays, w: Workload) -> np.ndarray:
     a = w.model.architecture
     gpu = w.cluster.gpu
     span = x.ep * x.etp
-    domain = float(nvlink_domain_gpus(w))
+    domain = float(w.cluster.nvlink_domain_gpus)
     inside = np.minimum(1.0, domain / span)
     k = a.moe_router_topk
     copies_inside = k * inside * (x.ep - 1) / x.ep
@@ -148,7 +147,7 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
 
     pp_bytes = 2 * act_bytes / np.where(x.sp, x.tp, 1.0)
     stage_span = world / x.pp
-    pp_link = np.where(2 * stage_span <= nvlink_domain_gpus(w), gpu.nvlink_gbps, gpu.network_gbps) * 1e9
+    pp_link = np.where(2 * stage_span <= w.cluster.nvlink_domain_gpus, gpu.nvlink_gbps, gpu.network_gbps) * 1e9
     pp = np.where(x.pp > 1, m * x.vpp * pp_bytes / (pp_link * cal.LINK_EFFICIENCY), 0.0) * cal.EXPOSED_PP
 
     busy = compute + recompute + overhead + tp + cp + ep + pp

@@ -61,6 +61,15 @@ def available_space_names() -> list[str]:
     return sorted(p.stem for p in space_dir().glob("*.yaml"))
 
 
+def get_model(name: str) -> ModelSpec:
+    """The catalog entry for `name` (ConfigError naming the known models otherwise)."""
+    return load_space(name).model
+
+
+def list_models() -> list[ModelSpec]:
+    return [load_space(name).model for name in available_space_names()]
+
+
 def load_space(name_or_path: str) -> SearchSpace:
     """Load a model's space by catalog name (`qwen3_30b`) or by the path of a YAML file."""
     path = Path(name_or_path)

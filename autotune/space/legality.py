@@ -237,24 +237,16 @@ def _rc_layers(c, w):
 
 # --- policy filters (not Megatron rules) -----------------------------------------------------
 
-def nvlink_domain_gpus(w: Workload) -> int:
-    """GPUs that talk over NVLink: the node, or the whole NVL72 rack on GB200/GB300."""
-    gpu = w.cluster.gpu
-    if gpu.nvlink_domain_gpus > gpu.default_gpus_per_node:
-        return gpu.nvlink_domain_gpus
-    return w.cluster.gpus_per_node
-
-
 @rule("tp_within_nvlink_domain", "tp", "policy: TP traffic is per layer and needs NVLink", policy=True)
 def _tp_node(c, w):
-    if c["tp"] > nvlink_domain_gpus(w):
-        return f"TP={c['tp']} spans more than one NVLink domain ({nvlink_domain_gpus(w)} GPUs)"
+    if c["tp"] > w.cluster.nvlink_domain_gpus:
+        return f"TP={c['tp']} spans more than one NVLink domain ({w.cluster.nvlink_domain_gpus} GPUs)"
 
 
 @rule("etp_within_nvlink_domain", "etp", "policy: expert TP traffic needs NVLink", policy=True)
 def _etp_node(c, w):
-    if c["etp"] > nvlink_domain_gpus(w):
-        return f"ETP={c['etp']} spans more than one NVLink domain ({nvlink_domain_gpus(w)} GPUs)"
+    if c["etp"] > w.cluster.nvlink_domain_gpus:
+        return f"ETP={c['etp']} spans more than one NVLink domain ({w.cluster.nvlink_domain_gpus} GPUs)"
 
 
 RULE_NAMES = tuple(r.name for r in RULES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.catalog import get_model
+from autotune.space import get_model
 from autotune.cost import flops_per_token, padded_vocab_size
 
 
