@@ -32,7 +32,8 @@ def _modules_after_import(module: str, candidates: tuple[str, ...]) -> list[str]
 def test_the_read_side_imports_neither_optuna_nor_ray_nor_the_controller():
     """Export, leaderboard and dashboard read SQL and space files; the search stack stays out (issue 12)."""
     heavy = ("optuna", "ray", "torch", "sklearn", "autotune.controller.session", "autotune.controller.loop")
-    for module in ("autotune.export", "autotune.leaderboard", "autotune.dashboard.server", "autotune.dispatch"):
+    for module in ("autotune.export", "autotune.leaderboard", "autotune.dashboard.server", "autotune.metrics",
+                   "autotune.dispatch"):
         assert _modules_after_import(module, heavy) == [], module
 
 

@@ -247,8 +247,9 @@ class OptunaSamplerStrategy(Strategy):
         self._seen = 0
         self._worst = None
 
+    @abstractmethod
     def make_sampler(self):
-        raise NotImplementedError
+        """The Optuna sampler (TPE, GP, ...) this strategy asks, seeded from `self.seed`."""
 
     def _private_study(self):
         import optuna
