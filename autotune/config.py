@@ -57,7 +57,9 @@ class LayoutConfig:
         return cls(**{name: coerce_knob(name, value) for name, value in values.items()})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # every field is a scalar: a plain read, not dataclasses.asdict's recursive deep copy (which
+        # made keying the ~190k legal layouts of a 64-GPU study take seconds)
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     def key(self) -> str:
         """Canonical text of the layout: equal layouts have equal keys (used for de-duplication)."""
@@ -88,6 +90,9 @@ class LayoutConfig:
             parts.append("DO")
         return " ".join(parts)
 
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(LayoutConfig))
 
 def coerce_knob(name: str, value: Any) -> Any:
     """Return `value` as the type knob `name` takes; accept the strings a command line gives."""

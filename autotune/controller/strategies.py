@@ -25,7 +25,7 @@ P_FIT_MIN = 0.5  # layouts fitting with a lower probability are not worth a run
 P_FIT_EXPLORE = 0.8  # the initial design takes only layouts that surely fit
 POOL_TOP, POOL_RANDOM, POOL_KEEP, POOL_LOCAL = 1000, 1000, 500, 3000
 TRUST_CENTRES, TRUST_CHANGES = 3, 2  # neighbourhoods of the best measured layouts: knobs changed at most
-GLOBAL_GAP = 0.10  # outside them, a candidate's posterior mean must be within this (log) of the incumbent  # layouts scored per proposal on large legal sets
+GLOBAL_GAP = 0.10  # outside them, a candidate's posterior mean must be within this (log) of the incumbent
 REMEASURE_SHARE = 0.15  # last share of the budget in which close contenders may be measured again
 REMEASURE_MIN_BUDGET = 8
 REMEASURE_CONTENDERS = 4
@@ -64,7 +64,7 @@ class Strategy(ABC):
         if self.baseline is None:
             return None
         i = state.index.get(self.baseline.key())
-        if i is not None and state.candidates()[i]:
+        if i is not None and not state.tried[i] and state.candidates()[i]:
             return Proposal(self.baseline, "baseline")
         return None
 
