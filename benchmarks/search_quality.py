@@ -200,10 +200,10 @@ def main() -> None:
                                   f"{min(ratios):>6.3f} {statistics.median(ooms):>9.1%} {statistics.median(ms):>8.1f} "
                                   f"{ranks:>22}", flush=True)
     if args.plot:
-        plot(curves, args.families, args.samplers, top, args.plot)
+        plot(curves, args.families, args.samplers, top, args.plot, args.cases)
 
 
-def plot(curves, families, samplers, budget, path) -> None:
+def plot(curves, families, samplers, budget, path, cases) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -227,7 +227,8 @@ def plot(curves, families, samplers, budget, path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("recommended / true optimum (median)")
     axes[0][-1].legend(loc="lower right")
-    fig.suptitle("Search quality: ratio of the recommended layout's true throughput to the optimum")
+    fig.suptitle("Search quality: the recommended layout's true throughput / the optimum "
+                 f"({', '.join(cases)}; median over seeds and cases)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"regret curve: {path}")

@@ -114,6 +114,15 @@ class Controller:
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> RunSummary:
+        from threadpoolctl import threadpool_limits
+
+        # The search's linear algebra works on small matrices (tens of runs against a few thousand
+        # candidate layouts): BLAS threads cost more than they save there (64 GPUs, 2 cores: 89 -> 45 ms
+        # of controller time per trial with one thread).
+        with threadpool_limits(limits=1):
+            return self._run()
+
+    def _run(self) -> RunSummary:
         started = time.monotonic()
         self.repo.set_study_status(self.study.id, StudyStatus.RUNNING)
         self._reconcile_optuna()
