@@ -22,7 +22,7 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
-class StudyStatus(str, enum.Enum):
+class StudyStatus(enum.StrEnum):
     """A study's life: created -> running -> finished, or interrupted (resumable)."""
 
     CREATED = "created"
@@ -30,11 +30,8 @@ class StudyStatus(str, enum.Enum):
     FINISHED = "finished"
     INTERRUPTED = "interrupted"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class TrialRecordStatus(str, enum.Enum):
+class TrialRecordStatus(enum.StrEnum):
     """A trial row's status: the backend outcomes (backends.TrialStatus) plus the two states a trial
     has before it has an outcome: rejected before dispatch, or dispatched and not yet ended."""
 
@@ -47,29 +44,20 @@ class TrialRecordStatus(str, enum.Enum):
     TIMEOUT = "timeout"
     LOST = "lost"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class TrialOrigin(str, enum.Enum):
+class TrialOrigin(enum.StrEnum):
     """Where a trial row comes from. Only STUDY trials count against the budget."""
 
     STUDY = "study"  # proposed by the study's strategy (dispatched or rejected)
     IMPORTED = "imported"  # a run measured by hand, imported from its log (`autotune import-log`)
     VALIDATION = "validation"  # a longer run of the winner after the budget (`--validate-steps`)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ClaimRefused(str, enum.Enum):
+class ClaimRefused(enum.StrEnum):
     """Why `Repository.claim_dispatch` recorded nothing."""
 
     BUDGET = "budget"  # the study has dispatched its budget
     DUPLICATE = "duplicate"  # this layout (dispatch key) is already dispatched in the study
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class Base(DeclarativeBase):
