@@ -30,18 +30,43 @@ METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak
 MASTER_PORT = 29500
 
 
+def recommendation(repo: Repository, study: Study):
+    """What `autotune start` recommends for the study: the best mean over runs that keeps the study's
+    memory headroom (controller/recommend.py), or None without a completed run."""
+    from autotune.controller.options import StudyOptions
+    from autotune.controller.recommend import default_headroom_gib, recommend
+
+    _, workload = study_space_and_workload(study)
+    headroom = StudyOptions.from_stored(study.options).memory_headroom_gib
+    headroom = default_headroom_gib(workload) if headroom is None else float(headroom)
+    return recommend(repo.trials(study.id, dispatched_only=True), workload.cluster.gpu.memory_gib, headroom)
+
+
 def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:
-    """The requested trial (it must have completed), or the fastest completed one."""
+    """The requested trial (it must have completed), or the study's recommendation (not merely the
+    fastest run: a lucky noisy run, or one that ran inside the memory margin, is not the winner)."""
     if number is not None:
         trial = repo.trial(study.id, number)
         if trial.status != "completed":
             raise StudyError(f"trial {number} of {study.name!r} is {trial.status}, not completed: nothing to export")
         return trial
-    completed = [t for t in repo.trials(study.id, dispatched_only=True)
-                 if t.status == "completed" and t.tokens_per_s_per_gpu]
-    if not completed:
+    pick = recommendation(repo, study)
+    if pick is None:
         raise StudyError(f"study {study.name!r} has no completed trial to export")
-    return max(completed, key=lambda t: t.tokens_per_s_per_gpu)
+    return pick.trial
+
+
+def risk_warning(repo: Repository, study: Study) -> str | None:
+    """One line when the recommendation passed over faster layouts that ran inside the memory margin."""
+    pick = recommendation(repo, study)
+    if pick is None or not pick.risky:
+        return None
+    trial = pick.trial
+    fastest = pick.risky[0]
+    return (f"note: trial {fastest.trial.number} measured {fastest.mean_tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+            f"but peaked at {fastest.peak_mem_gib:.1f} GiB, inside the {pick.headroom_gib:g} GiB memory margin; "
+            f"exported the safe trial {trial.number} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}). "
+            f"Export it with --trial {fastest.trial.number} to take the risk.")
 
 
 def _checked(study: Study, trial: Trial):

@@ -147,3 +147,22 @@ def test_export_cli_writes_a_file(cli, tmp_path):
     compile(out.read_text(), str(out), "exec")
     refused = cli("export", "ex", "--trial", "7", "--format", "json", "--storage", repo.url)
     assert refused.returncode == 2 and "no trial 7" in refused.stderr
+
+
+def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_the_memory_margin(tmp_path, cli):
+    """The default export is what `autotune start` recommends: the best mean that keeps the headroom;
+    a faster run that peaked inside the margin is named on stderr, and --trial still exports it."""
+    repo, study, safe = _study_with_trial(tmp_path, FULL)  # trial 1: 8,000 tokens/s at 70.5 GiB
+    risky = LayoutConfig.from_mapping({**FULL, "mbs": 1})
+    trial = repo.claim_dispatch(study.id, risky.to_dict(), risky.key(), 1, "c", 2)
+    repo.finish_trial(study.id, trial.number, "completed",  # faster, but 79 of 79.6 GiB: inside the 3.2 GiB margin
+                      metrics={"step_time_s": 27.0, "tokens_per_s_per_gpu": 8900.0, "tflops_per_gpu": 204.0,
+                               "mfu": 0.207, "peak_mem_gib": 79.0})
+    assert export.choose_trial(repo, study, None).config_key == safe.key()
+    url = str(repo.engine.url)
+    result = cli("export", "ex", "--format", "json", "--storage", url)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["trial"] == 1
+    assert f"trial {trial.number} measured 8,900" in result.stderr and "--trial 2" in result.stderr
+    chosen = cli("export", "ex", "--format", "json", "--trial", "2", "--storage", url)
+    assert json.loads(chosen.stdout)["trial"] == 2 and "margin" not in chosen.stderr

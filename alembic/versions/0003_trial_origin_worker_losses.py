@@ -28,14 +28,27 @@ def upgrade() -> None:
     # the two notes that were types become origins; the note itself is left as the strategy wrote it
     for origin in ("imported", "validation"):
         connection.execute(trials.update().where(trials.c.strategy_note == origin).values(origin=origin))
-    # JSON differs per database: read the rows that may carry a count and write it back in Python
+    # JSON differs per database: read the rows that carry a count and move it in Python (the key
+    # leaves the artifacts, so the column is the only count)
     for row in connection.execute(sa.select(trials.c.id, trials.c.artifacts)).all():
-        losses = (row.artifacts or {}).get("worker_losses") if isinstance(row.artifacts, dict) else None
-        if losses:
-            connection.execute(trials.update().where(trials.c.id == row.id).values(worker_losses=int(losses)))
+        artifacts = row.artifacts if isinstance(row.artifacts, dict) else {}
+        if "worker_losses" in artifacts:
+            losses = int(artifacts.pop("worker_losses") or 0)
+            connection.execute(trials.update().where(trials.c.id == row.id)
+                               .values(worker_losses=losses, artifacts=artifacts))
 
 
 def downgrade() -> None:
+    # put both back where revision 0002's code reads them, or an older controller would count imported
+    # and validation runs against the budget and grant a lost trial its retry again
+    connection = op.get_bind()
+    for origin in ("imported", "validation"):
+        connection.execute(trials.update().where(trials.c.origin == origin).values(strategy_note=origin))
+    rows = connection.execute(sa.select(trials.c.id, trials.c.artifacts, trials.c.worker_losses)
+                              .where(trials.c.worker_losses > 0)).all()
+    for row in rows:
+        artifacts = {**(row.artifacts if isinstance(row.artifacts, dict) else {}), "worker_losses": row.worker_losses}
+        connection.execute(trials.update().where(trials.c.id == row.id).values(artifacts=artifacts))
     with op.batch_alter_table("autotune_trials") as batch:
         batch.drop_column("worker_losses")
         batch.drop_column("origin")

@@ -89,6 +89,8 @@ class Landscape:
                          for a, b in INTERACTING_PAIRS)
 
     def _regime(self, config: LayoutConfig, w: Workload, strength: float) -> float:
+        # the hidden truth's own notion of the fast domain (the node), deliberately not the model's
+        # (Cluster.nvlink_domain_gpus counts a whole NVL72 rack): a landscape must not share the tuner's structure
         domain = min(w.cluster.gpu.nvlink_domain_gpus, w.cluster.gpus_per_node)
         factor = 1.0
         tp_group = config.tp * config.cp

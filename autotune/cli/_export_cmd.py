@@ -13,7 +13,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("export", help="export a completed trial (default: the best) for Megatron-Bridge")
     p.add_argument("study")
-    p.add_argument("--trial", type=trial_number, help="trial number (default: the fastest completed trial)")
+    p.add_argument("--trial", type=trial_number,
+                   help="trial number (default: the study's recommendation: the best mean over runs that keeps "
+                        "the memory headroom)")
     p.add_argument("--format", required=True, choices=("recipe", "overrides", "yaml", "json", "table"))
     p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table)")
     add_storage_option(p)
@@ -32,6 +34,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             export.table_frame(repo, study).to_parquet(args.output, index=False)
             return 0
         text = export.render(repo, study, args.format, args.trial)
+        if args.trial is None and args.format != "table":
+            warning = export.risk_warning(repo, study)
+            if warning:
+                print(warning, file=sys.stderr)
         if args.output:
             Path(args.output).write_text(text, encoding="utf-8")
         else:

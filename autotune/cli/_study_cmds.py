@@ -443,10 +443,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     table = Table(title=f"{study.name} trial {trial.number}: {LayoutConfig.from_mapping(trial.config).short()}",
                   show_header=False)
-    for key in ("status", "reason", "message", "strategy_note", "attempt", "step_time_s", "tokens_per_s_per_gpu",
-                "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "implied_by_trial", "artifacts", "predicted"):
+    for key in ("status", "reason", "message", "strategy_note", "origin", "attempt", "worker_losses", "step_time_s",
+                "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "implied_by_trial",
+                "artifacts", "predicted"):
         value = data.get(key)
-        if value not in (None, {}, []):
+        if value not in (None, {}, [], 0) and not (key == "origin" and value == "study"):
             table.add_row(key, json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
     table.add_row("overrides", " ".join(data["overrides"]))
     wide_console().print(table)

@@ -1,14 +1,16 @@
 """The controller: one process, the only writer of its trials to SQL and Optuna.
 
-    ask (strategy / Optuna) -> legality -> memory pre-filter -> OOM frontier -> dedupe
+    propose (strategy) -> screening (legality, policy, OOM frontier, P(fit)) -> claim (budget, dedupe)
         rejected: recorded with its rule, told to Optuna as infeasible, not counted in the budget
-        else:     recorded as dispatched (committed) -> submitted to Ray
+        else:     recorded as dispatched (committed) -> submitted to the dispatcher
     poll: step reports -> slow-branch pruner -> cancel
-          outcome -> committed to SQL -> told to Optuna -> fed back to the search state
+          outcome -> checked -> committed to SQL -> fed back to the search state -> told to Optuna
 
-A trial whose controller died (its heartbeat went stale) is adopted and re-run once as `lost`;
-a second loss fails it. Several controllers may share one study on PostgreSQL: the budget and
-"each layout dispatched once" are enforced by the database (see storage.repository).
+A trial whose controller died (its heartbeat went stale) is adopted by another controller: the
+outcome its run left is recorded, or it is run again (a controller's death uses up no retry); a
+trial lost to a dead worker or node is retried once, a second loss fails it. Several controllers
+may share one study on PostgreSQL: the budget and "each layout dispatched once" are enforced by
+the database (see storage.repository).
 """
 
 from __future__ import annotations
@@ -233,12 +235,12 @@ class Controller:
         self.optuna.tell_infeasible(number, rejection.kind, rejection.constraint,
                                     f"{rejection.reason}: {rejection.message}")
 
-    def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int | None = None) -> None:
+    def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int = 0) -> None:
         if trial.attempt <= 1 and trial.origin == TrialOrigin.STUDY:
             self.state.dispatched += 1
         spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config)
-        if measured_steps is not None:
-            spec = dataclasses.replace(spec, measured_steps=measured_steps)
+        if trial.origin == TrialOrigin.VALIDATION:  # also when a lost or adopted validation run goes again
+            spec = dataclasses.replace(spec, measured_steps=measured_steps or self.options.validate_steps)
         self.dispatcher.submit(spec)
         self.running[trial.number] = _Running(trial, spec)
 

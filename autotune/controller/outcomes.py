@@ -2,7 +2,8 @@
 
 Three pure pieces the loop composes: `derive_metrics` fills what a backend left out, `checked`
 refuses physically impossible numbers, `verdict` names why a trial ended (a table, tested as one).
-`tell` is the one place that maps a trial's status to what Optuna is told.
+`tell` is the one place that maps a finished (or stale rejected) trial's status to what Optuna is told;
+proposals refused before a trial exists are told by the loop (their Rejection's kind and constraint).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from autotune.backends import TrialOutcome, TrialStatus
 from autotune.backends.validation import impossible_result
 from autotune.config import LayoutConfig, Workload
+from autotune.controller.screening import Rejection
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 
 # status -> the reason stored with the trial (None: nothing to explain)
@@ -78,8 +80,8 @@ def tell(optuna, number: int | None, status: str, metrics: dict, error: str | No
     (a constraint, never FAIL); a slow-branch prune is PRUNED with its measured throughput."""
     if number is None:
         return
-    if status == "rejected":
-        optuna.tell_infeasible(number, "legality", 1.0, reason or "rejected")
+    if status == "rejected":  # a stale proposal settled after its controller died: the same constraint kind
+        optuna.tell_infeasible(number, Rejection(reason or "rejected", "", 1.0).kind, 1.0, reason or "rejected")
     elif status == "completed" and metrics.get("tokens_per_s_per_gpu"):
         optuna.tell_complete(number, metrics["tokens_per_s_per_gpu"])
     elif status == "oom":

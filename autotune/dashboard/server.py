@@ -160,7 +160,8 @@ class DashboardApp:
         metrics = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{escape(str(getattr(trial, k)))}</td></tr>"
                           for k in ("status", "reason", "attempt", "step_time_s", "tokens_per_s_per_gpu",
                                     "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "implied_by_trial",
-                                    "strategy_note") if getattr(trial, k) is not None)
+                                    "strategy_note", "origin", "worker_losses")
+                          if getattr(trial, k) not in (None, 0) and (k != "origin" or trial.origin != "study"))
         config = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{escape(str(v))}</td></tr>"
                          for k, v in trial.config.items())
         predicted = trial.predicted or {}

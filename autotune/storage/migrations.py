@@ -53,6 +53,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
+def downgrade(engine: Engine, revision: str) -> None:
+    """Back to `revision` (for an older autotune on the same database); each migration keeps the data
+    that revision's code reads."""
+    config = _config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
 def ensure_schema(engine: Engine) -> None:
     """Create the schema in an empty database; refuse one that is behind or ahead of this code."""
     current = current_revision(engine)

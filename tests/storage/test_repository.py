@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import inspect, text
 
 from autotune.errors import StorageError, StudyError
 from autotune.storage import Repository, current_revision, head_revision, make_engine, upgrade
-from autotune.storage.migrations import VERSION_TABLE
+from autotune.storage.migrations import VERSION_TABLE, downgrade
 
 
 def new_study(repo: Repository, name: str = "s", budget: int = 3):
@@ -115,10 +117,16 @@ def test_upgrade_to_0003_moves_origin_and_worker_losses_out_of_other_fields(stor
     study = repo.get_study("old")
     trials = {t.number: t for t in repo.trials(study.id)}
     assert [(t.origin, t.worker_losses) for t in trials.values()] == [("study", 1), ("imported", 0), ("validation", 0)]
-    assert trials[1].artifacts["losses"] == ["node died"]
+    assert trials[1].artifacts == {"losses": ["node died"]}  # the count lives in its column only
     counts = repo.counts(study.id)
     assert (counts["dispatched"], counts["imported"], counts["validation"]) == (1, 1, 1)
     repo.close()
+    downgrade(engine, "0002_trial_prediction_owner")  # a downgrade puts both back where 0002's code reads them
+    with engine.connect() as c:
+        rows = c.execute(text("SELECT number, strategy_note, artifacts FROM autotune_trials ORDER BY number")).all()
+    assert [r.strategy_note for r in rows] == ["baseline", "imported", "validation"]
+    artifacts = rows[0].artifacts if isinstance(rows[0].artifacts, dict) else json.loads(rows[0].artifacts)
+    assert artifacts["worker_losses"] == 1
 
 
 def test_newer_schema_is_refused(storage_url):
