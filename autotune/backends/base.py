@@ -165,6 +165,16 @@ class Backend(ABC):
     one_bundle_per_node: bool = False
     repeatable_results: bool = False
     runs_the_recipe: bool = False  # True when it builds the model's Megatron-Bridge recipe (megatron)
+    # `autotune start` flags (argparse destinations) this backend reads -> its option keys; `workdir`,
+    # the study's run folder (outcomes, artifacts the dashboard serves), belongs to every backend
+    cli_options: dict[str, str] = {"workdir": "workdir"}
+
+    @classmethod
+    def options_from_cli(cls, args: Any) -> dict[str, Any]:
+        """This backend's options from the parsed `autotune start` flags (flags left unset are left
+        out; flags of other backends are not read)."""
+        return {key: getattr(args, dest) for dest, key in cls.cli_options.items()
+                if getattr(args, dest, None) is not None}
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ STDERR_TAIL_LINES = 40
 
 class CommandBackend(Backend):
     name = "command"
+    cli_options = {**Backend.cli_options, "command": "command"}
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -136,6 +136,19 @@ class MegatronBackend(Backend):
     one_bundle_per_node = True
 
     runs_the_recipe = True
+    cli_options = {**Backend.cli_options, "worker_python": "python", "dispatcher": "dispatcher"}
+
+    @classmethod
+    def options_from_cli(cls, args: Any) -> dict[str, Any]:
+        options = super().options_from_cli(args)
+        if getattr(args, "nsys_ranks", None):
+            try:
+                options["nsys_ranks"] = [int(r) for r in args.nsys_ranks.split(",") if r.strip()]
+            except ValueError:
+                raise ConfigError(f"--nsys-ranks takes comma-separated rank numbers, got {args.nsys_ranks!r}") from None
+        if getattr(args, "memory_snapshot", False):
+            options["memory_snapshot"] = True
+        return options
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,7 @@ def table_keys(path: str | Path) -> set[str]:
 class ReplayBackend(Backend):
     name = "replay"
     repeatable_results = True  # the table holds one measurement per layout
+    cli_options = {**Backend.cli_options, "replay": "replay"}
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:

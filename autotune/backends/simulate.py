@@ -53,6 +53,7 @@ def landscape_from_options(opts: dict) -> Landscape | None:
 
 class SimulateBackend(Backend):
     name = "simulate"
+    cli_options = {**Backend.cli_options, "noise": "noise", "sim_seconds": "seconds_per_trial"}
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         from autotune.cost import estimate

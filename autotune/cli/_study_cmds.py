@@ -136,14 +136,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     space, workload = load_space_and_workload(args)
     if args.study is not None:
         check_study_name(args.study)
-    backend_options = {k: v for k, v in (("command", args.command), ("replay", args.replay), ("noise", args.noise),
-                                         ("seconds_per_trial", args.sim_seconds), ("workdir", args.workdir),
-                                         ("python", args.worker_python), ("dispatcher", args.dispatcher))
-                       if v is not None}
-    if args.nsys_ranks:
-        backend_options["nsys_ranks"] = _ranks(args.nsys_ranks)
-    if args.memory_snapshot:
-        backend_options["memory_snapshot"] = True
+    from autotune.backends import backend_class
+
+    backend_options = backend_class(args.backend).options_from_cli(args)  # each backend reads its own flags
     _check_headroom(args.memory_headroom_gib, workload)
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
@@ -193,15 +188,6 @@ def _check_metrics_port(port: int | None) -> None:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
             raise ConfigError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror})") from None
-
-
-def _ranks(text: str) -> list[int]:
-    from autotune.errors import ConfigError
-
-    try:
-        return [int(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise ConfigError(f"--nsys-ranks takes comma-separated rank numbers, got {text!r}") from None
 
 
 def _dry_run(space, workload, args, backend_options, options) -> int:

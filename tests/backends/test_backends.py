@@ -153,3 +153,32 @@ class TestReplay(BackendContract):
         pd.read_csv(self.path).to_parquet(parquet)
         backend = create_backend("replay", {"replay": str(parquet)})
         assert backend.run(self.spec(), lambda r: None, threading.Event()).status == TrialStatus.COMPLETED
+
+
+@pytest.mark.parametrize("backend, expected", [
+    ("simulate", {"workdir": "/w", "noise": 0.02, "seconds_per_trial": 0.0}),
+    ("command", {"workdir": "/w", "command": "my-launcher --x"}),
+    ("replay", {"workdir": "/w", "replay": "t.csv"}),
+    ("megatron", {"workdir": "/w", "python": "/opt/py", "dispatcher": "recipe", "nsys_ranks": [0, 8],
+                  "memory_snapshot": True}),
+])
+def test_each_backend_reads_its_own_start_flags(backend, expected):
+    """`autotune start` hands the parsed flags to the chosen backend, which takes only its own (Hydra's
+    launcher plugins own their options the same way)."""
+    import argparse
+
+    from autotune.backends import backend_class
+
+    args = argparse.Namespace(workdir="/w", noise=0.02, sim_seconds=0.0, command="my-launcher --x", replay="t.csv",
+                              worker_python="/opt/py", dispatcher="recipe", nsys_ranks="0,8", memory_snapshot=True)
+    assert backend_class(backend).options_from_cli(args) == expected
+
+
+def test_megatron_refuses_malformed_nsys_ranks():
+    import argparse
+
+    from autotune.backends import backend_class
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--nsys-ranks"):
+        backend_class("megatron").options_from_cli(argparse.Namespace(nsys_ranks="0,x"))
