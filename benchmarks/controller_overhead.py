@@ -1,0 +1,49 @@
+"""The controller's own time per dispatched trial, on a quiet machine (issue 15: <= 50 ms at 64 GPUs).
+
+One `auto` study of 40 trials per case on a hidden `mixed` landscape, through the real controller
+(SQLite file, Optuna storage, the in-process reference dispatcher, so no Ray and no trial time is
+counted): proposals, surrogate and calibration fits, screening, bookkeeping. search_quality.py prints
+the same figure, but it runs many studies at once and its numbers carry that load.
+
+    python benchmarks/controller_overhead.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from search_quality import RUN_NOISE, Truth  # noqa: E402
+
+from autotune.controller.session import build_controller, create_study  # noqa: E402
+from autotune.storage import Repository  # noqa: E402
+
+CASES = [("qwen3_30b", 16), ("qwen3_30b", 64), ("llama3_70b", 64)]
+
+
+def main() -> None:
+    print(f"{'case':<16} {'setup s':>8} {'ms/trial':>9}")
+    for model, gpus in CASES:
+        truth = Truth(model, gpus, "mixed", 1000)
+        with tempfile.TemporaryDirectory() as directory:
+            repo = Repository.open(f"sqlite:///{directory}/overhead.db")
+            started = time.perf_counter()
+            study = create_study(repo, name="overhead", space=truth.space, workload=truth.workload, budget=40,
+                                 sampler="auto", backend="simulate", seed=0,
+                                 backend_options={"landscape_seed": 1000, "landscape": "mixed",
+                                                  "seconds_per_trial": 0.0, "run_noise": RUN_NOISE})
+            controller = build_controller(repo, study, dispatcher="inprocess")
+            setup_s = time.perf_counter() - started
+            summary = controller.run()
+            repo.close()
+        print(f"{model}@{gpus:<6} {setup_s:>8.1f} {1000 * summary.controller_s_per_trial:>9.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
