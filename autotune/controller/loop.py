@@ -23,7 +23,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest

@@ -17,7 +17,6 @@ import mimetypes
 import threading
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
 from autotune import leaderboard

@@ -8,7 +8,6 @@ import math
 import subprocess
 import sys
 
-import optuna
 import pytest
 from optuna.trial import TrialState
 
