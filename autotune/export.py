@@ -33,13 +33,9 @@ MASTER_PORT = 29500
 def recommendation(repo: Repository, study: Study):
     """What `autotune start` recommends for the study: the best mean over runs that keeps the study's
     memory headroom (controller/recommend.py), or None without a completed run."""
-    from autotune.controller.options import StudyOptions
-    from autotune.controller.recommend import default_headroom_gib, recommend
+    from autotune.controller.recommend import study_recommendation
 
-    _, workload = study_space_and_workload(study)
-    headroom = StudyOptions.from_stored(study.options).memory_headroom_gib
-    headroom = default_headroom_gib(workload) if headroom is None else float(headroom)
-    return recommend(repo.trials(study.id, dispatched_only=True), workload.cluster.gpu.memory_gib, headroom)
+    return study_recommendation(repo.trials(study.id, dispatched_only=True), study)
 
 
 def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:

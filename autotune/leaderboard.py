@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import LayoutConfig
+from autotune.controller.recommend import study_recommendation
 from autotune.storage import Repository, Study, Trial
 
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
@@ -51,7 +52,10 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     if top is not None:
         rows = rows[:top]
     counts = repo.counts(study.id)
-    best = completed[0] if completed else None
+    # the study's answer: the best mean over runs that keeps the memory headroom, not the luckiest run
+    pick = study_recommendation(dispatched, study)
+    best = pick.trial if pick else None
+    best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
     summary = {
         "study": study.name, "model": study.model, "status": study.status, "budget": study.budget,
         "sampler": study.sampler, "backend": study.backend, "workload": study.workload,
@@ -61,10 +65,15 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
         "best_trial": best.number if best else None,
         "best_config": best.config if best else None,
-        "best_tokens_per_s_per_gpu": best.tokens_per_s_per_gpu if best else None,
+        "best_tokens_per_s_per_gpu": best_speed,
+        "best_runs": pick.best.runs if pick else 0,
+        "best_peak_mem_gib": pick.best.peak_mem_gib if pick else None,
+        "memory_headroom_gib": pick.headroom_gib if pick else None,
+        # faster layouts that ran inside the memory margin: measured, but not recommended
+        "risky_faster_trials": [r.trial.number for r in pick.risky] if pick else [],
         "baseline_trial": baseline.number if baseline else None,
         "baseline_tokens_per_s_per_gpu": baseline_speed,
-        "speedup_vs_baseline": (best.tokens_per_s_per_gpu / baseline_speed) if best and baseline_speed else None,
+        "speedup_vs_baseline": (best_speed / baseline_speed) if best_speed and baseline_speed else None,
     }
     return Board(study, rows, summary)
 

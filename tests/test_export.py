@@ -159,6 +159,11 @@ def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_
                       metrics={"step_time_s": 27.0, "tokens_per_s_per_gpu": 8900.0, "tflops_per_gpu": 204.0,
                                "mfu": 0.207, "peak_mem_gib": 79.0})
     assert export.choose_trial(repo, study, None).config_key == safe.key()
+    from autotune import leaderboard
+
+    summary = leaderboard.build(repo, study).summary  # the end-of-study summary gives the same answer
+    assert (summary["best_trial"], summary["risky_faster_trials"]) == (1, [trial.number])
+    assert summary["best_tokens_per_s_per_gpu"] == 8000.0 and summary["memory_headroom_gib"] == pytest.approx(3.2)
     url = str(repo.engine.url)
     result = cli("export", "ex", "--format", "json", "--storage", url)
     assert result.returncode == 0, result.stderr

@@ -268,8 +268,13 @@ def _print_final(board, summary) -> None:
         return
     best = LayoutConfig.from_mapping(s["best_config"])
     speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""
+    runs = f" (mean of {s['best_runs']} runs)" if s["best_runs"] > 1 else ""
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
-                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{speedup}")
+                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{runs}{speedup}, peak "
+                  f"{s['best_peak_mem_gib'] or 0:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)")
+    if s["risky_faster_trials"]:
+        listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
+        console.print(f"faster but inside the memory margin (ran, not recommended): trial(s) {listed}")
     console.print(f"{summary.elapsed_s:.1f} s; controller overhead {1000 * summary.controller_s_per_trial:.0f} "
                   f"ms/trial; export with `autotune export {board.study.name} --format recipe`")
 

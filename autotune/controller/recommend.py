@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     from autotune.config import Workload
-    from autotune.storage import Trial
+    from autotune.storage import Study, Trial
 
 # Run-to-run spread of a measured peak (fragmentation, allocator caching, NCCL buffers), relative, 1 sd:
 # the default headroom is two of these below the GPU's memory.
@@ -26,7 +26,22 @@ MEASURED_PEAK_REL_STD = 0.02
 
 
 def default_headroom_gib(workload: "Workload") -> float:
-    return round(2 * MEASURED_PEAK_REL_STD * workload.cluster.gpu.memory_gib, 1)
+    return _headroom_for(workload.cluster.gpu.memory_gib)
+
+
+def _headroom_for(memory_gib: float) -> float:
+    return round(2 * MEASURED_PEAK_REL_STD * memory_gib, 1)
+
+
+def study_recommendation(trials: Iterable["Trial"], study: "Study") -> "Recommendation | None":
+    """What a stored study recommends (the study's GPU and `--memory-headroom-gib`): the one answer the
+    end-of-study summary, the leaderboard, the dashboard and `export` all give."""
+    from autotune.catalog import get_gpu
+    from autotune.controller.options import StudyOptions
+
+    memory_gib = get_gpu(study.workload["gpu"]).memory_gib
+    headroom = StudyOptions.from_stored(study.options).memory_headroom_gib
+    return recommend(trials, memory_gib, _headroom_for(memory_gib) if headroom is None else float(headroom))
 
 
 @dataclass(frozen=True)
