@@ -15,7 +15,7 @@ import numpy as np
 from autotune.backends import TrialOutcome, TrialStatus
 from autotune.backends.validation import impossible_result
 from autotune.config import LayoutConfig, Workload
-from autotune.controller.screening import Rejection
+from autotune.controller.screening import constraint_kind
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 
 # status -> the reason stored with the trial (None: nothing to explain)
@@ -81,7 +81,7 @@ def tell(optuna, number: int | None, status: str, metrics: dict, error: str | No
     if number is None:
         return
     if status == "rejected":  # a stale proposal settled after its controller died: the same constraint kind
-        optuna.tell_infeasible(number, Rejection(reason or "rejected", "", 1.0).kind, 1.0, reason or "rejected")
+        optuna.tell_infeasible(number, constraint_kind(reason or "rejected"), 1.0, reason or "rejected")
     elif status == "completed" and metrics.get("tokens_per_s_per_gpu"):
         optuna.tell_complete(number, metrics["tokens_per_s_per_gpu"])
     elif status == "oom":

@@ -27,10 +27,14 @@ class Rejection:
 
     @property
     def kind(self) -> str:
-        """The Optuna constraint this rejection violates."""
-        if "oom" in self.reason:
-            return "memory"
-        return "duplicate" if self.reason == "duplicate" else "legality"
+        return constraint_kind(self.reason)
+
+
+def constraint_kind(reason: str) -> str:
+    """The Optuna constraint a rejection with this reason violates."""
+    if "oom" in reason:
+        return "memory"
+    return "duplicate" if reason == "duplicate" else "legality"
 
 
 DUPLICATE = Rejection("duplicate", "already dispatched in this study", 1.0)

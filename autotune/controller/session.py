@@ -43,13 +43,14 @@ def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[
     return len(legal & measured), len(legal - measured), len(measured - legal)
 
 
-def check_space_not_empty(space: SearchSpace, workload: Workload) -> int:
+def check_space_not_empty(space: SearchSpace, workload: Workload) -> set[str]:
+    """The keys of the legal layouts; ConfigError naming the emptiest rule when there are none."""
     legal = enumerate_legal(space, workload)
     if not legal.configs:
         rule = legal.emptiest_rule()
         raise ConfigError(f"no legal layout for {workload.model.name} on {workload.cluster.gpus} GPUs with these "
                           f"--fix values: rule {rule} rejects most candidates (see `autotune space`)")
-    return len(legal.configs)
+    return {c.key() for c in legal.configs}
 
 
 def default_study_name(workload: Workload) -> str:
@@ -68,10 +69,9 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
         from autotune.catalog import require_exportable
 
         require_exportable(workload.model, f"run the {backend} backend on")
-    check_space_not_empty(space, workload)
+    legal = check_space_not_empty(space, workload)  # enumerated once, for both checks
     answerable = backend_class(backend).answerable_layouts(backend_options)
     if answerable is not None:
-        legal = {c.key() for c in enumerate_legal(space, workload).configs}
         if not legal & answerable:
             raise ConfigError(f"--backend {backend}: none of the {len(answerable)} layouts it can answer is legal "
                               f"for {workload.model.name} on {workload.cluster.gpus} GPUs")
