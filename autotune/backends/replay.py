@@ -30,7 +30,8 @@ def read_table(path: str | Path):
     try:
         frame = pd.read_parquet(path) if path.suffix in (".parquet", ".pq") else pd.read_csv(path)
     except Exception as exc:  # pandas raises many types for a malformed file
-        raise ConfigError(f"--replay file {path} cannot be read: {exc.__class__.__name__}: {exc}") from None
+        first = (str(exc).strip().splitlines() or [""])[0][:200]  # pandas messages span lines: one line only
+        raise ConfigError(f"--replay file {path} cannot be read: {exc.__class__.__name__}: {first}") from None
     missing = [c for c in ("tp", "pp", "status") if c not in frame.columns]
     if missing:
         raise ConfigError(f"--replay file {path} lacks column {missing[0]!r}")

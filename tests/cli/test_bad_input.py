@@ -70,6 +70,9 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
 CASES = [  # (id, argv with placeholders, words of the error)
     ("unbalanced-quote", [*START, "--backend", "command", "--command", "echo 'abc", "--storage", "{url}"],
      "cannot be split"),
+    ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
+     "cannot be read"),  # pandas' multi-line parser error stays one line
+    ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("seed-negative", [*START, "--seed", "-1", "--storage", "{url}"], "--seed"),
     ("seed-2**40", [*START, "--seed", "1099511627776", "--storage", "{url}"], "--seed"),
     ("metrics-port-70000", [*START, "--metrics-port", "70000", "--storage", "{url}"], "--metrics-port"),
