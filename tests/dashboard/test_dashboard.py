@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -48,43 +51,155 @@ def repo(tmp_path):
     return repo
 
 
-def test_study_page_escapes_every_value_and_has_both_charts(repo):
+def figure(html: str, chart_id: str) -> dict:
+    """The plotly figure a page embeds for `chart_id` (inert JSON inside a script block)."""
+    match = re.search(rf"<script type='application/json' id='{chart_id}-data'>(.*?)</script>", html, re.S)
+    assert match, f"{chart_id} is not on the page"
+    return json.loads(match.group(1))
+
+
+def legend(fig: dict) -> list[str]:
+    return ([t["name"] for t in fig["data"] if t.get("showlegend", True)]
+            + [s["name"] for s in fig["layout"].get("shapes", []) if s.get("showlegend")])
+
+
+def test_study_page_escapes_every_value_and_has_every_chart(repo):
     app = DashboardApp(repo)
     html = app.study_page(f"demo{HOSTILE}", "tokens_per_s_per_gpu", "desc").decode()
     assert HOSTILE not in html and "&lt;script&gt;" in html
-    assert html.count("class='trial-row'") == 4
-    assert 'id="throughput-chart"' in html and 'id="memory-chart"' in html
-    assert "class=\"memory-limit\"" in html and 'class="point oom"' in html
+    assert html.count("class='trial-row") == 4
+    for chart_id in ("throughput-chart", "memory-chart", "regret-chart", "importance-chart", "knobs-chart",
+                     "predicted-throughput-chart", "predicted-memory-chart"):
+        fig = figure(html, chart_id)
+        assert fig["layout"]["title"]["text"]
     assert "http-equiv" not in html  # a finished study does not refresh itself
-    first = html.index("7,900")
-    assert first < html.index("7,400")  # sorted by throughput, best first
+    assert html.index("7,900") < html.index("7,400")  # sorted by throughput, best first
+    assert "id='provenance'" in html and "simulated" in html  # a simulate study says so
+    assert "simulated GPU-hours" in html and "baseline-row" in html  # the recipe's own row is marked
 
 
-def test_sorting_by_column(repo):
-    html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "peak_mem_gib", "asc").decode()
-    assert html.index("60.0") < html.index("67.0") < html.index("85.0")
+def test_throughput_chart_zooms_to_the_data_with_units_legend_baseline_and_running_best(repo):
+    html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode()
+    fig = figure(html, "throughput-chart")
+    layout = fig["layout"]
+    assert layout["yaxis"]["title"]["text"] == "throughput (tokens/s/GPU)"
+    assert "rangemode" not in layout["yaxis"] and "range" not in layout["yaxis"]  # autorange: zoomed, not from 0
+    assert layout["xaxis"]["tickformat"] == "d" and layout["xaxis"]["dtick"] == 1  # whole trial numbers
+    assert legend(fig) == ["completed run", "best so far", "recipe's own layout"]
+    best = next(t for t in fig["data"] if t["name"] == "best so far")
+    assert best["x"] == [1, 2] and best["y"] == [7400.0, 7900.0]
+    baseline = next(t for t in fig["data"] if t["name"] == "recipe's own layout")
+    assert set(baseline["y"]) == {7400.0}
+    points = fig["data"][0]
+    assert all(link.startswith("/study/demo%3Cscript%3E") and link.endswith(f"/trial/{x}")
+               for link, x in zip(points["customdata"], points["x"], strict=True))
+    assert all("TP1" in text for text in points["text"])  # hovering a point shows its layout
 
 
-def test_trial_page_and_artifacts(repo):
+def test_memory_chart_has_the_limit_the_headroom_band_the_pareto_front_and_the_oom(repo):
+    fig = figure(DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode(), "memory-chart")
+    names = legend(fig)
+    assert "GPU memory (79.6 GiB)" in names and any(n.startswith("headroom band") for n in names)
+    band = next(s for s in fig["layout"]["shapes"] if s["type"] == "rect")
+    assert band["x1"] == 79.6 and 0 < band["x1"] - band["x0"] < 10
+    front = next(t for t in fig["data"] if t["name"].startswith("Pareto"))
+    assert front["x"] == [67.0, 75.0]  # both completed runs: the faster one needs more memory
+    oom = next(t for t in fig["data"] if t["name"].startswith("out of memory"))
+    assert oom["x"] == [85.0] and oom["y"][0] < 7400  # on the bottom edge, at its reported peak
+    lo, hi = fig["layout"]["xaxis"]["range"]
+    assert 55 < lo < 67 and 85 < hi < 95  # zoomed to the data and the limit
+
+
+def test_figure_json_cannot_close_its_script_block(tmp_path):
+    from autotune.dashboard._pages import chart
+
+    html = chart("x-chart", {"data": [{"name": "</script><script>alert(1)</script>"}], "layout": {}})
+    assert html.count("</script>") == 1 and "\\u003c/script\\u003e" in html
+    assert figure(html, "x-chart")["data"][0]["name"].startswith("</script>")  # the text itself is kept
+
+
+def test_figures_on_their_own():
+    from autotune.dashboard import _figures as fig
+
+    assert [fig.nice_step(s) for s in (10, 40, 95, 7000)] == [2, 5, 20, 1000]
+    rows = [{"trial": i, "status": "completed", "note": None, "peak_mem_gib": 60.0 + i,
+             "config": {"tp": tp, "mbs": mbs, "ep": 8}, "tokens_per_s_per_gpu": 1000.0 * mbs + tp}
+            for i, (tp, mbs) in enumerate([(1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (2, 4), (4, 1), (4, 4)], start=1)]
+    importance = fig.param_importances(rows)
+    assert list(importance)[0] == "mbs" and importance["mbs"] > 0.9  # throughput follows MBS alone
+    regret = fig.regret_curve(rows)["data"][0]
+    assert regret["y"][0] == pytest.approx(100 * (1 - 1001 / 4004)) and regret["y"][-1] == 0
+    knobs = fig.parallel_coordinates(rows)["data"][0]
+    assert [d["label"] for d in knobs["dimensions"]] == ["tp", "mbs"]  # only knobs that vary
+    assert knobs["dimensions"][1]["categoryarray"] == ["1", "2", "4"]
+    assert fig.param_importances(rows[:2]) == {}  # too few runs to apportion anything
+    assert fig.plain("<b>x</b> & y") == "\u2039b\u203ax\u2039/b\u203a \uff06 y"
+
+
+def test_trial_page_formats_numbers_and_shows_predicted_and_measured_step(repo):
     app = DashboardApp(repo)
     name = f"demo{HOSTILE}"
     html = app.trial_page(name, 3).decode()
     assert HOSTILE not in html and "oom" in html
     page = app.trial_page(name, 1).decode()
-    assert 'id="breakdown-chart"' in page and "model.expert_model_parallel_size=16" in page
+    assert "model.expert_model_parallel_size=16" in page
+    assert "None" not in page and "True" not in page and "yes" in page  # no Python literals on the page
+    assert "7,400" in page and "18.0" in page  # thousands separators; MFU in %
+    bars = figure(page, "breakdown-chart")
+    predicted, measured = bars["data"]
+    assert predicted["y"] == ["whole step", "compute", "ep"] and measured["y"] == ["whole step"]
     assert app.artifact(name, 1, "nsys") == (b"NSYS", "application/octet-stream")
     assert app.artifact(name, 1, "../../etc/passwd") is None  # only recorded artifacts are served
 
 
-def test_http_server_binds_to_localhost_and_serves_json_and_metrics(repo):
+def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_folder(repo, tmp_path):
+    import sqlite3
+
+    study = repo.get_study(f"demo{HOSTILE}")
+    export = study_dir(study.backend_options, study.name) / "trial2-attempt1" / "profile.sqlite"
+    export.parent.mkdir(parents=True)
+    db = sqlite3.connect(export)
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, shortName INTEGER)")
+    db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "gemm"), (2, "ncclAllToAll")])
+    # 0-6 s compute, 5-8 s all-to-all: busy 8 s, of which 2 s exposed communication
+    db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?)",
+                   [(0, 6_000_000_000, 0, 1), (5_000_000_000, 8_000_000_000, 0, 2)])
+    db.commit()
+    db.close()
+    repo.finish_trial(study.id, 2, "completed", metrics={"tokens_per_s_per_gpu": 7900.0, "peak_mem_gib": 75.0,
+                                                         "step_time_s": 8.0},
+                      gpu_seconds=1000.0, artifacts={"nsys_sqlite": str(export)})
+    bars = figure(DashboardApp(repo).trial_page(study.name, 2).decode(), "breakdown-chart")
+    measured = bars["data"][1]
+    assert measured["y"] == ["whole step", "compute (nsys)", "exposed communication (nsys)"]
+    assert measured["x"] == pytest.approx([8.0, 6.0, 2.0])
+
+
+def test_sorting_by_column(repo):
+    html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "peak_mem_gib", "asc").decode()
+    table = html[html.index("id='leaderboard'"):]
+    assert table.index("60.0") < table.index("67.0") < table.index("85.0")
+
+
+def test_http_server_binds_to_localhost_and_serves_json_metrics_and_only_its_two_scripts(repo):
     server = serve_in_background(repo)
     try:
         host, port = server.server_address[:2]
         assert host == "127.0.0.1"
         base = f"http://{host}:{port}"
         with urllib.request.urlopen(f"{base}/") as response:
-            assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
+            csp = response.headers["Content-Security-Policy"]
+            assert csp.startswith("default-src 'none'") and "script-src 'self';" in csp and "unsafe-eval" not in csp
             assert b"compare selected" in response.read()
+        with urllib.request.urlopen(f"{base}/static/plotly.min.js") as response:
+            assert response.headers["Content-Type"].startswith("text/javascript") and b"plotly" in response.read(4096)
+        with urllib.request.urlopen(f"{base}/static/dashboard.js") as response:
+            assert b"Plotly.newPlot" in response.read()
+        for path in ("/static/..%2F..%2Fserver.py", "/static/_pages.py", "/static/%2Fetc%2Fpasswd", "/study/ghost"):
+            with pytest.raises(urllib.error.HTTPError) as missing:
+                urllib.request.urlopen(f"{base}{path}")
+            assert missing.value.code == 404
         from urllib.parse import quote
 
         with urllib.request.urlopen(f"{base}/api/study/{quote('demo' + HOSTILE, safe='')}") as response:
@@ -92,58 +207,130 @@ def test_http_server_binds_to_localhost_and_serves_json_and_metrics(repo):
         with urllib.request.urlopen(f"{base}/metrics") as response:
             text = response.read().decode()
         assert "autotune_trials_oom_total" in text and "autotune_best_tokens_per_s_per_gpu" in text
-        with pytest.raises(urllib.error.HTTPError) as missing:
-            urllib.request.urlopen(f"{base}/study/ghost")
-        assert missing.value.code == 404
     finally:
         server.shutdown()
 
 
-def test_compare_view(repo):
-    html = DashboardApp(repo).studies_page([f"demo{HOSTILE}"]).decode()
-    assert "id='compare'" in html and HOSTILE not in html
+def test_compare_page(repo):
+    app = DashboardApp(repo)
+    name = f"demo{HOSTILE}"
+    html = app.compare_page([name, name, "ghost"]).decode()
+    assert html.count("<tr><td class='l'><a") == 1 and HOSTILE not in html  # each study once, unknown ones left out
+    relative = figure(html, "compare-relative-chart")
+    assert relative["data"][0]["y"] == pytest.approx([1.0, 7900 / 7400])
+    assert "<" not in relative["data"][0]["name"]  # plotly renders some tags in names: none get through
+    assert "simulated" in html
+    assert "select studies" in app.compare_page([]).decode()
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
 
+def _rendered(driver, count: int, timeout_s: float = 30.0) -> list:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout_s).until(
+        lambda d: len(d.find_elements("css selector", "div.chart[data-rendered='1']")) == count)
+    return driver.find_elements("css selector", "div.chart")
+
+
+def _axis_titles(driver, chart_id: str) -> tuple[str, str]:
+    from selenium.webdriver.common.by import By
+
+    chart = driver.find_element(By.ID, chart_id)
+    return (chart.find_element(By.CSS_SELECTOR, ".g-xtitle").text, chart.find_element(By.CSS_SELECTOR, ".g-ytitle").text)
+
+
+def _ticks(driver, chart_id: str, axis: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [t.text for t in driver.find_elements(By.CSS_SELECTOR, f"#{chart_id} .{axis}tick text") if t.text]
+
+
+def _legend(driver, chart_id: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [t.text for t in driver.find_elements(By.CSS_SELECTOR, f"#{chart_id} .legend .legendtext")]
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
                     reason="Debian's chromium and chromium-driver are not installed (apt-get install chromium "
                            "chromium-driver; .ci/run does this)")
-def test_in_a_real_headless_chromium(repo):
+def test_in_a_real_headless_chromium(repo, tmp_path):
+    """Study, trial and compare pages in Debian's Chromium: every plot drawn offline with its axes, legend and
+    tooltips; a click on a point opens its trial; no hostile name runs; screenshots saved to look at."""
     pytest.importorskip("selenium")
     from urllib.parse import quote
 
     from selenium import webdriver
+    from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
+    shots = Path(os.environ.get("AUTOTUNE_SCREENSHOT_DIR", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
     server = serve_in_background(repo)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                  "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"):
+                 "--disable-sync", "--window-size=1400,1000"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    name = "demo" + HOSTILE
     try:
         host, port = server.server_address[:2]
-        driver.get(f"http://{host}:{port}/study/{quote('demo' + HOSTILE, safe='')}")
+        base = f"http://{host}:{port}"
+        driver.get(f"{base}/study/{quote(name, safe='')}")
+        assert len(_rendered(driver, 7)) == 7  # every plot drawn by the plotly.js the server ships
         rows = driver.find_elements(By.CSS_SELECTOR, "#leaderboard tr.trial-row")
-        assert len(rows) == 4
-        assert driver.find_element(By.ID, "throughput-chart").is_displayed()
-        assert driver.find_element(By.ID, "memory-chart").is_displayed()
-        assert driver.find_elements(By.CSS_SELECTOR, "#memory-chart .point.oom")
-        assert driver.find_elements(By.CSS_SELECTOR, "#throughput-chart .running-best")
-        assert not driver.find_elements(By.TAG_NAME, "script")  # the hostile name stayed text
-        assert rows[0].find_element(By.TAG_NAME, "a").get_attribute("href").endswith("/trial/2")
+        assert len(rows) == 4 and rows[0].find_element(By.TAG_NAME, "a").get_attribute("href").endswith("/trial/2")
+        assert _axis_titles(driver, "throughput-chart") == ("trial", "throughput (tokens/s/GPU)")
+        assert _legend(driver, "throughput-chart") == ["completed run", "best so far", "recipe's own layout"]
+        y_ticks = [float(t.replace(",", "")) for t in _ticks(driver, "throughput-chart", "y")]
+        assert min(y_ticks) > 5000  # zoomed to the 7,400-7,900 spread, not from 0
+        assert all(float(t.replace(",", "")) % 100 == 0 for t in _ticks(driver, "throughput-chart", "y"))  # round
+        assert all(t.isdigit() for t in _ticks(driver, "throughput-chart", "x"))  # whole trial numbers
+        assert _axis_titles(driver, "memory-chart") == ("peak memory per GPU (GiB)", "throughput (tokens/s/GPU)")
+        memory_legend = _legend(driver, "memory-chart")
+        assert "GPU memory (79.6 GiB)" in memory_legend and any(t.startswith("headroom band") for t in memory_legend)
+        assert any(t.startswith("out of memory") for t in memory_legend)
+        assert "simulated" in driver.find_element(By.ID, "provenance").text
+        driver.set_window_size(1400, 2400)
+        driver.save_screenshot(str(shots / "study.png"))
         driver.set_window_size(1400, 1000)
-        driver.save_screenshot(os.environ.get("AUTOTUNE_SCREENSHOT", str(repo.url.removeprefix("sqlite:///")) + ".png"))
-        driver.find_element(By.LINK_TEXT, "mem GiB").click()
+        # a tooltip names the layout; a click opens the trial
+        point = driver.find_element(By.CSS_SELECTOR, "#throughput-chart .scatterlayer .trace .point")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", point)
+        ActionChains(driver).move_to_element(point).pause(0.5).perform()
+        hover = driver.find_element(By.CSS_SELECTOR, "#throughput-chart .hoverlayer .hovertext")
+        assert "trial" in hover.text and "TP1" in hover.text and "tokens/s/GPU" in hover.text
+        ActionChains(driver).click().perform()  # where the pointer rests: on the point
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(driver, 10).until(lambda d: "/trial/" in d.current_url)
+        assert len(_rendered(driver, 1)) == 1
+        assert driver.find_element(By.TAG_NAME, "h1").text.startswith("trial ")
+        assert _axis_titles(driver, "breakdown-chart")[0] == "seconds per step (s)"
+        assert _legend(driver, "breakdown-chart") == ["predicted", "measured"]
+        driver.save_screenshot(str(shots / "trial.png"))
+        driver.get(f"{base}/compare?study={quote(name, safe='')}")
+        assert len(_rendered(driver, 2)) == 2
+        assert _legend(driver, "compare-relative-chart") == ["demo\u2039script\u203aalert('x')\u2039/script\u203a"]
+        driver.save_screenshot(str(shots / "compare.png"))
+        driver.get(f"{base}/study/{quote(name, safe='')}")
+        _rendered(driver, 7)
+        driver.find_element(By.LINK_TEXT, "peak mem (GiB)").click()
         first = driver.find_elements(By.CSS_SELECTOR, "#leaderboard tr.trial-row")[0].text
         assert "85.0" in first  # sorted by memory, largest first
+        with pytest.raises(NoAlertPresentException):
+            driver.switch_to.alert  # the hostile study name never ran
+        errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors  # no CSP violation, no missing script
     finally:
         driver.quit()
         server.shutdown()

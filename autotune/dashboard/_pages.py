@@ -1,0 +1,324 @@
+"""The dashboard's pages, rendered on the server from the SQL store (no HTTP here: tests call it directly).
+
+Every value reaching HTML passes through `html.escape`; every figure travels as JSON inside a
+`<script type="application/json">` block (never executed) with `<`, `>` and `&` escaped, and
+`static/dashboard.js` hands it to plotly.js, which ships inside the installed `plotly` package (the
+page loads nothing from the network and works offline).
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from autotune import leaderboard
+from autotune.config import LayoutConfig
+from autotune.dashboard import _figures as fig
+from autotune.errors import StudyError
+from autotune.storage import Repository
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}table{border-collapse:collapse;font-size:13px}
+th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}th{background:#f4f4f4}
+td.l,th.l{text-align:left}a{color:#1d3557}.completed{color:#2a9d8f}.oom{color:#e63946}.pruned{color:#b08900}
+.failed,.timeout{color:#8d5a97}.muted{color:#777}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px;margin:16px 0}
+.chart{border:1px solid #e5e5e5;border-radius:6px;min-height:360px}
+.banner{background:#fff3cd;border:1px solid #e9c46a;border-radius:6px;padding:8px 12px;margin:8px 0}
+.pick{background:#eef6f4;border:1px solid #2a9d8f;border-radius:6px;padding:8px 12px;margin:8px 0}
+.baseline-row{background:#fff8ef}
+"""
+SORTABLE = ("trial", "status", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s", "peak_mem_gib",
+            "gpu_seconds")
+# what each backend's numbers are, said on every page that shows them
+PROVENANCE = {
+    "simulate": "simulated: every number on this page comes from the analytical cost model (backend simulate), "
+                "not from a GPU; GPU-hours are what the runs would have cost",
+    "replay": "replayed: numbers are looked up in a recorded table (backend replay), not measured by this study",
+}
+TRIAL_FIELDS = (  # (attribute, label, format) of the trial page's metrics table
+    ("status", "status", None), ("reason", "reason", None), ("origin", "origin", None), ("attempt", "attempt", "d"),
+    ("tokens_per_s_per_gpu", "throughput (tokens/s/GPU)", ",.0f"), ("tflops_per_gpu", "TFLOP/s per GPU", ",.1f"),
+    ("mfu", "MFU (%)", "%"), ("step_time_s", "step time (s)", ",.3f"), ("peak_mem_gib", "peak memory (GiB)", ",.1f"),
+    ("gpu_seconds", "GPU-hours", "h"), ("implied_by_trial", "implied by trial", "d"),
+    ("strategy_note", "proposed as", None), ("worker_losses", "worker losses", "d"))
+
+
+def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = False) -> bytes:
+    meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    js = ("<script src='/static/plotly.min.js'></script><script src='/static/dashboard.js'></script>"
+          if scripts else "")
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
+            f"<style>{STYLE}</style>{js}</head><body>{body}</body></html>").encode()
+
+
+def num(value: Any, spec: str) -> str:
+    """A number as people read it: `%` multiplies a fraction by 100, `h` turns seconds into hours."""
+    if value is None or isinstance(value, bool):
+        return ""
+    if spec == "%":
+        return escape(format(100 * value, ".1f"))
+    if spec == "h":
+        return escape(format(value / 3600, ",.2f"))
+    return escape(format(value, spec))
+
+
+def text(value: Any) -> str:
+    """Any stored value for a table cell: yes/no for booleans, nothing for a missing value, never `None`."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return escape(format(value, ",.4g"))
+    return escape(str(value))
+
+
+def chart(chart_id: str, figure: fig.Figure) -> str:
+    """A chart's container and its figure as inert JSON (`<`, `>`, `&` escaped so no tag can close early)."""
+    payload = (json.dumps(figure, allow_nan=False, default=float).replace("&", "\\u0026")
+               .replace("<", "\\u003c").replace(">", "\\u003e"))
+    return (f"<div class='chart' id='{chart_id}' data-figure='{chart_id}-data'></div>"
+            f"<script type='application/json' id='{chart_id}-data'>{payload}</script>")
+
+
+def provenance(backend: str) -> str:
+    note = PROVENANCE.get(backend)
+    return f"<p class='banner' id='provenance'>{escape(note)}</p>" if note else ""
+
+
+class DashboardApp:
+    """Renders pages from a Repository; independent of the HTTP server so tests can call it directly."""
+
+    def __init__(self, repo: Repository, refresh_s: int = 3) -> None:
+        self.repo = repo
+        self.refresh_s = refresh_s
+
+    # --- the list of studies ---------------------------------------------------------------------
+
+    def studies_page(self, selected: list[str]) -> bytes:
+        rows = []
+        for s in self.repo.list_studies():
+            summary = leaderboard.build(self.repo, s, top=0).summary
+            checked = " checked" if s.name in selected else ""
+            kind = " <span class='muted'>(simulated)</span>" if s.backend == "simulate" else ""
+            rows.append(
+                f"<tr><td class='l'><input type='checkbox' name='study' value='{escape(s.name)}'{checked}></td>"
+                f"<td class='l'><a href='/study/{quote(s.name, safe='')}'>{escape(s.name)}</a>{kind}</td>"
+                f"<td class='l'>{escape(s.model)}</td><td>{text(s.workload.get('gpus'))}</td>"
+                f"<td class='l'>{text(s.workload.get('gpu', ''))}</td><td class='l'>{escape(s.status)}</td>"
+                f"<td>{summary['dispatched']}/{s.budget}</td><td>{summary['oom']}</td>"
+                f"<td>{num(summary['best_tokens_per_s_per_gpu'], ',.0f')}</td>"
+                f"<td>{num(summary['speedup_vs_baseline'], '.2f')}</td></tr>")
+        table = ("<form method='get' action='/compare'><table id='studies'><tr><th></th><th class='l'>study</th>"
+                 "<th class='l'>model</th><th>GPUs</th><th class='l'>GPU</th><th class='l'>status</th>"
+                 "<th>dispatched</th><th>OOM</th><th>best tokens/s/GPU</th><th>best vs recipe (x)</th></tr>"
+                 + "".join(rows) + "</table><p><button type='submit'>compare selected</button></p></form>")
+        return page("autotune studies", f"<h1>autotune studies</h1>{table}")
+
+    def compare_page(self, names: list[str]) -> bytes:
+        """Several studies side by side (clusters, models): their answers, and best-so-far curves."""
+        rows, boards = [], []
+        for name in dict.fromkeys(names):  # each study once, in the order asked
+            try:
+                study = self.repo.get_study(name)
+            except StudyError:
+                continue
+            board = leaderboard.build(self.repo, study)
+            s = board.summary
+            boards.append((name, board.rows, s["baseline_tokens_per_s_per_gpu"]))
+            best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
+            hours = "simulated " if study.backend == "simulate" else ""
+            rows.append(f"<tr><td class='l'><a href='/study/{quote(name, safe='')}'>{escape(name)}</a></td>"
+                        f"<td class='l'>{escape(study.model)}</td><td>{text(study.workload.get('gpus'))}</td>"
+                        f"<td class='l'>{text(study.workload.get('gpu'))}</td><td class='l'>{escape(study.backend)}</td>"
+                        f"<td class='l'>{escape(best)}</td><td>{num(s['best_tokens_per_s_per_gpu'], ',.0f')}</td>"
+                        f"<td>{num(s['speedup_vs_baseline'], '.2f')}</td><td>{s['completed']}</td><td>{s['oom']}</td>"
+                        f"<td>{num(s['gpu_seconds'], 'h')} {hours}</td></tr>")
+        if not rows:
+            return page("compare", "<p><a href='/'>studies</a></p><h1>compare</h1>"
+                                   "<p>select studies on <a href='/'>the list</a> to compare them</p>")
+        table = ("<table id='compare'><tr><th class='l'>study</th><th class='l'>model</th><th>GPUs</th>"
+                 "<th class='l'>GPU</th><th class='l'>backend</th><th class='l'>recommended layout</th>"
+                 "<th>tokens/s/GPU</th><th>vs recipe (x)</th><th>completed</th><th>OOM</th><th>GPU-hours</th></tr>"
+                 + "".join(rows) + "</table>")
+        unscaled = [escape(name) for name, _, baseline in boards if not baseline]
+        note = (f"<p class='muted'>not on the relative plot (the recipe's own layout was not measured): "
+                f"{', '.join(unscaled)}</p>") if unscaled else ""
+        charts = (chart("compare-relative-chart", fig.compare_running_best(boards, relative=True))
+                  + chart("compare-absolute-chart", fig.compare_running_best(boards, relative=False)))
+        return page("compare studies", f"<p><a href='/'>studies</a></p><h1>compare studies</h1>{table}"
+                                       f"<div class='charts'>{charts}</div>{note}", scripts=True)
+
+    # --- one study ----------------------------------------------------------------------------------
+
+    def study_page(self, name: str, sort: str, order: str) -> bytes:
+        study = self.repo.get_study(name)
+        board = leaderboard.build(self.repo, study)
+        s = board.summary
+        predicted = {t.number: t.predicted for t in self.repo.trials(study.id, dispatched_only=True)}
+        rows = [dict(r, predicted=predicted.get(r["trial"])) for r in board.rows]
+        limit, headroom = self._memory(study, s)
+        baseline = s["baseline_tokens_per_s_per_gpu"]
+        charts = "".join((
+            chart("throughput-chart", fig.throughput_by_trial(name, rows, baseline)),
+            chart("memory-chart", fig.memory_vs_throughput(name, rows, limit, headroom)),
+            chart("regret-chart", fig.regret_curve(rows)),
+            chart("importance-chart", fig.knob_importance(rows)),
+            chart("knobs-chart", fig.parallel_coordinates(rows)),
+            chart("predicted-throughput-chart", fig.predicted_vs_measured(name, rows, "tokens_per_s_per_gpu")),
+            chart("predicted-memory-chart", fig.predicted_vs_measured(name, rows, "peak_mem_gib", limit))))
+        gpus = study.workload.get("gpus")
+        hours = "simulated GPU-hours" if study.backend == "simulate" else "GPU-hours"
+        summary = (f"<p id='summary'>{escape(study.model)} on {text(gpus)}x {text(study.workload.get('gpu', ''))}"
+                   f" ({escape(study.backend)} backend, {escape(study.sampler)} sampler); dispatched "
+                   f"{s['dispatched']}/{s['budget']}, completed {s['completed']}, OOM {s['oom']}, pruned "
+                   f"{s['pruned']}, failed {s['failed'] + s['timeout']}, rejected before dispatch "
+                   f"{s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}; "
+                   f"status <b>{escape(study.status)}</b></p>")
+        running = study.status in ("running", "created") or s["running"] > 0
+        body = (f"<p><a href='/'>studies</a></p><h1>{escape(name)}</h1>{provenance(study.backend)}{summary}"
+                f"{self._pick(name, s)}<div class='charts'>{charts}</div>"
+                f"{self._table(name, board.rows, s, sort, order)}")
+        return page(f"autotune: {name}", body, self.refresh_s if running else None, scripts=True)
+
+    @staticmethod
+    def _pick(name: str, s: dict[str, Any]) -> str:
+        if not s["best_config"]:
+            return "<p class='pick' id='pick'>no completed run yet</p>"
+        layout = LayoutConfig.from_mapping(s["best_config"]).short()
+        versus = f", {num(s['speedup_vs_baseline'], '.2f')}x the recipe's layout" if s["speedup_vs_baseline"] else ""
+        risky = s.get("risky_faster_trials") or []
+        margin = (f"; faster but inside the {num(s['memory_headroom_gib'], 'g')} GiB memory margin: trial(s) "
+                  + ", ".join(f"<a href='{fig.trial_url(name, n)}'>{n}</a>" for n in risky)) if risky else ""
+        return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
+                f"{s['best_trial']}</a> <b>{escape(layout)}</b>, {num(s['best_tokens_per_s_per_gpu'], ',.0f')} "
+                f"tokens/s/GPU (mean of {s['best_runs']} run(s)), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
+                f"{versus}{margin}</p>")
+
+    def _table(self, name: str, rows: list[dict[str, Any]], s: dict[str, Any], sort: str, order: str) -> str:
+        if sort in SORTABLE:
+            present = [r for r in rows if r.get(sort) is not None]
+            missing = [r for r in rows if r.get(sort) is None]
+            rows = sorted(present, key=lambda r: r[sort], reverse=order == "desc") + missing
+        header = "".join(self._sort_link(name, column, label, sort, order) for column, label in (
+            ("trial", "#"), ("status", "status"), (None, "layout"), ("tokens_per_s_per_gpu", "tokens/s/GPU"),
+            ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU (%)"), ("step_time_s", "step (s)"),
+            ("peak_mem_gib", "peak mem (GiB)"), ("gpu_seconds", "GPU-hours"), (None, "vs recipe (x)"),
+            (None, "reason / note")))
+        body = []
+        for r in rows:
+            status = r["status"] if r["status"] != "dispatched" else "running"
+            baseline = " baseline-row" if r["trial"] == s.get("baseline_trial") else ""
+            note = r["reason"] or r["note"] or ""
+            body.append(
+                f"<tr class='trial-row{baseline}'><td><a href='{fig.trial_url(name, r['trial'])}'>{r['trial']}</a></td>"
+                f"<td class='l {escape(r['status'])}'>{escape(status)}</td>"
+                f"<td class='l'>{escape(LayoutConfig.from_mapping(r['config']).short())}</td>"
+                f"<td>{num(r['tokens_per_s_per_gpu'], ',.0f')}</td><td>{num(r['tflops_per_gpu'], ',.0f')}</td>"
+                f"<td>{num(r['mfu'], '%')}</td><td>{num(r['step_time_s'], ',.2f')}</td>"
+                f"<td>{num(r['peak_mem_gib'], '.1f')}</td><td>{num(r['gpu_seconds'], 'h')}</td>"
+                f"<td>{num(r['speedup_vs_baseline'], '.2f')}</td>"
+                f"<td class='l'>{escape(note)}{' (recipe layout)' if baseline and note != 'baseline' else ''}</td></tr>")
+        legend = ("<p class='muted'>layout: TP tensor, PP pipeline, VPP virtual pipeline, CP context, EP expert, "
+                  "ETP expert-tensor parallel; SP sequence parallel; MBS micro-batch size; rc=sel selective "
+                  "recompute, rc=full/METHOD/LAYERS full recompute; DO distributed optimizer. The highlighted row "
+                  "is the recipe's own layout, the baseline of the \"vs recipe\" column.</p>")
+        return f"<h2>trials</h2>{legend}<table id='leaderboard'><tr>{header}</tr>{''.join(body)}</table>"
+
+    @staticmethod
+    def _memory(study, summary: dict[str, Any]) -> tuple[float, float]:
+        from autotune.catalog import get_gpu
+        from autotune.controller.recommend import _headroom_for
+
+        limit = get_gpu(study.workload.get("gpu", "h100")).memory_gib
+        headroom = summary.get("memory_headroom_gib")
+        return limit, float(headroom) if headroom is not None else _headroom_for(limit)
+
+    @staticmethod
+    def _sort_link(name: str, column: str | None, label: str, sort: str, order: str) -> str:
+        if column is None:
+            return f"<th class='l'>{escape(label)}</th>"
+        next_order = "asc" if sort == column and order == "desc" else "desc"
+        arrow = (" &#9660;" if order == "desc" else " &#9650;") if sort == column else ""
+        return (f"<th><a class='sort' href='/study/{quote(name, safe='')}?sort={column}&amp;order={next_order}'>"
+                f"{escape(label)}</a>{arrow}</th>")
+
+    # --- one trial ------------------------------------------------------------------------------------
+
+    def trial_page(self, name: str, number: int) -> bytes:
+        from autotune.megatron.overrides import layout_overrides
+        from autotune.space import study_space_and_workload
+
+        study = self.repo.get_study(name)
+        trial = self.repo.trial(study.id, number)
+        layout = LayoutConfig.from_mapping(trial.config)
+        _, workload = study_space_and_workload(study)
+        metrics = "".join(f"<tr><td class='l'>{escape(label)}</td><td>{num(value, spec) if spec else text(value)}</td></tr>"
+                          for key, label, spec in TRIAL_FIELDS
+                          if (value := getattr(trial, key)) not in (None, 0, "")
+                          and (key != "origin" or trial.origin != "study"))
+        config = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{text(v) if v is not None else '&mdash;'}</td></tr>"
+                         for k, v in trial.config.items())
+        predicted = trial.predicted or {}
+        trace = self._trace_summary(study, trial)
+        artifacts = "".join(
+            f"<li><a href='/artifact/{quote(name, safe='')}/{number}/{quote(str(key), safe='')}'>{escape(str(key))}"
+            f"</a> <span class='muted'>{escape(str(path))}</span></li>"
+            for key, path in (trial.artifacts or {}).items() if isinstance(path, str))
+        message = f"<pre>{escape(trial.message)}</pre>" if trial.message else ""
+        measured_step = trial.step_time_s if trial.status == "completed" else None
+        figure = fig.breakdown(predicted.get("breakdown") or {}, predicted.get("step_time_s"), measured_step, trace)
+        trace_note = ("measured terms come from the trial's Nsight Systems summary" if trace else
+                      "no Nsight Systems summary recorded for this trial: only the whole step was measured")
+        body = (f"<p><a href='/'>studies</a> / <a href='/study/{quote(name, safe='')}'>{escape(name)}</a></p>"
+                f"<h1>trial {number}: {escape(layout.short())}</h1>{provenance(study.backend)}{message}"
+                f"<h2>metrics</h2><table id='metrics'>{metrics}</table>"
+                f"<p class='muted' id='prediction'>the cost model predicted "
+                f"{num(predicted.get('tokens_per_s_per_gpu'), ',.0f')} tokens/s/GPU and "
+                f"{num(predicted.get('peak_mem_gib'), '.1f')} GiB peak memory before this run</p>"
+                f"<div class='charts'>{chart('breakdown-chart', figure)}</div>"
+                f"<p class='muted'>{escape(trace_note)}</p>"
+                f"<h2>config</h2><table id='config'>{config}</table>"
+                f"<h2>overrides</h2><pre id='overrides'>{escape(chr(10).join(layout_overrides(layout, workload)))}</pre>"
+                f"<h2>artifacts</h2><ul id='artifacts'>{artifacts or '<li class=muted>none</li>'}</ul>")
+        return page(f"{name} trial {number}", body, scripts=True)
+
+    @staticmethod
+    def _trace_summary(study, trial) -> dict[str, float] | None:
+        """The totals of a trial's nsys SQLite export, read only from inside the study's run folder."""
+        from autotune.dashboard._artifacts import confined_path
+        from autotune.errors import ConfigError
+        from autotune.megatron.trace import summarize_sqlite, to_dict
+
+        for path in (trial.artifacts or {}).values():
+            if not (isinstance(path, str) and path.endswith(".sqlite")):
+                continue
+            resolved = confined_path(path, study.backend_options, study.name)
+            if resolved is None:
+                continue
+            try:
+                return to_dict(summarize_sqlite(resolved))["total"]
+            except ConfigError:
+                continue
+        return None
+
+    def artifact(self, name: str, number: int, key: str) -> tuple[bytes, str] | None:
+        """An artifact's bytes, only when the recorded path resolves into the study's own run folder."""
+        import mimetypes
+
+        from autotune.dashboard._artifacts import read_confined
+
+        study = self.repo.get_study(name)
+        path = (self.repo.trial(study.id, number).artifacts or {}).get(key)
+        if not isinstance(path, str):
+            return None
+        data = read_confined(path, study.backend_options, study.name)
+        if data is None:
+            return None
+        return data, mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+    def api(self, name: str) -> bytes:
+        return leaderboard.to_json(leaderboard.build(self.repo, self.repo.get_study(name))).encode()
