@@ -251,6 +251,7 @@ def parallel_coordinates(rows: list[dict[str, Any]]) -> Figure:
                               "colorbar": {"title": {"text": "tokens/s/GPU"}, "tickformat": ",.0f"}}})
     layout = _layout("knob values of the completed runs, coloured by throughput", "", "")
     layout["margin"] = {"l": 40, "r": 40, "t": 80, "b": 30}
+    layout["height"] = 480
     return empty({"data": data, "layout": layout}, "needs two completed runs whose knobs differ")
 
 
@@ -315,8 +316,10 @@ def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limi
                      "x": [lo - pad, hi + pad], "y": [lo - pad, hi + pad], "hoverinfo": "skip",
                      "line": {"dash": "dot", "color": "#888"}})
     title = "throughput" if unit == "tokens/s/GPU" else "peak memory"
+    tick = ",~r" if unit == "tokens/s/GPU" else ".0f"
     layout = _layout(f"{title}: predicted against measured", f"predicted {title} ({unit})",
                      f"measured {title} ({unit})")
+    layout["xaxis"]["tickformat"] = layout["yaxis"]["tickformat"] = tick
     if limit_gib is not None and pairs:
         layout["shapes"] = [{"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": limit_gib,
                              "y1": limit_gib, "line": {"color": COLORS["limit"], "dash": "dash"},

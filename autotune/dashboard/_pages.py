@@ -25,7 +25,7 @@ th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}th{backgroun
 td.l,th.l{text-align:left}a{color:#1d3557}.completed{color:#2a9d8f}.oom{color:#e63946}.pruned{color:#b08900}
 .failed,.timeout{color:#8d5a97}.muted{color:#777}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px;margin:16px 0}
-.chart{border:1px solid #e5e5e5;border-radius:6px;min-height:360px}
+.chart{border:1px solid #e5e5e5;border-radius:6px;min-height:360px}.chart.wide{grid-column:1/-1}
 .banner{background:#fff3cd;border:1px solid #e9c46a;border-radius:6px;padding:8px 12px;margin:8px 0}
 .pick{background:#eef6f4;border:1px solid #2a9d8f;border-radius:6px;padding:8px 12px;margin:8px 0}
 .baseline-row{background:#fff8ef}
@@ -76,11 +76,11 @@ def text(value: Any) -> str:
     return escape(str(value))
 
 
-def chart(chart_id: str, figure: fig.Figure) -> str:
+def chart(chart_id: str, figure: fig.Figure, wide: bool = False) -> str:
     """A chart's container and its figure as inert JSON (`<`, `>`, `&` escaped so no tag can close early)."""
     payload = (json.dumps(figure, allow_nan=False, default=float).replace("&", "\\u0026")
                .replace("<", "\\u003c").replace(">", "\\u003e"))
-    return (f"<div class='chart' id='{chart_id}' data-figure='{chart_id}-data'></div>"
+    return (f"<div class='chart{' wide' if wide else ''}' id='{chart_id}' data-figure='{chart_id}-data'></div>"
             f"<script type='application/json' id='{chart_id}-data'>{payload}</script>")
 
 
@@ -167,7 +167,7 @@ class DashboardApp:
             chart("memory-chart", fig.memory_vs_throughput(name, rows, limit, headroom)),
             chart("regret-chart", fig.regret_curve(rows)),
             chart("importance-chart", fig.knob_importance(rows)),
-            chart("knobs-chart", fig.parallel_coordinates(rows)),
+            chart("knobs-chart", fig.parallel_coordinates(rows), wide=True),
             chart("predicted-throughput-chart", fig.predicted_vs_measured(name, rows, "tokens_per_s_per_gpu")),
             chart("predicted-memory-chart", fig.predicted_vs_measured(name, rows, "peak_mem_gib", limit))))
         gpus = study.workload.get("gpus")
