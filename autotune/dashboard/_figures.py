@@ -125,13 +125,13 @@ def throughput_by_trial(study: str, rows: list[dict[str, Any]], baseline: float 
     if xs:
         data.append({"type": "scatter", "mode": "lines", "name": "best so far", "x": xs, "y": ys,
                      "line": {"shape": "hv", "color": COLORS["best"], "width": 2},
-                     "hovertemplate": "best after trial %{x}: %{y:,.0f} tokens/s/GPU<extra></extra>"})
+                     "hoverinfo": "skip"})  # the points under it carry the hover
     numbers = [r["trial"] for r in rows]
     if baseline and numbers:
         data.append({"type": "scatter", "mode": "lines", "name": "recipe's own layout",
                      "x": [0, max(numbers) + 1], "y": [baseline, baseline],
                      "line": {"dash": "dash", "color": COLORS["baseline"], "width": 2},
-                     "hovertemplate": "recipe's layout: %{y:,.0f} tokens/s/GPU<extra></extra>"})
+                     "hoverinfo": "skip"})
     layout = _layout("throughput by trial", "trial", THROUGHPUT_AXIS)
     layout["xaxis"].update(_trial_axis(numbers))
     return empty({"data": data, "layout": layout}, "no completed run yet")
