@@ -2,9 +2,10 @@
 
 from autotune.storage._engine import default_storage_url, engine_kwargs, make_engine, normalize_url
 from autotune.storage.migrations import current_revision, ensure_schema, head_revision, upgrade
-from autotune.storage.models import ClaimRefused, StudyStatus, TrialOrigin, TrialRecordStatus
+from autotune.storage.models import (REJECTED_BASE, ClaimRefused, StudyStatus, TrialNumbering, TrialOrigin,
+                                     TrialRecordStatus)
 from autotune.storage.repository import Repository, Study, Trial
 
-__all__ = ["ClaimRefused", "Repository", "Study", "StudyStatus", "Trial", "TrialOrigin", "TrialRecordStatus",
-           "current_revision", "default_storage_url", "engine_kwargs", "ensure_schema", "head_revision", "make_engine",
-           "normalize_url", "upgrade"]
+__all__ = ["REJECTED_BASE", "ClaimRefused", "Repository", "Study", "StudyStatus", "Trial", "TrialNumbering",
+           "TrialOrigin", "TrialRecordStatus", "current_revision", "default_storage_url", "engine_kwargs",
+           "ensure_schema", "head_revision", "make_engine", "normalize_url", "upgrade"]

@@ -3,7 +3,7 @@
 A study row holds what the study is (model, workload, space, budget, strategy, backend). A trial row
 is one proposal: either rejected before dispatch (never ran, `dispatched` false) or dispatched to a
 backend, with its status, metrics, timings, GPU-seconds and artifacts. Every trial of a study has a
-unique `number`; a layout is dispatched at most once per study (unique dispatch key).
+unique `number` (see TrialNumbering); a layout is dispatched at most once per study (unique dispatch key).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0003_trial_origin_worker_losses"  # the newest Alembic revision this code writes
+SCHEMA_REVISION = "0004_optuna_names_numbering"  # the newest Alembic revision this code writes
 
 
 def utcnow() -> dt.datetime:
@@ -53,6 +53,23 @@ class TrialOrigin(enum.StrEnum):
     VALIDATION = "validation"  # a longer run of the winner after the budget (`--validate-steps`)
 
 
+# Rejected layouts of an OPTUNA-numbered study are numbered from here up, so that they never take a
+# number Optuna gives a run (runs are numbered 0, 1, 2, ... by Optuna; a study's runs are bounded by
+# its budget, at most 10**6, plus validation and imported runs).
+REJECTED_BASE = 1_000_000_000
+
+
+class TrialNumbering(enum.StrEnum):
+    """How a study numbers its trial rows."""
+
+    # every run (study, validation, imported) is numbered with its Optuna trial number; layouts
+    # rejected before dispatch are no Optuna trials and are numbered from REJECTED_BASE up
+    OPTUNA = "optuna"
+    # studies created before revision 0004: one sequence over all rows from 1, rejected ones included;
+    # the Optuna trial number is only in `optuna_trial_number`
+    SEQUENCE = "sequence"
+
+
 class ClaimRefused(enum.StrEnum):
     """Why `Repository.claim_dispatch` recorded nothing."""
 
@@ -77,12 +94,15 @@ class StudyRow(Base):
     backend: Mapped[str] = mapped_column(String(40))
     backend_options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # seed, timeouts, pruning settings
-    optuna_study_name: Mapped[str] = mapped_column(String(250))
+    optuna_study_name: Mapped[str] = mapped_column(String(250))  # the study's own name since revision 0004
     status: Mapped[str] = mapped_column(String(20), default=StudyStatus.CREATED.value)  # a StudyStatus value
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     controller_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     controller_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    # a TrialNumbering value; revision 0004 marks the studies it found "sequence"
+    numbering: Mapped[str] = mapped_column(String(20), default=TrialNumbering.OPTUNA.value,
+                                           server_default=TrialNumbering.SEQUENCE.value)
 
     trials: Mapped[list["TrialRow"]] = relationship(back_populates="study", cascade="all, delete-orphan")
 

@@ -4,6 +4,8 @@ Every write is its own short transaction, committed before the caller acts on it
 recorded as dispatched before it is submitted; an outcome is committed before Optuna is told).
 Trial numbers and "dispatched at most once" are enforced by unique constraints, so concurrent
 controllers on one PostgreSQL study cannot collide: the loser of a race gets None / a retry.
+A run's number is the one its caller passes (the controller passes the Optuna trial number), or the
+next free one; rejected layouts of an OPTUNA-numbered study are numbered from REJECTED_BASE up.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
 from autotune.storage.migrations import current_revision, ensure_schema
-from autotune.storage.models import (TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus, TrialOrigin,
-                                     TrialRecordStatus, TrialRow, utcnow)
+from autotune.storage.models import (REJECTED_BASE, TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus,
+                                     TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
 
 T = TypeVar("T")
 NUMBER_RETRIES = 50  # concurrent controllers racing for the next trial number; each loss costs one query
@@ -52,6 +54,7 @@ class Study:
     updated_at: dt.datetime
     controller_heartbeat_at: dt.datetime | None = None
     controller_id: str | None = None
+    numbering: str = TrialNumbering.OPTUNA.value  # how its trials are numbered (models.TrialNumbering)
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,14 @@ class Trial:
         return data
 
 
-def _last_number(session: Session, study_id: int) -> int:
-    """The highest trial number of the study (0 for none); callers insert above it and retry on a clash."""
-    return session.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id)) or 0
+def _next_number(session: Session, study_id: int, rejected: bool = False) -> int:
+    """The next free trial number (callers insert it and retry on a clash): above the highest run number
+    (1 for none), or for a rejected layout of an OPTUNA-numbered study, from REJECTED_BASE up."""
+    numbering = session.scalar(select(StudyRow.numbering).where(StudyRow.id == study_id)) if rejected else None
+    above = numbering == TrialNumbering.OPTUNA
+    where = TrialRow.number >= REJECTED_BASE if above else TrialRow.number < REJECTED_BASE
+    last = session.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id, where))
+    return (last if last is not None else (REJECTED_BASE - 1 if above else 0)) + 1
 
 
 def _study(row: StudyRow) -> Study:
@@ -156,13 +164,13 @@ class Repository:
             first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [exc.__class__.__name__])[0]
             raise StorageError(f"the store {where} failed: {first[:200]}") from None
 
-    def _numbered(self, study_id: int, write: Callable[[Session, int], T]) -> T:
-        """Run `write(session, last trial number)` in a transaction, again when a concurrent controller
-        took the same number (the unique key on (study, number) refuses the second insert)."""
+    def _numbered(self, study_id: int, write: Callable[[Session], T]) -> T:
+        """Run `write(session)` (which numbers its rows with `_next_number`) in a transaction, again when a
+        concurrent controller took the same number (the unique key on (study, number) refuses the second insert)."""
         for _ in range(NUMBER_RETRIES):
             try:
                 with self.session() as s:
-                    return write(s, _last_number(s, study_id))
+                    return write(s)
             except IntegrityError:
                 continue  # lost the race for this number: take the next one
         raise StorageError(f"could not allocate a trial number after {NUMBER_RETRIES} attempts")
@@ -212,10 +220,12 @@ class Repository:
 
     # --- trials --------------------------------------------------------------------------------
 
-    def _insert_trial(self, study_id: int, **values: Any) -> Trial:
-        """Insert with the next free number (retrying when a concurrent controller took it)."""
-        def write(s: Session, last: int) -> Trial:
-            row = TrialRow(study_id=study_id, number=last + 1, **values)
+    def _insert_trial(self, study_id: int, number: int | None = None, **values: Any) -> Trial:
+        """Insert with `number`, or the next free number (retrying when a concurrent controller took it)."""
+        def write(s: Session) -> Trial:
+            rejected = values.get("status") == TrialRecordStatus.REJECTED
+            row = TrialRow(study_id=study_id, number=_next_number(s, study_id, rejected) if number is None else number,
+                           **values)
             s.add(row)
             s.flush()
             return _trial(row)
@@ -232,9 +242,10 @@ class Repository:
         if not rows:
             return
 
-        def write(s: Session, last: int) -> None:
-            for offset, values in enumerate(rows, 1):
-                s.add(TrialRow(study_id=study_id, number=last + offset, dispatched=False,
+        def write(s: Session) -> None:
+            first = _next_number(s, study_id, rejected=True)
+            for offset, values in enumerate(rows):
+                s.add(TrialRow(study_id=study_id, number=first + offset, dispatched=False,
                                status=TrialRecordStatus.REJECTED.value, finished_at=utcnow(), **values))
 
         self._numbered(study_id, write)
@@ -251,8 +262,9 @@ class Repository:
     def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
                        controller_id: str, budget: int, predicted: dict | None = None,
                        strategy_note: str | None = None, dispatch_key: str | None = None,
-                       origin: TrialOrigin = TrialOrigin.STUDY) -> Trial | ClaimRefused:
-        """Record a trial as dispatched, committed before anything runs it.
+                       origin: TrialOrigin = TrialOrigin.STUDY, number: int | None = None) -> Trial | ClaimRefused:
+        """Record a trial as dispatched (numbered `number`, or the next free number), committed before
+        anything runs it.
 
         Returns the trial, or why it was not recorded: ClaimRefused.BUDGET (the study has dispatched
         its budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
@@ -262,7 +274,7 @@ class Repository:
         """
         dispatch_key = dispatch_key or config_key
 
-        def write(s: Session, last: int) -> Trial | ClaimRefused:
+        def write(s: Session) -> Trial | ClaimRefused:
             s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
             dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), IN_BUDGET))
@@ -272,7 +284,8 @@ class Repository:
                     TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
                 return ClaimRefused.DUPLICATE
             now = utcnow()
-            row = TrialRow(study_id=study_id, number=_last_number(s, study_id) + 1, config=config,
+            row = TrialRow(study_id=study_id, number=_next_number(s, study_id) if number is None else number,
+                           config=config,
                            config_key=config_key, dispatch_key=dispatch_key, dispatched=True,
                            status=TrialRecordStatus.DISPATCHED.value, attempt=1,
                            optuna_trial_number=optuna_trial_number, predicted=predicted,
@@ -287,10 +300,11 @@ class Repository:
         return self._numbered(study_id, write)
 
     def add_imported(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int, status: str,
-                     metrics: dict[str, Any], step_times_s: list[float], source: str) -> Trial:
+                     metrics: dict[str, Any], step_times_s: list[float], source: str,
+                     number: int | None = None) -> Trial:
         """A measured run that autotune did not dispatch (an imported log): outside the budget."""
         values = {k: metrics.get(k) for k in METRIC_FIELDS}
-        return self._insert_trial(study_id, config=config, config_key=config_key, dispatched=True, status=status,
+        return self._insert_trial(study_id, number, config=config, config_key=config_key, dispatched=True, status=status,
                                   optuna_trial_number=optuna_trial_number, origin=TrialOrigin.IMPORTED.value,
                                   step_times_s=step_times_s, artifacts={"log": source}, finished_at=utcnow(),
                                   reason="out_of_memory" if status == "oom" else None, **values)

@@ -8,14 +8,14 @@ import pytest
 from sqlalchemy import inspect, text
 
 from autotune.errors import StorageError, StudyError
-from autotune.storage import Repository, current_revision, head_revision, make_engine, upgrade
+from autotune.storage import REJECTED_BASE, Repository, current_revision, head_revision, make_engine, upgrade
 from autotune.storage.migrations import VERSION_TABLE, downgrade
 
 
-def new_study(repo: Repository, name: str = "s", budget: int = 3):
+def new_study(repo: Repository, name: str = "s", budget: int = 3, **values):
     return repo.create_study(name=name, model="qwen3_30b", workload={"gpus": 16}, space={"domains": {}},
                              budget=budget, sampler="auto", backend="simulate", backend_options={}, options={},
-                             optuna_study_name=f"autotune:{name}", status="created")
+                             optuna_study_name=name, status="created", **values)
 
 
 def test_schema_is_created_with_our_version_table(storage_url):
@@ -38,15 +38,50 @@ def test_study_names_are_unique(storage_url):
 def test_claim_dispatch_enforces_budget_and_uniqueness(storage_url):
     repo = Repository.open(storage_url)
     study = new_study(repo, budget=2)
-    first = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget)
-    assert first.number == 1 and first.status == "dispatched" and first.controller_id == "c1"
-    assert repo.claim_dispatch(study.id, {"tp": 1}, "k1", 1, "c1", study.budget) == "duplicate"
-    repo.add_rejected(study.id, {"tp": 3}, "k3", "heads_divisible_by_tp", "32 heads / TP 3", 2)
-    second = repo.claim_dispatch(study.id, {"tp": 2}, "k2", 3, "c1", study.budget)
-    assert second.number == 3  # numbers are shared with rejected proposals
-    assert repo.claim_dispatch(study.id, {"tp": 4}, "k4", 4, "c1", study.budget) == "budget"
+    assert study.numbering == "optuna"
+    first = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget, number=0)
+    assert first.number == 0 == first.optuna_trial_number and first.status == "dispatched"
+    assert first.controller_id == "c1"
+    assert repo.claim_dispatch(study.id, {"tp": 1}, "k1", 1, "c1", study.budget, number=1) == "duplicate"
+    rejected = repo.add_rejected(study.id, {"tp": 3}, "k3", "heads_divisible_by_tp", "32 heads / TP 3")
+    assert rejected.number == REJECTED_BASE and rejected.optuna_trial_number is None  # no run's number
+    second = repo.claim_dispatch(study.id, {"tp": 2}, "k2", 1, "c1", study.budget, number=1)
+    assert second.number == 1  # a run's number is the one the controller passes: its Optuna trial number
+    assert repo.claim_dispatch(study.id, {"tp": 4}, "k4", 2, "c1", study.budget, number=2) == "budget"
     counts = repo.counts(study.id)
     assert counts["dispatched"] == 2 and counts["rejected"] == 1 and counts["running"] == 2
+
+
+def test_rejected_layouts_of_an_optuna_numbered_study_are_numbered_apart(storage_url):
+    """Runs take the numbers Optuna gives them (0, 1, 2, ...); rejected layouts are no Optuna trials and
+    are numbered from REJECTED_BASE, so neither ever takes the other's number."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo, budget=5)
+    frontier = [{"config": {"tp": t}, "config_key": f"f{t}", "reason": "oom_frontier", "message": "m",
+                 "implied_by_trial": 0} for t in (2, 4)]
+    repo.add_rejected_many(study.id, frontier)
+    repo.add_rejected(study.id, {"tp": 3}, "k3", "heads_divisible_by_tp", "32 heads / TP 3")
+    for number in (0, 1):
+        repo.claim_dispatch(study.id, {"tp": 1, "n": number}, f"k{number}", number, "c1", study.budget, number=number)
+    unnumbered = repo.claim_dispatch(study.id, {"tp": 8}, "k8", None, "c1", study.budget)  # next free run number
+    assert [(t.number, t.status) for t in repo.trials(study.id)] == [
+        (0, "dispatched"), (1, "dispatched"), (2, "dispatched"), (REJECTED_BASE, "rejected"),
+        (REJECTED_BASE + 1, "rejected"), (REJECTED_BASE + 2, "rejected")]
+    assert unnumbered.number == 2
+    assert repo.counts(study.id)["rejected"] == 3
+
+
+def test_a_sequence_numbered_study_keeps_one_sequence(storage_url):
+    """A study from before revision 0004 goes on numbering every row, rejected ones included, from its highest."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo, numbering="sequence")
+    first = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget)
+    rejected = repo.add_rejected(study.id, {"tp": 3}, "k3", "heads_divisible_by_tp", "32 heads / TP 3")
+    repo.add_rejected_many(study.id, [{"config": {"tp": 5}, "config_key": "k5", "reason": "oom_frontier",
+                                       "message": "m", "implied_by_trial": 1}])
+    second = repo.claim_dispatch(study.id, {"tp": 2}, "k2", 1, "c1", study.budget)
+    assert (first.number, rejected.number, second.number) == (1, 2, 4)
+    assert [t.number for t in repo.trials(study.id)] == [1, 2, 3, 4]
 
 
 def test_finish_and_retry_keep_gpu_seconds(storage_url):
@@ -93,6 +128,8 @@ def test_upgrade_from_the_first_released_schema(storage_url):
     upgrade(engine)
     repo = Repository.open(storage_url)
     assert repo.get_study("old").budget == 5
+    # no Optuna tables yet: the name is simply the study's, the numbering the one the study began with
+    assert (repo.get_study("old").optuna_study_name, repo.get_study("old").numbering) == ("old", "sequence")
     columns = {c["name"] for c in inspect(repo.engine).get_columns("autotune_trials")}
     assert {"predicted", "controller_id"} <= columns
 
@@ -127,6 +164,61 @@ def test_upgrade_to_0003_moves_origin_and_worker_losses_out_of_other_fields(stor
     assert [r.strategy_note for r in rows] == ["baseline", "imported", "validation"]
     artifacts = rows[0].artifacts if isinstance(rows[0].artifacts, dict) else json.loads(rows[0].artifacts)
     assert artifacts["worker_losses"] == 1
+
+
+def test_upgrade_to_0004_names_each_optuna_study_like_its_study(storage_url):
+    """0004 renames the Optuna study `autotune:NAME` of study NAME to NAME, names its objective, and writes
+    the recorded metrics, status and reason of each trial as user attributes; a study whose plain name
+    another Optuna study holds keeps its old one. The studies keep their numbering; downgrade renames back."""
+    import optuna
+    from optuna.trial import TrialState
+
+    engine = make_engine(storage_url)
+    upgrade(engine, "0003_trial_origin_worker_losses")
+    old = optuna.create_study(study_name="autotune:old", storage=storage_url, direction="maximize")
+    for state, value in ((TrialState.PRUNED, None), (TrialState.COMPLETE, 7400.0)):  # what 0003's controller wrote
+        old.add_trial(optuna.trial.create_trial(state=state, value=value, user_attrs={"autotune_reason": "x"}))
+    optuna.create_study(study_name="autotune:clash", storage=storage_url)
+    optuna.create_study(study_name="clash", storage=storage_url)  # another tool's study holds the plain name
+    with engine.begin() as c:
+        for study_id, name in ((1, "old"), (2, "clash")):
+            c.execute(text("INSERT INTO autotune_studies (id, name, model, workload, space, budget, sampler, backend, "
+                           "backend_options, options, optuna_study_name, status, created_at, updated_at) VALUES "
+                           f"({study_id}, '{name}', 'qwen3_30b', '{{}}', '{{}}', 5, 'auto', 'simulate', '{{}}', "
+                           f"'{{}}', 'autotune:{name}', 'interrupted', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        for number, optuna_number, status, reason, speed in ((1, 0, "rejected", "predicted_oom", "NULL"),
+                                                             (2, 1, "completed", "NULL", "7400.0")):
+            c.execute(text("INSERT INTO autotune_trials (study_id, number, optuna_trial_number, config, config_key, "
+                           "dispatched, status, reason, tokens_per_s_per_gpu, peak_mem_gib, attempt, step_times_s, "
+                           f"gpu_seconds, artifacts, created_at) VALUES (1, {number}, {optuna_number}, '{{}}', "
+                           f"'k{number}', {'TRUE' if speed != 'NULL' else 'FALSE'}, '{status}', "
+                           f"{reason if reason == 'NULL' else repr(reason)}, {speed}, 61.5, 1, '[]', 0, '{{}}', "
+                           "CURRENT_TIMESTAMP)"))
+    upgrade(engine)
+    repo = Repository.open(storage_url)
+    studies = {s.name: s for s in repo.list_studies()}
+    assert (studies["old"].optuna_study_name, studies["clash"].optuna_study_name) == ("old", "autotune:clash")
+    assert {s.numbering for s in studies.values()} == {"sequence"}  # the numbers users saw stay
+    renamed = optuna.load_study(study_name="old", storage=storage_url)
+    assert renamed.metric_names == ["tokens_per_s_per_gpu"]
+    rejected, completed = renamed.trials
+    assert completed.user_attrs == {"autotune_reason": "x", "backend": "simulate", "simulated": True,
+                                    "origin": "study", "status": "completed", "tokens_per_s_per_gpu": 7400.0,
+                                    "peak_mem_gib": 61.5}
+    assert (rejected.user_attrs["status"], rejected.user_attrs["reason"]) == ("rejected", "predicted_oom")
+    assert optuna.load_study(study_name="clash", storage=storage_url).metric_names is None  # not ours: untouched
+    with pytest.raises(KeyError):
+        optuna.load_study(study_name="autotune:old", storage=storage_url)
+    # the study goes on in its own numbering: one sequence over every row
+    assert repo.claim_dispatch(1, {"tp": 2}, "k3", 2, "c", 5).number == 3
+    repo.close()
+    downgrade(engine, "0003_trial_origin_worker_losses")
+    assert len(optuna.load_study(study_name="autotune:old", storage=storage_url).trials) == 2
+    with engine.connect() as c:
+        names = dict(c.execute(text("SELECT name, optuna_study_name FROM autotune_studies")).all())
+        assert names == {"old": "autotune:old", "clash": "autotune:clash"}
+        assert c.execute(text("SELECT COUNT(*) FROM autotune_trials")).scalar() == 3  # nothing lost on the way down
+    assert "numbering" not in {c["name"] for c in inspect(engine).get_columns("autotune_studies")}
 
 
 def test_newer_schema_is_refused(storage_url):
