@@ -3,13 +3,13 @@
 Trials it was running (stale heartbeat) are adopted by compare-and-set (`adoptable`); Optuna proposals
 it left RUNNING are settled (`reconcile`).
 
-Several controllers may share a study (PostgreSQL). A controller records each proposal (dispatch
-or rejection) within moments of asking Optuna for it, and tells Optuna a trial's outcome within
-moments of recording it. So an Optuna trial still RUNNING is abandoned only when that moment is
-long past: the proposal is older than `stale_s` and unrecorded, or its autotune trial ended more
-than `stale_s` ago. A younger one may belong to a live controller that is about to record or tell
-it; failing it would contradict that controller (issue: a joiner failed a trial its owner had
-completed), so it is left for a later pass.
+Several controllers may share a study (PostgreSQL). A controller records each proposal it asked
+Optuna for (a dispatch, or a rejection after a lost race) within moments of asking, and tells
+Optuna a trial's outcome within moments of recording it. So an Optuna trial still RUNNING is
+abandoned only when that moment is long past: the proposal is older than `stale_s` and unrecorded,
+or its autotune trial ended more than `stale_s` ago. A younger one may belong to a live controller
+that is about to record or tell it; failing it would contradict that controller (issue: a joiner
+failed a trial its owner had completed), so it is left for a later pass.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def reconcile(repo, study_id: int, optuna, stale_s: float, tell_trial) -> None:
     recorded = {t.optuna_trial_number: t for t in repo.trials(study_id) if t.optuna_trial_number is not None}
     for number, trial in abandoned(optuna.study, recorded, stale_s):
         if trial is None:
-            optuna.tell_fail(number, "the controller stopped before recording this proposal")
+            optuna.tell_fail(number, {"status": "not_dispatched", "reason": "controller_stopped",
+                                      "message": "the controller stopped before recording this proposal"})
         else:
             tell_trial(number, trial)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
+from autotune.controller.outcomes import optuna_attrs
 from autotune.space import study_space_and_workload
 from autotune.cost.flops import tokens_per_s_per_gpu
 from autotune.errors import ConfigError, IllegalLayoutError
 from autotune.megatron.logparse import parse_log
 from autotune.space import violations
-from autotune.storage import Repository, Study, Trial
+from autotune.storage import Repository, Study, Trial, TrialNumbering
 
 
 def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, source: str) -> Trial:
@@ -43,8 +44,12 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
                                 parsed.measured_times(), workload, layout.tp)
     if problem:
         raise ConfigError(f"{source}: impossible figures in the log ({problem}); nothing imported")
-    optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False)
-    number = optuna.add_measured(layout, metrics.get("tokens_per_s_per_gpu"), oom=status == "oom")
-    trial = repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
-                              [t for _, t in parsed.iterations], source)
-    return trial
+    optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False,
+                         backend=study.backend)
+    reason = "out_of_memory" if status == "oom" else None
+    number = optuna.add_measured(layout, metrics.get("tokens_per_s_per_gpu"), oom=status == "oom",
+                                 attrs={**optuna_attrs(status, reason, None, metrics), "log": source})
+    # numbered like the study's other runs: with its Optuna trial number (models.TrialNumbering)
+    return repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
+                             [t for _, t in parsed.iterations], source,
+                             number=number if study.numbering == TrialNumbering.OPTUNA else None)

@@ -1,8 +1,10 @@
 """The controller: one process, the only writer of its trials to SQL and Optuna.
 
-    propose (strategy) -> screening (legality, policy, OOM frontier, P(fit)) -> claim (budget, dedupe)
-        rejected: recorded with its rule, told to Optuna as infeasible, not counted in the budget
-        else:     recorded as dispatched (committed) -> submitted to the dispatcher
+    propose (strategy) -> screening (legality, policy, OOM frontier, P(fit), already dispatched)
+        rejected: recorded with its rule (numbered from REJECTED_BASE), not counted in the budget, and
+                  no Optuna trial
+        else:     an Optuna trial -> claim (budget, dedupe) -> recorded as dispatched (committed), numbered
+                  with its Optuna trial number -> submitted to the dispatcher
     poll: step reports -> slow-branch pruner -> cancel
           outcome -> checked -> committed to SQL -> fed back to the search state -> told to Optuna
 
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
-from autotune.backends.validation import is_plausible_step
+from autotune.backends.validation import METRIC_KEYS, is_plausible_step
 from autotune.config import LayoutConfig, Workload
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
@@ -38,7 +40,7 @@ from autotune.controller.screening import DUPLICATE, Rejection, frontier_skips, 
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import REMEASURE, Strategy, run_noise_std
 from autotune.space import SearchSpace, enumerate_legal
-from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialOrigin
+from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
 
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
@@ -79,7 +81,10 @@ class Controller:
         self.on_tick = on_tick or (lambda _c: None)
         self.controller_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.options = opts = StudyOptions.from_stored(study.options)
-        self.optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, opts.seed, create=False)
+        self.optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, opts.seed, create=False,
+                                  backend=study.backend)
+        # a run's number is its Optuna trial number, except in a study numbered before revision 0004
+        self.numbered_by_optuna = study.numbering == TrialNumbering.OPTUNA
         self.pruner = SlowBranchPruner(opts.warmup_steps, margin=opts.slow_margin, enabled=opts.prune_slow)
         legal = enumerate_legal(space, workload).configs
         answerable = backend_class(study.backend).answerable_layouts(study.backend_options)
@@ -203,36 +208,46 @@ class Controller:
             if proposal is None:
                 break
             self.repo.add_rejected_many(self.study.id, frontier_skips(self.state, proposal.config, proposal.note))
-            number, config = self.optuna.ask(proposal.config)
-            note = proposal.note
-            rejection = None if note == REMEASURE else screen(config, self.workload, self.space, self.state)
-            if rejection is not None:
-                self._reject(number, config, note, rejection)
-                continue
+            config, note = proposal.config, proposal.note
             runs = len(self.state.runs.get(self.state.index.get(config.key(), -1), []))
+            dispatch_key = f"{config.key()}#run{runs + 1}" if note == REMEASURE else config.key()
+            rejection = None if note == REMEASURE else screen(config, self.workload, self.space, self.state)
+            if rejection is None and self.repo.is_dispatched(self.study.id, dispatch_key):
+                rejection = DUPLICATE  # e.g. by another controller: found before it becomes an Optuna trial
+            if rejection is not None:
+                self._reject(config, note, rejection)
+                continue
+            number = self.optuna.ask(config, TrialOrigin.STUDY.value, note)
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
                                                prediction(self.state, self.workload, config), note,
-                                               dispatch_key=f"{config.key()}#run{runs + 1}" if note == REMEASURE
-                                               else None)
+                                               dispatch_key=dispatch_key, number=self._number(number))
             self.state.mark_tried(config.key())
-            if claimed == ClaimRefused.BUDGET:
-                self.optuna.tell_fail(number, "not dispatched: the study's budget is used up")
+            if claimed == ClaimRefused.BUDGET:  # another controller took the last of it since the check above
+                self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "budget",
+                                               "message": "the study's budget was used up by another controller"})
                 break
-            if claimed == ClaimRefused.DUPLICATE:  # checked under the study's lock, so also across controllers
-                self._reject(number, config, note, DUPLICATE)
+            if claimed == ClaimRefused.DUPLICATE:  # a race with another controller, lost under the study's lock
+                self._reject(config, note, DUPLICATE, number)
                 continue
             self._submit(claimed, config)
             return True
         self._exhausted = True
         return False
 
-    def _reject(self, number: int, config: LayoutConfig, note: str, rejection: Rejection) -> None:
+    def _number(self, optuna_number: int) -> int | None:
+        """The number of a run's row: its Optuna trial number (None: the next free one, in a study
+        numbered before revision 0004)."""
+        return optuna_number if self.numbered_by_optuna else None
+
+    def _reject(self, config: LayoutConfig, note: str, rejection: Rejection, optuna_number: int | None = None) -> None:
+        """Record a layout rejected before dispatch. It has an Optuna trial (`optuna_number`) only when it
+        lost a race for its claim to another controller; that trial is told PRUNED with its constraint."""
         self.state.mark_tried(config.key())
-        self.repo.add_rejected(self.study.id, config.to_dict(), config.key(), rejection.reason, rejection.message,
-                               number, rejection.implied_by, strategy_note=note)
-        self.optuna.tell_infeasible(number, rejection.kind, rejection.constraint,
-                                    f"{rejection.reason}: {rejection.message}")
+        trial = self.repo.add_rejected(self.study.id, config.to_dict(), config.key(), rejection.reason,
+                                       rejection.message, optuna_number, rejection.implied_by, strategy_note=note)
+        outcomes.tell(self.optuna, optuna_number, trial.status, {}, rejection.message, [], self.workload,
+                      self.pruner.warmup_steps, reason=rejection.reason)
 
     def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int = 0) -> None:
         if trial.attempt <= 1 and trial.origin == TrialOrigin.STUDY:
@@ -279,17 +294,16 @@ class Controller:
                                           error=f"lost on {trial.attempt} attempts: {outcome.error}")
         outcome, metrics = outcomes.checked(outcome, self.workload, LayoutConfig.from_mapping(trial.config))
         status = outcome.status.value
-        self.repo.finish_trial(self.study.id, number, status,
-                               reason=outcomes.verdict(status, outcome.error, bool(run.steps)), message=outcome.error,
-                               metrics=metrics if status in ("completed", "oom") else
-                               {"peak_mem_gib": metrics.get("peak_mem_gib")},
+        reason = outcomes.verdict(status, outcome.error, bool(run.steps))
+        stored = metrics if status in ("completed", "oom") else {"peak_mem_gib": metrics.get("peak_mem_gib")}
+        self.repo.finish_trial(self.study.id, number, status, reason=reason, message=outcome.error, metrics=stored,
                                step_times_s=outcome.step_times_s or run.steps, gpu_seconds=gpu_seconds,
                                artifacts=outcome.artifacts)
         self._learn(dataclasses.replace(trial, status=status, step_time_s=metrics["step_time_s"],
                                         tokens_per_s_per_gpu=metrics["tokens_per_s_per_gpu"],
                                         peak_mem_gib=metrics["peak_mem_gib"]))
-        outcomes.tell(self.optuna, trial.optuna_trial_number, status, metrics, outcome.error, run.steps,
-                      self.workload, self.pruner.warmup_steps)
+        outcomes.tell(self.optuna, trial.optuna_trial_number, status, stored, outcome.error, run.steps,
+                      self.workload, self.pruner.warmup_steps, reason=reason)
 
     # --- after the budget: validation runs of the winner (--validate-steps) ---------------------
 
@@ -299,14 +313,19 @@ class Controller:
         trials = self.repo.trials(self.study.id, dispatched_only=True)
         pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib)
         for result in validation_choices(pick, run_noise_std(self.state)):
-            number, config = self.optuna.ask(LayoutConfig.from_mapping(result.trial.config))
+            config = LayoutConfig.from_mapping(result.trial.config)
+            dispatch_key = f"{config.key()}#validation"
+            if self.repo.is_dispatched(self.study.id, dispatch_key):
+                continue  # validated before this controller resumed
+            number = self.optuna.ask(config, TrialOrigin.VALIDATION.value)
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
                                                prediction(self.state, self.workload, config),
-                                               dispatch_key=f"{config.key()}#validation",
-                                               origin=TrialOrigin.VALIDATION)
-            if isinstance(claimed, ClaimRefused):  # validated before this controller resumed
-                self.optuna.tell_fail(number, "validation run already recorded")
+                                               dispatch_key=dispatch_key, origin=TrialOrigin.VALIDATION,
+                                               number=self._number(number))
+            if isinstance(claimed, ClaimRefused):  # another controller validated it since the check above
+                self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "duplicate",
+                                               "message": "validation run already recorded"})
                 continue
             self._submit(claimed, config, measured_steps)
             while self.running:
@@ -318,7 +337,7 @@ class Controller:
 
     def _reconcile_optuna(self) -> None:
         def tell_trial(number: int, trial: Trial) -> None:
-            metrics = {"tokens_per_s_per_gpu": trial.tokens_per_s_per_gpu, "peak_mem_gib": trial.peak_mem_gib}
+            metrics = {key: getattr(trial, key) for key in METRIC_KEYS}
             outcomes.tell(self.optuna, number, trial.status, metrics, trial.message, list(trial.step_times_s),
                           self.workload, self.pruner.warmup_steps, reason=trial.reason)
 

@@ -2,8 +2,8 @@
 
 Three pure pieces the loop composes: `derive_metrics` fills what a backend left out, `checked`
 refuses physically impossible numbers, `verdict` names why a trial ended (a table, tested as one).
-`tell` is the one place that maps a finished (or stale rejected) trial's status to what Optuna is told;
-proposals refused before a trial exists are told by the loop (their Rejection's kind and constraint).
+`tell` is the one place that maps a finished trial's status to what Optuna is told (state, value,
+constraint and user attributes); layouts rejected before dispatch are not Optuna trials.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from autotune.backends import TrialOutcome, TrialStatus
-from autotune.backends.validation import impossible_result
+from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig, Workload
 from autotune.controller.screening import constraint_kind
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
@@ -28,6 +28,7 @@ VERDICTS: dict[str, str | None] = {
     "lost": "lost",
 }
 IMPOSSIBLE = ("impossible result", "invalid result")  # how validation's refusals begin
+MESSAGE_CHARS = 500  # of a failure's message kept as an Optuna user attribute
 
 
 def verdict(status: str, error: str | None, saw_steps: bool) -> str | None:
@@ -74,26 +75,38 @@ def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> 
     return failed, {key: None for key in metrics}
 
 
+def optuna_attrs(status: str, reason: str | None, message: str | None, metrics: dict) -> dict:
+    """The user attributes a finished trial's Optuna trial gets: what autotune recorded of it (a None is
+    left out by the adapter)."""
+    attrs = {"status": status, "reason": reason, **{key: metrics.get(key) for key in METRIC_KEYS}}
+    if message and status != "completed":
+        attrs["message"] = message[:MESSAGE_CHARS]
+    return attrs
+
+
 def tell(optuna, number: int | None, status: str, metrics: dict, error: str | None, step_times_s: list[float],
          workload: Workload, warmup_steps: int, reason: str | None = None) -> None:
-    """Tell Optuna (the study of record) how trial `number` ended. Rejections and OOMs are infeasible
-    (a constraint, never FAIL); a slow-branch prune is PRUNED with its measured throughput."""
+    """Tell Optuna (the study of record) how trial `number` ended, with `optuna_attrs` as its user
+    attributes. OOMs (and a proposal refused in a race between controllers, or a stale one of a study
+    numbered before revision 0004: "rejected") are infeasible (a constraint, never FAIL); a slow-branch
+    prune is PRUNED with its measured throughput."""
     if number is None:
         return
-    if status == "rejected":  # a stale proposal settled after its controller died: the same constraint kind
-        optuna.tell_infeasible(number, constraint_kind(reason or "rejected"), 1.0, reason or "rejected")
+    attrs = optuna_attrs(status, reason, error, metrics)
+    if status == "rejected":
+        optuna.tell_infeasible(number, constraint_kind(reason or "rejected"), 1.0, attrs)
     elif status == "completed" and metrics.get("tokens_per_s_per_gpu"):
-        optuna.tell_complete(number, metrics["tokens_per_s_per_gpu"])
+        optuna.tell_complete(number, metrics["tokens_per_s_per_gpu"], attrs)
     elif status == "oom":
         limit = workload.cluster.gpu.memory_gib
         over = (metrics.get("peak_mem_gib") or limit * 1.01) - limit
-        optuna.tell_infeasible(number, "memory", max(over, 0.01), "out of memory")
+        optuna.tell_infeasible(number, "memory", max(over, 0.01), attrs)
     elif status == "pruned":
         steps = step_times_s[warmup_steps:] or step_times_s
         value = None
         if steps:
             w = workload
             value = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, float(np.median(steps)))
-        optuna.tell_pruned(number, step_times_s, value)
+        optuna.tell_pruned(number, max(1, len(step_times_s)), value, attrs)
     else:
-        optuna.tell_fail(number, f"{status}: {error or ''}")
+        optuna.tell_fail(number, attrs)

@@ -1,7 +1,8 @@
 """Screening: why a proposed layout must not run, decided before anything is dispatched.
 
-A rejection is recorded as a trial row with its rule (outside the budget) and told to Optuna as an
-infeasible trial with a constraint value, never as a failure.
+A rejection is recorded as a trial row with its rule (outside the budget); it is not an Optuna trial.
+Its constraint kind and value are what Optuna is told (infeasible, never a failure) in the one case a
+rejected layout has an Optuna trial: a claim lost in a race between controllers.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Everything a user can get wrong is checked before the database changes (house rule: bad input
 leaves the database untouched): the model and space, an empty legal set (naming the rule that
-empties it), budget, sampler, backend and its options, a taken study name.
+empties it), budget, sampler, backend and its options, a taken study name (an autotune study's, or
+an Optuna study's that autotune did not create).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from autotune.controller.options import StudyOptions
 from autotune.controller.strategies import STRATEGIES, make_strategy
 from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, study_space_and_workload  # noqa: F401 (re-exported)
-from autotune.storage import Repository, Study, StudyStatus
+from autotune.storage import Repository, Study, StudyStatus, TrialNumbering
 
 MAX_STUDY_NAME = 200  # autotune_studies.name is String(200)
 MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
@@ -88,17 +89,17 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
     if repo.find_study(name) is not None:
         raise StudyError(f"study {name!r} already exists: continue it with `autotune resume {name}` "
                          "or choose another --study")
-    optuna_name = f"autotune:{name}"
-    _drop_orphan_optuna_study(repo.url, optuna_name)
-    OptunaStudy(repo.url, optuna_name, space, sampler, seed, create=True)
+    # the Optuna study carries the study's name (`optuna.load_study(study_name=name)`); one that autotune
+    # left from a start that failed half-way is replaced, another tool's is a StudyError
+    OptunaStudy(repo.url, name, space, sampler, seed, create=True)
     try:
         return repo.create_study(name=name, model=workload.model.name, workload=workload.to_dict(),
                                  space=space.to_dict(), budget=budget, sampler=sampler, backend=backend,
                                  backend_options=backend_options,
-                                 options=stored,
-                                 optuna_study_name=optuna_name, status=StudyStatus.CREATED.value)
+                                 options=stored, optuna_study_name=name, numbering=TrialNumbering.OPTUNA.value,
+                                 status=StudyStatus.CREATED.value)
     except BaseException:
-        _drop_orphan_optuna_study(repo.url, optuna_name)  # both records or neither
+        _drop_orphan_optuna_study(repo.url, name)  # both records or neither
         raise
 
 
@@ -119,7 +120,7 @@ def study_options(options: dict[str, Any] | None, seed: int | None) -> StudyOpti
 
 
 def _drop_orphan_optuna_study(url: str, optuna_name: str) -> None:
-    """Delete an Optuna study that has no autotune study (left by a start that failed half-way)."""
+    """Delete the Optuna study just created for an autotune study that could not be recorded."""
     import optuna
 
     try:

@@ -73,6 +73,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
      "cannot be read"),  # pandas' multi-line parser error stays one line
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
+    ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
+     "--workdir"),  # where the trial specs go: refused before anything runs
     ("seed-negative", [*START, "--seed", "-1", "--storage", "{url}"], "--seed"),
     ("seed-2**40", [*START, "--seed", "1099511627776", "--storage", "{url}"], "--seed"),
     ("metrics-port-70000", [*START, "--metrics-port", "70000", "--storage", "{url}"], "--metrics-port"),
@@ -197,8 +199,19 @@ def test_postgres_bad_names_leave_no_orphan_and_the_name_stays_usable(postgres_u
     _assert_one_line_error(result, "1..200")
     result = run_cli(*START, "--trial-timeout", "nan", "--study", "later", "--storage", postgres_url, env=ENV)
     _assert_one_line_error(result, "finite")
-    # an Optuna study left by an older autotune that failed half-way must not block the name
-    optuna.create_study(study_name="autotune:later", storage=postgres_url)
+    # the Optuna study carries the study's name: one that autotune left from a start that failed half-way
+    # must not block the name ...
+    from autotune.controller._optuna import OWNER_KEY
+
+    orphan = optuna.create_study(study_name="later", storage=postgres_url)
+    orphan._storage.set_study_system_attr(orphan._study_id, OWNER_KEY, "later")
     result = run_cli(*START, "--study", "later", "--storage", postgres_url, "--json", env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["dispatched"] == 1
+    # ... but another tool's Optuna study of that name is refused, and left as it was
+    theirs = optuna.create_study(study_name="theirs", storage=postgres_url)
+    theirs.enqueue_trial({"x": 1})
+    result = run_cli(*START, "--study", "theirs", "--storage", postgres_url, env=ENV)
+    _assert_one_line_error(result, "autotune did not create")
+    assert len(optuna.load_study(study_name="theirs", storage=postgres_url).trials) == 1
+    assert "theirs" not in run_cli("status", "--storage", postgres_url, env=ENV).stdout

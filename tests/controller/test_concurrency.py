@@ -38,7 +38,7 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "AUTOTUNE_HEARTBEAT_S": "0.5"}
 
 
 def _optuna_states(url: str, name: str) -> dict[int, TrialState]:
-    return {t.number: t.state for t in optuna.load_study(study_name=f"autotune:{name}", storage=url).trials}
+    return {t.number: t.state for t in optuna.load_study(study_name=name, storage=url).trials}
 
 
 @pytest.mark.slow
@@ -71,7 +71,7 @@ def test_a_joining_controller_leaves_the_first_ones_proposals_alone(storage_url)
     states = _optuna_states(storage_url, "join")
     for trial in trials:
         if trial.status == "completed":
-            assert states[trial.optuna_trial_number] == TrialState.COMPLETE, (trial.number, trial.optuna_trial_number)
+            assert states[trial.number] == TrialState.COMPLETE, (trial.number, trial.optuna_trial_number)
     assert TrialState.RUNNING not in states.values()
 
 
@@ -80,8 +80,9 @@ def _stale_dispatched_trial(repo: Repository, study, config: LayoutConfig) -> in
     from autotune.controller._optuna import OptunaStudy
 
     space = load_space("qwen3_30b")
-    number, _ = OptunaStudy(repo.url, study.optuna_study_name, space, "auto", 0, create=False).ask(config)
-    trial = repo.claim_dispatch(study.id, config.to_dict(), config.key(), number, "dead-controller", study.budget)
+    number = OptunaStudy(repo.url, study.optuna_study_name, space, "auto", 0, create=False).ask(config)
+    trial = repo.claim_dispatch(study.id, config.to_dict(), config.key(), number, "dead-controller", study.budget,
+                                number=number)
     with repo.session() as s:
         s.execute(update(TrialRow).where(TrialRow.study_id == study.id, TrialRow.number == trial.number)
                   .values(heartbeat_at=dt.datetime(2020, 1, 1)))
@@ -113,7 +114,7 @@ def test_a_run_that_finished_while_its_controller_was_dead_is_harvested(tmp_path
     trial = repo.trial(study.id, number)
     assert trial.status == "completed" and trial.step_time_s == 30.0 and trial.attempt == 1
     assert log.read_text().count("start") == 1  # harvested, not launched again
-    assert _optuna_states(repo.url, "harvest")[trial.optuna_trial_number] == TrialState.COMPLETE
+    assert _optuna_states(repo.url, "harvest")[trial.number] == TrialState.COMPLETE
     assert repo.get_study("harvest").status == "finished"
 
 

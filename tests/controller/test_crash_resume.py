@@ -102,8 +102,8 @@ def test_sigkill_at_random_points_then_resume(tmp_path):
     assert all(t.worker_losses == 0 for t in trials)  # controller deaths only
     for number, measurement in kept.items():
         assert _completed(repo, "crash")[number] == measurement
-    optuna_trials = optuna.load_study(study_name="autotune:crash", storage=url).trials
+    optuna_trials = optuna.load_study(study_name="crash", storage=url).trials
     complete = {t.number for t in optuna_trials if t.state == TrialState.COMPLETE}
-    assert complete == {t.optuna_trial_number for t in trials}
+    assert complete == {t.number for t in trials} == {t.optuna_trial_number for t in trials}
     assert not [t for t in optuna_trials if t.state == TrialState.RUNNING]
     assert study.status == "finished"

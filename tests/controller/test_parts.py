@@ -79,11 +79,12 @@ def test_checked_turns_impossible_numbers_into_a_failed_trial(qwen16, changes, s
 @pytest.fixture
 def optuna_study(tmp_path, qwen16):
     space, _, _ = qwen16
-    return OptunaStudy(f"sqlite:///{tmp_path / 'o.db'}", "autotune:t", space, "auto", 0, create=True)
+    return OptunaStudy(f"sqlite:///{tmp_path / 'o.db'}", "t", space, "auto", 0, create=True, backend="simulate")
 
 
 @pytest.mark.parametrize("status, metrics, steps, state, constraint", [
-    ("completed", {"tokens_per_s_per_gpu": 7000.0, "peak_mem_gib": 60.0}, [], TrialState.COMPLETE, None),
+    ("completed", {"tokens_per_s_per_gpu": 7000.0, "tflops_per_gpu": 180.0, "mfu": 0.18, "step_time_s": 37.4,
+                   "peak_mem_gib": 60.0}, [], TrialState.COMPLETE, None),
     ("oom", {"peak_mem_gib": 90.0}, [], TrialState.PRUNED, "memory"),
     ("rejected", {}, [], TrialState.PRUNED, "legality"),
     ("pruned", {}, [3.0, 3.0, 3.0, 3.1, 3.2], TrialState.PRUNED, None),
@@ -92,32 +93,107 @@ def optuna_study(tmp_path, qwen16):
 ])
 def test_tell_maps_each_status_to_one_optuna_state(optuna_study, qwen16, status, metrics, steps, state, constraint):
     _, workload, legal = qwen16
-    number, _ = optuna_study.ask(legal[0])
+    number = optuna_study.ask(legal[0], "study", "explore")
     outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, warmup_steps=3, reason="rule")
     trial = optuna_study.study.trials[number]
     assert trial.state == state
+    # what autotune recorded is there to read: backend and origin from the ask, the outcome from the tell
+    assert {k: trial.user_attrs.get(k) for k in ("backend", "simulated", "origin", "strategy", "status", "reason")} \
+        == {"backend": "simulate", "simulated": True, "origin": "study", "strategy": "explore", "status": status,
+            "reason": "rule"}
+    assert {k: v for k, v in trial.user_attrs.items() if k in metrics} == metrics
+    assert ("message" in trial.user_attrs) == (status != "completed")  # a failure says why
     if state == TrialState.COMPLETE:
         assert trial.value == 7000.0
     if constraint == "memory":
         assert trial.system_attrs["constraints:memory"] == pytest.approx(90.0 - workload.cluster.gpu.memory_gib)
     elif constraint == "legality":
-        assert trial.system_attrs["constraints:legality"] == 1.0 and trial.user_attrs["autotune_reason"] == "rule"
+        assert trial.system_attrs["constraints:legality"] == 1.0
     if status == "pruned":  # the measured throughput of the steps after warm-up is its last report
         assert list(trial.intermediate_values.values())[-1] > 0
     # telling a finished trial again changes nothing (a resumed controller may repeat itself)
     outcomes.tell(optuna_study, number, "completed", {"tokens_per_s_per_gpu": 1.0}, None, [], workload, 3)
     assert optuna_study.study.trials[number].state == state
+    assert optuna_study.study.trials[number].user_attrs["status"] == status
+
+
+def test_a_trial_is_one_storage_transaction_to_start_and_one_to_end(optuna_study, qwen16):
+    """The controller's overhead per trial: Optuna's public storage API ends a trial with one
+    transaction per attribute; the adapter writes the start and the end in one each."""
+    from sqlalchemy import event
+
+    from autotune.controller import _optuna
+
+    _, workload, legal = qwen16
+    assert _optuna.ONE_TRANSACTION, "this Optuna lacks the RDB internals the adapter uses: see _optuna.py"
+    commits = []
+    event.listen(optuna_study.storage.engine, "commit", lambda _connection: commits.append(1))
+    number = optuna_study.ask(legal[0], "study", "refine")
+    assert len(commits) == 1
+    metrics = {"tokens_per_s_per_gpu": 7000.0, "tflops_per_gpu": 180.0, "mfu": 0.18, "step_time_s": 37.4,
+               "peak_mem_gib": 60.0}
+    outcomes.tell(optuna_study, number, "completed", metrics, None, [], workload, 3)
+    assert len(commits) == 2
+
+
+@pytest.mark.parametrize("status, metrics, steps", [
+    ("completed", {"tokens_per_s_per_gpu": 7000.0, "peak_mem_gib": 60.0}, []),
+    ("oom", {"peak_mem_gib": 90.0}, []),
+    ("pruned", {}, [3.0, 3.0, 3.0, 3.1, 3.2]),
+    ("failed", {}, []),
+])
+def test_without_optunas_internals_the_public_api_writes_the_same_trial(optuna_study, qwen16, monkeypatch,
+                                                                        status, metrics, steps):
+    from autotune.controller import _optuna
+
+    _, workload, legal = qwen16
+    ended = []
+    for one_transaction in (True, False):
+        monkeypatch.setattr(_optuna, "ONE_TRANSACTION", one_transaction)
+        number = optuna_study.ask(legal[0], "study", "refine")
+        outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, 3, reason="rule")
+        trial = optuna_study.study.trials[number]
+        ended.append((trial.state, trial.value, trial.user_attrs, trial.system_attrs, trial.intermediate_values,
+                      trial.params, trial.datetime_complete is not None))
+    assert ended[0] == ended[1]
 
 
 def test_the_optuna_adapter_fixes_a_layout_and_round_trips_its_parameters(optuna_study, qwen16):
+    from autotune.controller._optuna import config_of
+
     _, _, legal = qwen16
     for config in legal[:: max(1, len(legal) // 25)]:
-        number, back = optuna_study.ask(config)
-        assert back == config
+        number = optuna_study.ask(config)
+        assert config_of(optuna_study.study.trials[number].params) == config
         assert optuna_study.study.trials[number].state == TrialState.RUNNING
-    assert len(optuna_study.running_numbers()) == len(optuna_study.study.trials)
-    imported = optuna_study.add_measured(legal[1], None, oom=True)
-    assert optuna_study.study.trials[imported].state == TrialState.PRUNED
+    imported = optuna_study.add_measured(legal[1], None, oom=True, attrs={"status": "oom", "log": "run.log"})
+    frozen = optuna_study.study.trials[imported]
+    assert frozen.state == TrialState.PRUNED and frozen.system_attrs["constraints:memory"] > 0
+    assert frozen.user_attrs == {"backend": "simulate", "simulated": True, "origin": "imported", "status": "oom",
+                                 "log": "run.log"}
+
+
+def test_the_optuna_study_is_named_like_the_study_and_names_its_objective(tmp_path, qwen16):
+    """Its name is the autotune study's; a study that autotune left from a start that failed half-way
+    gives way, another tool's study of that name is refused and left as it was."""
+    import optuna
+
+    from autotune.controller._optuna import OWNER_KEY
+    from autotune.errors import StudyError
+
+    space, _, legal = qwen16
+    url = f"sqlite:///{tmp_path / 'names.db'}"
+    OptunaStudy(url, "mine", space, "auto", 0, create=True).ask(legal[0])  # left behind by a failed start
+    fresh = OptunaStudy(url, "mine", space, "auto", 0, create=True)
+    loaded = optuna.load_study(study_name="mine", storage=url)
+    assert loaded.metric_names == ["tokens_per_s_per_gpu"]
+    assert loaded._storage.get_study_system_attrs(loaded._study_id)[OWNER_KEY] == "mine"
+    assert loaded.trials == [] and fresh.study_id == loaded._study_id
+    theirs = optuna.create_study(study_name="theirs", storage=url)
+    theirs.enqueue_trial({"x": 1})
+    with pytest.raises(StudyError, match="'theirs' that autotune did not create"):
+        OptunaStudy(url, "theirs", space, "auto", 0, create=True)
+    assert len(optuna.load_study(study_name="theirs", storage=url).trials) == 1
 
 
 # --- screening ----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 
 from autotune.controller.session import build_controller, create_study
 from autotune.space import load_space, make_workload
-from autotune.storage import Repository
+from autotune.storage import REJECTED_BASE, Repository
 from tests.conftest import FAKE_LAUNCHER
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -29,7 +29,7 @@ def run(url, name="s", model="qwen3_30b", gpus=8, budget=8, sampler="auto", back
 
 
 def optuna_trials(url, name):
-    return optuna.load_study(study_name=f"autotune:{name}", storage=url).trials
+    return optuna.load_study(study_name=name, storage=url).trials  # the Optuna study has the study's name
 
 
 def test_simulate_study_dispatches_exactly_its_budget(storage_url):
@@ -46,7 +46,8 @@ def test_simulate_study_dispatches_exactly_its_budget(storage_url):
     assert summary.best.tokens_per_s_per_gpu >= trials[0].tokens_per_s_per_gpu
     completed = [t for t in optuna_trials(storage_url, "s") if t.state == TrialState.COMPLETE]
     assert len(completed) == 8
-    assert {t.number for t in completed} == {t.optuna_trial_number for t in trials}
+    # a trial's number is its Optuna trial number
+    assert [t.number for t in completed] == [t.number for t in trials] == [t.optuna_trial_number for t in trials]
     assert all(t.gpu_seconds > 0 and t.dispatched_at and t.finished_at for t in trials)
     assert not [t for t in optuna_trials(storage_url, "s") if t.state == TrialState.FAIL]  # no stray asks
 
@@ -94,11 +95,14 @@ def test_oom_trials_are_infeasible_and_imply_a_frontier(tmp_path):
     assert all(t.reason == "out_of_memory" and t.peak_mem_gib for t in oom)
     by_number = {t.number: t for t in optuna_trials(url, "oom")}
     for t in oom:
-        frozen = by_number[t.optuna_trial_number]
-        assert frozen.state == TrialState.PRUNED
+        frozen = by_number[t.number]
+        assert frozen.state == TrialState.PRUNED and frozen.user_attrs["status"] == "oom"
     implied = [t for t in trials if t.reason == "oom_frontier"]
-    assert all(t.implied_by_trial in {o.number for o in oom} for t in implied)
+    assert implied and all(t.implied_by_trial in {o.number for o in oom} for t in implied)
     assert repo.counts(study.id)["dispatched"] == 10
+    # rejected layouts never ran: they are no Optuna trials, and take no run's number
+    assert sorted(by_number) == [t.number for t in trials if t.dispatched] == list(range(10))
+    assert all(t.number >= REJECTED_BASE and t.optuna_trial_number is None for t in implied)
 
 
 def test_slow_branches_are_pruned(tmp_path):
@@ -111,7 +115,7 @@ def test_slow_branches_are_pruned(tmp_path):
     assert pruned and all(t.reason == "slow_branch" for t in pruned)
     assert all(len(t.step_times_s) < 6 for t in pruned)  # stopped before all 6 steps
     states = {t.number: t.state for t in optuna_trials(url, "slow")}
-    assert all(states[t.optuna_trial_number] == TrialState.PRUNED for t in pruned)
+    assert all(states[t.number] == TrialState.PRUNED for t in pruned)
 
 
 def test_command_backend_study_survives_crashes(tmp_path):
