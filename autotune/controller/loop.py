@@ -202,11 +202,17 @@ class Controller:
                 return
 
     def _dispatch_one(self) -> bool:
-        """Propose until one layout is dispatched; False when the budget or the space is used up."""
+        """Propose until one layout is dispatched; False when the budget or the space is used up, or when
+        the proposal must wait for a run of this controller to end."""
         for _ in range(MAX_REJECTIONS_PER_DISPATCH):
             proposal = self.strategy.propose(self.state)
             if proposal is None:
                 break
+            if proposal.note == REMEASURE and any(r.trial.config_key == proposal.config.key()
+                                                  for r in self.running.values()):
+                # its last run is still running here (two slots freed at once): the strategy counts runs
+                # only when they end and would name the same run again until this loop gave up
+                return False
             self.repo.add_rejected_many(self.study.id, frontier_skips(self.state, proposal.config, proposal.note))
             config, note = proposal.config, proposal.note
             runs = len(self.state.runs.get(self.state.index.get(config.key(), -1), []))

@@ -325,3 +325,42 @@ def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen1
     assert all(len(t.step_times_s) == DEFAULTS.warmup_steps + 12 for t in validation)
     assert {r.trial.config_key for r in layout_results(trials, validation=True)} == {t.config_key for t in validation}
     repo.close()
+
+
+def test_two_slots_freed_at_once_never_run_the_same_remeasurement_twice(tmp_path, qwen16):
+    """In the budget's last share the strategy names a close contender to measure again; it counts runs
+    only when they end. With two slots free at once it named the same run twice, the second was refused
+    as a duplicate 2000 times and the study ended a trial short ("exhausted"). The second slot now waits."""
+    from autotune.controller.session import build_controller
+    from autotune.dispatch._inprocess import InProcessDispatcher
+
+    class TwoSlots(InProcessDispatcher):
+        """Two trials at a time, both ending at the next poll (two slots free at once)."""
+
+        capacity = 2
+
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            self._held = []
+
+        def free_slots(self) -> int:
+            return 2 - len(self._held)
+
+        def submit(self, spec) -> None:
+            super().submit(spec)
+            self._held.append(self._done.pop())
+
+        def poll(self, timeout_s: float = 0.0):
+            done, self._held = self._held, []
+            return done
+
+    space, workload, _ = qwen16
+    repo = Repository.open(f"sqlite:///{tmp_path / 'two.db'}")
+    study = create_study(repo, name="two", space=space, workload=workload, budget=10, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.05}, seed=0)
+    summary = build_controller(repo, study, dispatcher=TwoSlots("simulate", study.backend_options)).run()
+    trials = repo.trials(study.id)
+    assert summary.stop_reason == "budget" and summary.counts["dispatched"] == 10
+    assert [t.strategy_note for t in trials if t.dispatched].count("remeasure") == 2
+    assert not [t for t in trials if t.reason == "duplicate"]
+    repo.close()
