@@ -1,13 +1,16 @@
 """Exporting a study's winner (or any completed trial) for Megatron-Bridge and other tools.
 
-- recipe:    a Python module defining `<model>_autotuned_config()`, which calls the model's
-             Megatron-Bridge recipe and sets every tuned field; every value is written with repr(),
-             every user string only inside repr() literals, so the file is valid, safe Python.
+- recipe:    a Python module defining `<model>_autotuned_config()`, which calls the recipe function
+             the trials ran (the catalog's recipe target, the one the GPU worker calls, see
+             recipe_import) and sets every tuned field; every value is written with repr(), every user
+             string only inside repr() literals, so the file is valid, safe Python.
 - overrides: Hydra-style `path=value` lines for scripts/training/run_recipe.py, after a comment
-             block with the torchrun command for the study's cluster.
-- yaml/json: the layout, workload, measured metrics and overrides, for other tools.
+             block with the torchrun command for the study's cluster (`--recipe` names the same function).
+- yaml/json: the layout, workload, metrics (with their source) and overrides, for other tools.
 - table:     every dispatched trial as a replay table (knob and result columns), CSV or Parquet.
 The exported layout is checked against the legality rules again before anything is written.
+The numbers are called what they are: measured (a run), simulated (the simulate backend's cost model)
+or replayed (a table of runs made elsewhere), never "measured" when nothing ran.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def risk_warning(repo: Repository, study: Study) -> str | None:
         return None
     trial = pick.trial
     fastest = pick.risky[0]
-    return (f"note: trial {fastest.trial.number} measured {fastest.mean_tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+    source = metrics_note(study, fastest.trial)[0]
+    return (f"note: trial {fastest.trial.number} {source} {fastest.mean_tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
             f"but peaked at {fastest.peak_mem_gib:.1f} GiB, inside the {pick.headroom_gib:g} GiB memory margin; "
             f"exported the safe trial {trial.number} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}). "
             f"Export it with --trial {fastest.trial.number} to take the risk.")
@@ -74,15 +78,30 @@ def _checked(study: Study, trial: Trial):
     return space, workload, layout
 
 
+def metrics_note(study: Study, trial: Trial) -> tuple[str, str]:
+    """(measured / simulated / replayed, where the trial's numbers come from in a few words)."""
+    from autotune.leaderboard import metrics_source
+
+    source = metrics_source(study.backend, trial.origin)
+    if source == "simulated":
+        return source, "the simulate backend's cost model; no training ran"
+    if source == "replayed":
+        table = json.dumps(str((study.backend_options or {}).get("replay", "?")))  # quoted: it may hold any text
+        return source, f"looked up in the replay table {table}: runs made outside this study"
+    return source, "an imported log" if trial.origin == "imported" else f"a {study.backend} backend run"
+
+
 def provenance(study: Study, trial: Trial, workload) -> dict[str, Any]:
+    source, note = metrics_note(study, trial)
     return {
         "study": study.name, "trial": trial.number, "model": study.model, "autotune_version": __version__,
         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "cluster": {"gpus": workload.cluster.gpus, "gpus_per_node": workload.cluster.gpus_per_node,
                     "gpu": workload.cluster.gpu.name},
         "global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length,
-        "precision": workload.precision, "backend": study.backend,
-        "measured": {k: getattr(trial, k) for k in METRICS},
+        "precision": workload.precision, "backend": study.backend, "recipe_target": workload.model.recipe_target,
+        "metrics_source": source, "metrics_note": note,  # measured, simulated or replayed: see metrics_note
+        "metrics": {k: getattr(trial, k) for k in METRICS},
     }
 
 
@@ -101,6 +120,14 @@ def _python_name(text: str, what: str) -> str:
     return text
 
 
+def recipe_import(model) -> tuple[str, str]:
+    """The (module, function) an exported recipe imports: the catalog's recipe target `module:function`,
+    the function the GPU worker calls (workers/launcher.build_config) and so the one every trial ran, not
+    Bridge's generic alias `recipe_function`. Both parts are checked as Python names."""
+    module, _, function = model.recipe_target.partition(":")
+    return _python_name(module, "the recipe module"), _python_name(function, "the recipe function")
+
+
 def render_recipe(study: Study, trial: Trial) -> str:
     """The recipe module. Names written as code are checked identifiers; every other value is a repr() literal."""
     space, workload, layout = _checked(study, trial)
@@ -108,17 +135,19 @@ def render_recipe(study: Study, trial: Trial) -> str:
     fields = layout_fields(layout, workload)
     info = provenance(study, trial, workload)
     function = _python_name(f"{model.name}_autotuned_config", "the model name")
-    _python_name(model.recipe_function, "the recipe function")
+    module, recipe = recipe_import(model)
     for path in fields:
         _python_name(path, "the config field")
+    source = info["metrics_source"]
     lines = [
-        f"# Generated by autotune {__version__}: the fastest measured layout of a tuning study.",
+        f"# Generated by autotune {__version__}: the layout a tuning study recommends "
+        f"({source} {trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; see AUTOTUNE_PROVENANCE).",
         "# Re-export rather than edit the tuned values by hand (`autotune export STUDY --format recipe`).",
-        '"""Megatron-Bridge recipe with the layout autotune measured fastest (see AUTOTUNE_PROVENANCE)."""',
+        '"""Megatron-Bridge recipe with the layout an autotune study recommends (see AUTOTUNE_PROVENANCE)."""',
         "",
         "from __future__ import annotations",
         "",
-        f"from megatron.bridge.recipes import {model.recipe_function} as _base_recipe",
+        f"from {module} import {recipe} as _base_recipe",
     ]
     layout_fn = model.pipeline_layout_function
     if layout_fn:
@@ -128,7 +157,7 @@ def render_recipe(study: Study, trial: Trial) -> str:
         lines.append(f"from {module} import {name} as _set_pipeline_layout")
     lines += ["", f"AUTOTUNE_PROVENANCE = {pprint.pformat(info, sort_dicts=False)}", "", "",
               f"def {function}(*args, **kwargs):",
-              f"    {f'{model.recipe_function} with the tuned layout of trial {trial.number}: {layout.short()}.'!r}",
+              f"    {f'{recipe} with the tuned layout of trial {trial.number}: {layout.short()}.'!r}",
               "    cfg = _base_recipe(*args, **kwargs)"]
     for path, value in fields.items():
         lines.append(f"    cfg.{path} = {value!r}")
@@ -142,18 +171,20 @@ def render_overrides(study: Study, trial: Trial) -> str:
     space, workload, layout = _checked(study, trial)
     overrides = layout_overrides(layout, workload)
     nodes = max(1, workload.cluster.gpus // workload.cluster.gpus_per_node)
+    source, note = metrics_note(study, trial)
     header = [
         f"# autotune study {json.dumps(study.name)} trial {trial.number}: {layout.short()}",
-        f"# measured {trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU on {workload.cluster.gpus}x {workload.cluster.gpu.name}",
+        f"# {source} {trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU on {workload.cluster.gpus}x "
+        f"{workload.cluster.gpu.name} ({note})",
         f"# run on each of the {nodes} node(s), NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0:",
-        "# " + torchrun_command(workload, space.model.recipe_function, overrides),
+        "# " + torchrun_command(workload, recipe_import(space.model)[1], overrides),
     ]
     return "\n".join(header + overrides) + "\n"
 
 
 def document(study: Study, trial: Trial) -> dict[str, Any]:
     space, workload, layout = _checked(study, trial)
-    return {**provenance(study, trial, workload), "recipe_function": space.model.recipe_function,
+    return {**provenance(study, trial, workload), "recipe_function": recipe_import(space.model)[1],
             "config": layout.to_dict(), "overrides": layout_overrides(layout, workload),
             "predicted": trial.predicted}
 

@@ -1,7 +1,8 @@
 """Leaderboards and study summaries, built from the SQL store only (never Optuna or Ray).
 
 Completed trials rank by tokens/s/GPU; then the other dispatched trials by number. The recipe's own
-layout (the baseline, when it was measured) gives every row a speed-up.
+layout (the baseline, when it was measured) gives every row a speed-up; a board cut to its top rows
+keeps the baseline's row in `pinned`, so the reference of "vs recipe" is always on screen.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import LayoutConfig
@@ -20,11 +21,23 @@ COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_p
            "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note")
 
 
+# What a study's numbers are, by backend: only backends that run the training measure anything.
+METRICS_SOURCES = {"simulate": "simulated", "replay": "replayed"}
+
+
+def metrics_source(backend: str, origin: str = "study") -> str:
+    """"measured", "simulated" (the cost model stood in for a run) or "replayed" (looked up in a table of
+    runs made elsewhere). An imported log is a measurement whatever the study's backend."""
+    return "measured" if origin == "imported" else METRICS_SOURCES.get(backend, "measured")
+
+
 @dataclass
 class Board:
     study: Study
     rows: list[dict[str, Any]]
     summary: dict[str, Any]
+    # rows cut off by `top` that a reader still needs: the recipe's own layout (the baseline)
+    pinned: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _row(trial: Trial, baseline_speed: float | None) -> dict[str, Any]:
@@ -51,6 +64,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     rows = [_row(t, baseline_speed) for t in shown]
     if top is not None:
         rows = rows[:top]
+    pinned = [_row(baseline, baseline_speed)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
     counts = repo.counts(study.id)
     # the study's answer: the best mean over runs that keeps the memory headroom, not the luckiest run
     pick = study_recommendation(dispatched, study)
@@ -63,6 +77,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "running": counts["running"], "completed": counts["completed"], "oom": counts["oom"],
         "pruned": counts["pruned"], "failed": counts["failed"], "timeout": counts["timeout"], "lost": counts["lost"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
+        "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
         "best_trial": best.number if best else None,
         "best_config": best.config if best else None,
         "best_tokens_per_s_per_gpu": best_speed,
@@ -75,7 +90,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "baseline_tokens_per_s_per_gpu": baseline_speed,
         "speedup_vs_baseline": (best_speed / baseline_speed) if best_speed and baseline_speed else None,
     }
-    return Board(study, rows, summary)
+    return Board(study, rows, summary, pinned)
 
 
 def to_json(board: Board) -> str:
@@ -95,29 +110,89 @@ def _fmt(value: Any, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-def rich_table(board: Board, title: str | None = None):
-    from rich.table import Table
+STYLES = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "magenta", "timeout": "magenta",
+          "dispatched": "cyan", "rejected": "dim"}
 
-    table = Table(title=title or f"{board.study.name}: leaderboard", expand=False)
-    for column, justify in (("#", "right"), ("status", "left"), ("layout", "left"), ("tok/s/GPU", "right"),
-                            ("TFLOP/s", "right"), ("MFU", "right"), ("step s", "right"), ("mem GiB", "right"),
-                            ("vs recipe", "right"), ("note", "left")):
-        table.add_column(column, justify=justify, no_wrap=column in ("layout", "status"))
-    styles = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "magenta", "timeout": "magenta",
-              "dispatched": "cyan", "rejected": "dim"}
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    from rich.markup import escape
+
+    status = row["status"] if row["status"] != "dispatched" else "running"
+    style = STYLES.get(row["status"])
+    speedup = row["speedup_vs_baseline"]
+    return [str(row["trial"]), f"[{style}]{status}[/]" if style else status,
+            LayoutConfig.from_mapping(row["config"]).short(), _fmt(row["tokens_per_s_per_gpu"], ",.0f"),
+            _fmt(row["tflops_per_gpu"], ".0f"), f"{100 * row['mfu']:.1f}%" if row["mfu"] else "",
+            _fmt(row["step_time_s"], ".2f"), _fmt(row["peak_mem_gib"], ".1f"),
+            f"{speedup:.2f}x" if speedup else "", escape(row["note"] or row["reason"] or "")]
+
+
+def rich_table(board: Board, title: str | None = None):
+    """The leaderboard for a terminal: the table (fitted to the console's width; the baseline pinned
+    under a rule when `top` cut it off) and a legend of the abbreviations it shows."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from autotune._tables import Col, FittedTable
+
+    # at 80 columns TFLOP/s (MFU says it), then step time, then the note give way
+    table = FittedTable([Col("#", "right"), Col("status"), Col("layout", wrap=True, whole=True),
+                         Col("tok/s/GPU", "right"), Col("TFLOP/s", "right", optional=3), Col("MFU", "right"),
+                         Col("step s", "right", optional=2), Col("mem GiB", "right"), Col("vs recipe", "right"),
+                         Col("note", wrap=True, optional=1)],
+                        title=title or f"{board.study.name}: leaderboard")
     for row in board.rows:
-        status = row["status"] if row["status"] != "dispatched" else "running"
-        speedup = row["speedup_vs_baseline"]
-        table.add_row(str(row["trial"]), f"[{styles.get(row['status'], '')}]{status}[/]",
-                      LayoutConfig.from_mapping(row["config"]).short(), _fmt(row["tokens_per_s_per_gpu"], ",.0f"),
-                      _fmt(row["tflops_per_gpu"], ".0f"), _fmt(row["mfu"] and 100 * row["mfu"], ".1f"),
-                      _fmt(row["step_time_s"], ".2f"), _fmt(row["peak_mem_gib"], ".1f"),
-                      f"{speedup:.2f}x" if speedup else "", row["note"] or row["reason"] or "")
-    return table
+        table.add_row(*_cells(row))
+    if board.pinned:
+        table.add_section()
+        for row in board.pinned:
+            table.add_row(*_cells(row), style="dim")
+    return Group(table, Text(legend(board), style="dim"))
+
+
+# the tokens of LayoutConfig.short(), in its order
+_PARALLEL = (("TP", "tensor"), ("PP", "pipeline"), ("VPP", "virtual pipeline"), ("CP", "context"), ("EP", "expert"),
+             ("ETP", "expert tensor"))
+
+
+def legend(board: Board) -> str:
+    """One line naming every abbreviation the board's rows use, and what "vs recipe" compares with."""
+    import re
+
+    tokens = {t for row in board.rows + board.pinned for t in LayoutConfig.from_mapping(row["config"]).short().split()}
+    prefixes = {re.match(r"[A-Za-z]+", t).group(0) for t in tokens}
+    parallel = [(short, long) for short, long in _PARALLEL if short in prefixes]
+    parts = []
+    if parallel:
+        parts.append(f"{'/'.join(s for s, _ in parallel)}: {'/'.join(n for _, n in parallel)} parallel")
+    for token, meaning in (("SP", "sequence parallel"), ("MBS", "micro-batch"), ("DO", "distributed optimizer"),
+                           ("rc=sel", "selective recompute")):
+        if token in prefixes or token in tokens:
+            parts.append(f"{token} {meaning}")
+    if any(t.startswith("rc=full") for t in tokens):
+        parts.append("rc=full/M/N full recompute (method M, N layers)")
+    from autotune import config
+
+    # labels of other knobs a layout may carry as `label=value` (config.PERF_LABELS: knob -> label)
+    for knob, label in getattr(config, "PERF_LABELS", {}).items():
+        if any(t.startswith(f"{label}=") for t in tokens):
+            parts.append(f"{label} {knob.replace('_', ' ')}")
+    parts.append("MFU: % of dense BF16 peak")
+    s = board.summary
+    if s["baseline_tokens_per_s_per_gpu"]:
+        parts.append(f"vs recipe: speed-up over the recipe's own layout (trial {s['baseline_trial']})")
+    elif s["baseline_trial"] is not None:
+        parts.append(f"vs recipe: empty until the recipe's own layout (trial {s['baseline_trial']}) completes")
+    else:
+        parts.append("vs recipe: empty, the recipe's own layout was not run")
+    return "; ".join(parts)
 
 
 def summary_line(summary: dict[str, Any]) -> str:
+    hours = summary["gpu_seconds"] / 3600
+    source = summary.get("metrics_source", "measured")
+    # a simulated or replayed study spends no GPU time: say so rather than print hours as if spent
+    gpu_time = f"GPU-hours {hours:.2f}" if source == "measured" else f"{source} GPU-hours {hours:.2f} (none spent)"
     return (f"dispatched {summary['dispatched']}/{summary['budget']} | completed {summary['completed']} | "
             f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed'] + summary['timeout']} | "
-            f"rejected before dispatch {summary['rejected_before_dispatch']} | "
-            f"GPU-hours {summary['gpu_seconds'] / 3600:.2f}")
+            f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}")

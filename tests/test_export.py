@@ -1,9 +1,12 @@
-"""Export: recipe files compile and set exactly the tuned fields, overrides round-trip, refusals."""
+"""Export: recipe files compile, build on the recipe the trials ran and set exactly the tuned fields;
+overrides round-trip; the numbers are called measured, simulated or replayed as they are; refusals."""
 
 from __future__ import annotations
 
 import ast
 import json
+import sys
+import types
 
 import pandas as pd
 import pytest
@@ -28,14 +31,15 @@ BRIDGE_FIELDS = {
 }
 
 
-def _study_with_trial(tmp_path, config: dict, status="completed", model="qwen3_30b", gpus=16, name="ex"):
+def _study_with_trial(tmp_path, config: dict, status="completed", model="qwen3_30b", gpus=16, name="ex",
+                      backend="simulate", backend_options=None):
     repo = Repository.open(f"sqlite:///{tmp_path / 'ex.db'}")
     from autotune.space import load_space, make_workload
 
     space = load_space(model)
     workload = make_workload(space, gpus=gpus)
     study = repo.create_study(name=name, model=model, workload=workload.to_dict(), space=space.to_dict(), budget=2,
-                              sampler="auto", backend="simulate", backend_options={}, options={},
+                              sampler="auto", backend=backend, backend_options=backend_options or {}, options={},
                               optuna_study_name=f"autotune:{name}", status="finished")
     layout = LayoutConfig.from_mapping(config)
     trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), 0, "c", 2)
@@ -64,7 +68,8 @@ def test_recipe_compiles_names_the_recipe_and_sets_exactly_the_tuned_values(tmp_
     repo, study, layout = _study_with_trial(tmp_path, FULL)
     source = export.render(repo, study, "recipe")
     compile(source, "recipe.py", "exec")
-    assert "from megatron.bridge.recipes import qwen3_30b_a3b_pretrain_config as _base_recipe" in source
+    assert ("from megatron.bridge.recipes.qwen.h100.qwen3_moe import qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config "
+            "as _base_recipe") in source
     values = _assignments(source)
     assert set(values) <= BRIDGE_FIELDS
     assert values["model.tensor_model_parallel_size"] == 2
@@ -75,8 +80,8 @@ def test_recipe_compiles_names_the_recipe_and_sets_exactly_the_tuned_values(tmp_
     assert values["train.micro_batch_size"] == 2 and values["train.global_batch_size"] == 1024
     assert values["ddp.use_distributed_optimizer"] is values["optimizer.use_distributed_optimizer"] is True
     namespace: dict = {}
-    exec(compile(source.replace("from megatron.bridge.recipes import", "# "), "r", "exec"), namespace)
-    assert namespace["AUTOTUNE_PROVENANCE"]["measured"]["tokens_per_s_per_gpu"] == 8000.0
+    exec(compile(source.replace("from megatron.bridge.recipes.", "# "), "r", "exec"), namespace)
+    assert namespace["AUTOTUNE_PROVENANCE"]["metrics"]["tokens_per_s_per_gpu"] == 8000.0
 
 
 def test_deepseek_recipe_recomputes_its_pipeline_layout(tmp_path):
@@ -104,7 +109,8 @@ def test_overrides_round_trip_and_carry_the_torchrun_command(tmp_path):
     assert set(parse_overrides(lines)) <= BRIDGE_FIELDS
     assert config_from_overrides(lines) == layout
     command = next(line for line in text.splitlines() if "torchrun" in line)
-    assert "--nnodes=2 --nproc-per-node=8" in command and "--recipe qwen3_30b_a3b_pretrain_config" in command
+    assert "--nnodes=2 --nproc-per-node=8" in command
+    assert "--recipe qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config " in command  # the function the trials ran
 
 
 def test_yaml_and_json_documents(tmp_path):
@@ -112,8 +118,9 @@ def test_yaml_and_json_documents(tmp_path):
     as_json = json.loads(export.render(repo, study, "json"))
     as_yaml = yaml.safe_load(export.render(repo, study, "yaml"))
     assert as_json["config"] == layout.to_dict() == as_yaml["config"]
-    assert as_json["measured"]["tokens_per_s_per_gpu"] == 8000.0
-    assert as_yaml["recipe_function"] == "qwen3_30b_a3b_pretrain_config"
+    assert as_json["metrics"]["tokens_per_s_per_gpu"] == 8000.0
+    assert as_yaml["recipe_function"] == "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+    assert as_yaml["recipe_target"] == "megatron.bridge.recipes.qwen.h100.qwen3_moe:" + as_yaml["recipe_function"]
 
 
 def test_table_export_feeds_the_replay_backend(tmp_path):
@@ -145,6 +152,16 @@ def test_export_cli_writes_a_file(cli, tmp_path):
     result = cli("export", "ex", "--format", "recipe", "-o", str(out), "--storage", repo.url)
     assert result.returncode == 0, result.stderr
     compile(out.read_text(), str(out), "exec")
+    # it says what it wrote: the path, the format, which trial and why, and what the numbers are
+    said = result.stdout.strip()
+    assert said.startswith(f"wrote {out}: a recipe module building on qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config")
+    assert "trial 1 of study 'ex' (the study's recommendation): simulated 8,000 tokens/s/GPU" in said
+    table = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "t.csv"), "--storage", repo.url)
+    assert table.stdout.strip() == f"wrote {tmp_path / 't.csv'}: a replay table of 1 trial(s) (completed, OOM and " \
+                                   "failed) of study 'ex'"
+    to_stdout = cli("export", "ex", "--trial", "1", "--format", "json", "--storage", repo.url)
+    assert json.loads(to_stdout.stdout)["trial"] == 1  # stdout holds the export alone; the note is on stderr
+    assert "wrote the export to stdout: a JSON document, trial 1 of study 'ex' (--trial 1)" in to_stdout.stderr
     refused = cli("export", "ex", "--trial", "7", "--format", "json", "--storage", repo.url)
     assert refused.returncode == 2 and "no trial 7" in refused.stderr
 
@@ -168,6 +185,122 @@ def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_
     result = cli("export", "ex", "--format", "json", "--storage", url)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["trial"] == 1
-    assert f"trial {trial.number} measured 8,900" in result.stderr and "--trial 2" in result.stderr
+    assert f"trial {trial.number} simulated 8,900" in result.stderr and "--trial 2" in result.stderr  # a simulate study
     chosen = cli("export", "ex", "--format", "json", "--trial", "2", "--storage", url)
     assert json.loads(chosen.stdout)["trial"] == 2 and "margin" not in chosen.stderr
+
+
+# --- the exported recipe builds exactly the function the trials ran, for every model of the catalog ---
+
+class _Config(types.SimpleNamespace):
+    """A ConfigContainer stand-in: sub-configs that take any field."""
+
+    def __init__(self):
+        parts = ("model", "train", "dataset", "ddp", "optimizer")
+        super().__init__(**{part: types.SimpleNamespace() for part in parts})
+
+
+def _fake_megatron(monkeypatch, model):
+    """Stand-ins for megatron.bridge, its recipe modules and transformers, recording which recipe (and
+    pipeline-layout) function is called: the worker's build_config and an exported recipe run on them."""
+    calls = []
+
+    def module(name, **attrs):
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, mod)
+        return mod
+
+    def recorded(name, result=None):
+        def function(*args, **kwargs):
+            calls.append(name)
+            return _Config() if result is None else result
+        return function
+
+    class AutoBridge:
+        @classmethod
+        def from_hf_config(cls, hf):
+            return cls()
+
+    module("megatron")
+    module("megatron.bridge", AutoBridge=AutoBridge)
+    module("megatron.bridge.training.utils.omegaconf_utils",
+           process_config_with_overrides=lambda cfg, cli_overrides: cfg)
+    module("transformers", AutoConfig=types.SimpleNamespace(for_model=lambda *a, **k: object()))
+    for target in filter(None, (model.recipe_target, model.pipeline_layout_function)):
+        name, _, function = target.partition(":")
+        existing = sys.modules.get(name)
+        mod = existing if existing is not None and getattr(existing, "__file__", None) is None else module(name)
+        setattr(mod, function, recorded(target, result=None if target == model.recipe_target else False))
+    return calls
+
+
+def _catalog():
+    from autotune.space import list_models
+
+    return [m for m in list_models() if m.exportable]
+
+
+@pytest.mark.parametrize("model", _catalog(), ids=lambda m: m.name)
+def test_the_exported_recipe_builds_the_function_the_worker_measured(tmp_path, monkeypatch, model):
+    """For every exportable model: the recipe module imports the catalog's recipe target (by AST), and
+    run against stand-ins for Megatron-Bridge, the worker's build_config and the exported
+    `<model>_autotuned_config()` call the very same recipe function (and pipeline-layout function)."""
+    from workers.launcher import build_config
+
+    repo, study, layout = _study_with_trial(tmp_path, model.defaults.layout, model=model.name, gpus=model.defaults.gpus)
+    source = export.render(repo, study, "recipe")
+    module, function = model.recipe_target.split(":")
+    imports = [n for n in ast.parse(source).body if isinstance(n, ast.ImportFrom) and n.module != "__future__"]
+    first = imports[0]
+    assert (first.module, first.names[0].name, first.names[0].asname) == (module, function, "_base_recipe")
+
+    calls = _fake_megatron(monkeypatch, model)
+    build_config({"model": model.name, "overrides": []}, [])
+    worker_calls, calls[:] = list(calls), []
+    namespace: dict = {}
+    exec(compile(source, "tuned.py", "exec"), namespace)
+    cfg = namespace[f"{model.name}_autotuned_config"]()
+    assert calls == worker_calls and calls[0] == model.recipe_target
+    assert cfg.model.tensor_model_parallel_size == layout.tp and cfg.train.micro_batch_size == layout.mbs
+    overrides = export.render(repo, study, "overrides")
+    assert f"--recipe {function} " in overrides  # run_recipe.py looks it up by this name
+
+
+def test_models_without_a_bridge_recipe_are_refused(tmp_path):
+    from autotune.errors import ConfigError
+
+    repo, study, _ = _study_with_trial(tmp_path, {"tp": 1, "mbs": 8, "recompute": "full", "recompute_method": "uniform",
+                                                  "recompute_num_layers": 1}, model="vtrain_gpt_3p6b", gpus=64)
+    for fmt in ("recipe", "overrides"):
+        with pytest.raises(ConfigError, match="no recipe of this model"):
+            export.render(repo, study, fmt)
+
+
+@pytest.mark.parametrize("backend,options,source,note", [
+    ("simulate", {}, "simulated", "the simulate backend's cost model; no training ran"),
+    ("replay", {"replay": "sweep.csv"}, "replayed", 'looked up in the replay table "sweep.csv"'),
+    ("megatron", {}, "measured", "a megatron backend run"),
+    ("command", {"command": ["launch"]}, "measured", "a command backend run"),
+])
+def test_the_numbers_are_called_what_they_are(tmp_path, backend, options, source, note):
+    """`measured` only for runs: a simulate study's numbers are simulated, a replay study's replayed."""
+    repo, study, _ = _study_with_trial(tmp_path, FULL, backend=backend, backend_options=options)
+    header = [line for line in export.render(repo, study, "overrides").splitlines() if line.startswith("#")]
+    assert header[1].startswith(f"# {source} 8,000 tokens/s/GPU on 16x h100 (") and note in header[1]
+    document = json.loads(export.render(repo, study, "json"))
+    assert document["metrics_source"] == source and note in document["metrics_note"]
+    assert "measured" not in document
+    recipe = export.render(repo, study, "recipe")
+    assert f"({source} 8,000 tokens/s/GPU;" in recipe.splitlines()[0]
+    if source != "measured":
+        assert "measured" not in recipe and "measured" not in "\n".join(header)
+
+
+def test_an_imported_log_is_a_measurement_even_in_a_simulate_study(tmp_path):
+    repo, study, _ = _study_with_trial(tmp_path, FULL)
+    import dataclasses
+
+    trial = dataclasses.replace(repo.trial(study.id, 1), origin="imported")  # what import-log records
+    assert export.metrics_note(study, trial) == ("measured", "an imported log")
+    assert export.metrics_note(study, repo.trial(study.id, 1))[0] == "simulated"

@@ -88,3 +88,29 @@ def test_hostile_study_names_stay_inside_literals(tmp_path):
     function = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
     calls = [ast.unparse(n.func) for n in ast.walk(function) if isinstance(n, ast.Call)]
     assert calls == ["_base_recipe"]  # the only call anywhere: the recipe itself
+
+
+@pytest.mark.parametrize("target", [f"megatron.bridge.recipes.qwen:{bad}" for bad in NOT_NAMES[:6] + KEYWORDS[:1]]
+                         + [f"{bad}:qwen3_8b_pretrain_config" for bad in ("os;x", "a b", "import", "x\ny")],
+                         ids=range(11))
+def test_the_recipe_import_writes_only_checked_names(target):
+    """The recipe module imports the catalog's recipe target by name: both parts must be Python names."""
+    import dataclasses
+
+    from autotune.space import get_model
+
+    model = dataclasses.replace(get_model("qwen3_8b"), recipe_target=target)
+    with pytest.raises(ConfigError, match="is not a Python name"):
+        export.recipe_import(model)
+
+
+def test_a_space_file_with_a_hostile_recipe_target_is_refused(tmp_path):
+    from autotune.space import load_space
+
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    target = "megatron.bridge.recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+    assert target in text
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text.replace(target, json.dumps("os:system('touch PWNED')")))
+    with pytest.raises(ConfigError, match="recipe.target"):
+        load_space(str(path))

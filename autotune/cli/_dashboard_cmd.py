@@ -14,13 +14,13 @@ def register(sub) -> None:
 
     p = sub.add_parser("dashboard", help="serve the web dashboard (reads the SQL store only)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=port_or_zero, default=8080)
+    p.add_argument("--port", type=port_or_zero, default=8080, help="port to listen on (default 8080; 0: any free port)")
     add_storage_option(p)
     p.set_defaults(handler=cmd_dashboard)
 
     p = sub.add_parser("compare", help="several studies side by side")
-    p.add_argument("studies", nargs="+")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("studies", nargs="+", help="the studies to compare, by name (see `autotune status`)")
+    p.add_argument("--json", action="store_true", help="print each study's summary as JSON")
     add_storage_option(p)
     p.set_defaults(handler=cmd_compare)
 
@@ -73,18 +73,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
         return 0
-    from rich.table import Table
+    from rich.markup import escape
 
-    table = Table(title="studies compared")
-    for column in ("study", "model", "GPUs", "GPU", "dispatched", "OOM", "best layout", "best tok/s/GPU",
-                   "vs recipe", "GPU-hours"):
-        table.add_column(column)
+    from autotune._tables import Col, FittedTable
+
+    table = FittedTable([Col("study"), Col("workload", wrap=True), Col("trials", "right"),
+                         Col("OOM", "right", optional=2), Col("best layout", wrap=True, whole=True),
+                         Col("tok/s/GPU", "right"), Col("vs recipe", "right"), Col("GPU-hours", "right", optional=1),
+                         Col("results")], title="studies compared")
     for s in summaries:
         best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
-        table.add_row(s["study"], s["model"], str(s["workload"]["gpus"]), s["workload"]["gpu"],
-                      f"{s['dispatched']}/{s['budget']}", str(s["oom"]), best,
+        w = s["workload"]
+        # results: a simulated or replayed study's speeds and GPU time are not measurements
+        table.add_row(escape(s["study"]), f"{s['model']} {w['gpus']}x {w['gpu']}", f"{s['dispatched']}/{s['budget']}",
+                      str(s["oom"]), best,
                       f"{s['best_tokens_per_s_per_gpu']:,.0f}" if s["best_tokens_per_s_per_gpu"] else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "",
-                      f"{s['gpu_seconds'] / 3600:.1f}")
+                      f"{s['gpu_seconds'] / 3600:.1f}", s["metrics_source"])
     wide_console().print(table)
     return 0

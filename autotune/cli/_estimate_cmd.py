@@ -13,7 +13,8 @@ def register(sub) -> None:
     p = sub.add_parser("estimate", help="predict step time, throughput, MFU and memory of one layout")
     add_workload_options(p)
     add_knob_flags(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print the estimate (step time, throughput, MFU, memory terms) as JSON")
     p.set_defaults(handler=cmd_estimate)
 
 

@@ -12,11 +12,14 @@ def register(sub) -> None:
     from autotune.cli._study_cmds import add_storage_option
 
     p = sub.add_parser("export", help="export a completed trial (default: the best) for Megatron-Bridge")
-    p.add_argument("study")
+    p.add_argument("study", help="the study's name (see `autotune status`)")
     p.add_argument("--trial", type=trial_number,
                    help="trial number (default: the study's recommendation: the best mean over runs that keeps "
                         "the memory headroom)")
-    p.add_argument("--format", required=True, choices=("recipe", "overrides", "yaml", "json", "table"))
+    p.add_argument("--format", required=True, choices=("recipe", "overrides", "yaml", "json", "table"),
+                   help="recipe (a Python module building the trials' Megatron-Bridge recipe with the tuned layout), "
+                        "overrides (run_recipe.py overrides and the torchrun line), yaml or json (layout, workload, "
+                        "metrics), table (every finished trial, the replay backend's input)")
     p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table)")
     add_storage_option(p)
     p.set_defaults(handler=cmd_export)
@@ -30,18 +33,46 @@ def cmd_export(args: argparse.Namespace) -> int:
     repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     try:
-        if args.format == "table" and args.output and Path(args.output).suffix in (".parquet", ".pq"):
-            export.table_frame(repo, study).to_parquet(args.output, index=False)
-            return 0
-        text = export.render(repo, study, args.format, args.trial)
-        if args.trial is None and args.format != "table":
-            warning = export.risk_warning(repo, study)
-            if warning:
-                print(warning, file=sys.stderr)
-        if args.output:
-            Path(args.output).write_text(text, encoding="utf-8")
+        if args.format == "table":
+            frame = export.table_frame(repo, study)
+            if args.output and Path(args.output).suffix in (".parquet", ".pq"):
+                frame.to_parquet(args.output, index=False)
+            else:
+                _write(args.output, frame.to_csv(index=False))
+            what = f"a replay table of {len(frame)} trial(s) (completed, OOM and failed) of study {study.name!r}"
         else:
-            sys.stdout.write(text)
+            text = export.render(repo, study, args.format, args.trial)
+            if args.trial is None:
+                warning = export.risk_warning(repo, study)
+                if warning:
+                    print(warning, file=sys.stderr)
+            _write(args.output, text)
+            what = _what(repo, study, args)
     except OSError as exc:  # a missing or read-only folder, a full disk
         raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    # without -o the export itself is on stdout, so the note goes to stderr
+    print(f"wrote {args.output or 'the export to stdout'}: {what}", file=sys.stdout if args.output else sys.stderr)
     return 0
+
+
+def _write(output: str | None, text: str) -> None:
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def _what(repo, study, args: argparse.Namespace) -> str:
+    """Which trial went out in which format, and what its numbers are (measured, simulated, replayed)."""
+    from autotune import export
+    from autotune.space import study_space_and_workload
+
+    trial = export.choose_trial(repo, study, args.trial)
+    source, note = export.metrics_note(study, trial)
+    why = f"--trial {args.trial}" if args.trial is not None else "the study's recommendation"
+    recipe = export.recipe_import(study_space_and_workload(study)[0].model)[1]
+    kind = {"recipe": f"a recipe module building on {recipe}",
+            "overrides": f"run_recipe.py overrides for {recipe} and the torchrun line", "yaml": "a YAML document",
+            "json": "a JSON document"}[args.format]
+    return (f"{kind}, trial {trial.number} of study {study.name!r} ({why}): {source} "
+            f"{trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU ({note})")

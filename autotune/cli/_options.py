@@ -15,10 +15,13 @@ def add_workload_options(parser: argparse.ArgumentParser, model_required: bool =
     group.add_argument("--model", required=model_required, help="catalog name (see `autotune models`)")
     group.add_argument("--space", help="a search-space YAML file to use instead of the model's own")
     group.add_argument("--gpus", type=positive("--gpus"), help="GPUs one trial uses (the world size)")
-    group.add_argument("--gpus-per-node", type=positive("--gpus-per-node"))
+    group.add_argument("--gpus-per-node", type=positive("--gpus-per-node"),
+                       help="GPUs per node (default: the recipe's, or the GPU type's with --gpu: 8, 4 on NVL72)")
     group.add_argument("--gpu", help="GPU type: a100, h100, h200, b200, b300, gb200, gb300")
-    group.add_argument("--global-batch-size", type=positive("--global-batch-size"))
-    group.add_argument("--seq-length", type=positive("--seq-length"))
+    group.add_argument("--global-batch-size", type=positive("--global-batch-size"),
+                       help="sequences per optimizer step (default: the recipe's)")
+    group.add_argument("--seq-length", type=positive("--seq-length"),
+                       help="tokens per sequence (default: the recipe's)")
     group.add_argument("--precision", help="bf16, fp8, mxfp8 or nvfp4")
 
 
@@ -29,13 +32,19 @@ def add_fix_option(parser: argparse.ArgumentParser) -> None:
 
 def add_knob_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("one layout (missing knobs take the neutral value)")
-    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
-        group.add_argument(f"--{name}", type=int)
-    group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None)
-    group.add_argument("--dist-opt", action=argparse.BooleanOptionalAction, default=None)
-    group.add_argument("--recompute", choices=("none", "selective", "full"))
-    group.add_argument("--recompute-method", choices=("uniform", "block"))
-    group.add_argument("--recompute-num-layers", type=int)
+    for name, meaning in (("tp", "tensor parallel size"), ("pp", "pipeline parallel size"),
+                          ("vpp", "virtual pipeline stages per pipeline rank (1: not interleaved)"),
+                          ("cp", "context parallel size"), ("ep", "expert parallel size (MoE models)"),
+                          ("etp", "expert tensor parallel size (MoE models)"), ("mbs", "micro-batch size")):
+        group.add_argument(f"--{name}", type=int, help=meaning)
+    group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
+    group.add_argument("--dist-opt", action=argparse.BooleanOptionalAction, default=None,
+                       help="the distributed optimizer (optimizer state sharded over data-parallel ranks)")
+    group.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+    group.add_argument("--recompute-method", choices=("uniform", "block"), help="how full recompute picks its layers")
+    group.add_argument("--recompute-num-layers", type=int,
+                       help="full recompute: layers per recomputed group (uniform) or recomputed layers per "
+                            "pipeline stage (block)")
 
 
 def knob_flags(args: argparse.Namespace) -> dict[str, Any]:

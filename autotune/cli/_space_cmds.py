@@ -13,13 +13,13 @@ from autotune.errors import ConfigError
 
 def register(sub) -> None:
     p = sub.add_parser("models", help="list the model catalog (and GPU types)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the catalog as JSON (every field of every model and GPU)")
     p.set_defaults(handler=cmd_models)
 
     p = sub.add_parser("space", help="size of the legal set and rejections by rule")
     add_workload_options(p)
     add_fix_option(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the counts and rejections by rule as JSON")
     p.add_argument("--list", action="store_true", help="print every legal layout as one JSON object per line")
     p.set_defaults(handler=cmd_space)
 
@@ -39,24 +39,26 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps({"models": [m.to_dict() for m in models],
                           "gpus": [g.to_dict() for g in GPU_TYPES.values()]}, indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from autotune._tables import Col, FittedTable
+    from autotune.cli._study_cmds import wide_console
 
-    table = Table(title="Models")
-    for col in ("name", "model", "layers", "hidden", "experts", "recipe", "recipe default"):
-        table.add_column(col)
+    # recipe: the function trials run and `export` builds on (the catalog's recipe target)
+    table = FittedTable([Col("name"), Col("model", wrap=True), Col("layers", "right", optional=3),
+                         Col("hidden", "right", optional=2), Col("experts", wrap=True, optional=1), Col("recipe"),
+                         Col("recipe default", wrap=True)], title="Models")
     for m in models:
         a, d = m.architecture, m.defaults
         experts = f"{a.num_moe_experts} top-{a.moe_router_topk}" if a.is_moe else "-"
-        default = f"{d.gpus}x{d.gpu} GBS{d.global_batch_size} s{d.seq_length}"
-        table.add_row(m.name, m.display_name, str(a.num_layers), str(a.hidden_size), experts, m.recipe_function, default)
-    gpus = Table(title="GPU types")
-    for col in ("name", "GPU", "memory GiB", "BF16 TFLOP/s", "precisions", "NVLink GB/s", "network GB/s"):
-        gpus.add_column(col)
+        default = f"{d.gpus}x {d.gpu}, GBS {d.global_batch_size}, seq {d.seq_length}"
+        recipe = m.recipe_target.partition(":")[2] if m.exportable else "- (no Bridge recipe)"
+        table.add_row(m.name, m.display_name, str(a.num_layers), str(a.hidden_size), experts, recipe, default)
+    gpus = FittedTable([Col("name"), Col("GPU", wrap=True), Col("memory GiB", "right"), Col("BF16 TFLOP/s", "right"),
+                        Col("precisions", wrap=True), Col("NVLink GB/s", "right"), Col("network GB/s", "right")],
+                       title="GPU types")
     for g in GPU_TYPES.values():
         gpus.add_row(g.name, g.display_name, f"{g.memory_gib:g}", f"{g.bf16_peak_tflops:g}", ", ".join(g.peak_tflops),
                      f"{g.nvlink_gbps:g}", f"{g.network_gbps:g}")
-    console = Console()
+    console = wide_console()
     console.print(table)
     console.print(gpus)
     return 0

@@ -34,7 +34,9 @@ def register(sub) -> None:
     p.add_argument("--command", help="command backend: the program run per trial (an argv, no shell)")
     p.add_argument("--replay", help="replay backend: CSV or Parquet table of measured layouts")
     p.add_argument("--sampler", default="auto", help="auto (model-guided, default), tpe, random or grid")
-    p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
+    p.add_argument("--seed", type=seed, default=0,
+                   help="seed of the sampler and of the simulate backend's noise, 0..2**32-1 (default 0): the same "
+                        "seed, inputs and backend give the same study")
     p.add_argument("--study", help="study name (default: MODEL-GPUSg-TIMESTAMP)")
     p.add_argument("--trial-timeout", type=seconds, default=DEFAULTS.trial_timeout_s,
                    help=f"seconds per trial (default {DEFAULTS.trial_timeout_s:g})")
@@ -52,10 +54,11 @@ def register(sub) -> None:
                         "twice the run-to-run spread of a measured peak)")
     p.add_argument("--noise", type=float_in(0.0, 1.0, what="--noise"), help="simulate backend: relative measurement noise (default 0.01)")
     p.add_argument("--sim-seconds", type=float_in(0.0, 86400.0, what="--sim-seconds"), help="simulate backend: real seconds per trial (default 0.05)")
-    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
     gpu = p.add_argument_group("megatron backend (GPU clusters)")
     gpu.add_argument("--dry-run", action="store_true",
-                     help="print each trial's per-node commands and overrides; run nothing, store nothing")
+                     help="print each trial's per-node commands and overrides and write the spec files they name "
+                          "(under --workdir); run nothing, write no database")
     gpu.add_argument("--workdir", help="where trials write specs, results and traces (default /tmp/autotune-runs)")
     gpu.add_argument("--worker-python", help="the worker image's python (default: python)")
     gpu.add_argument("--nsys-ranks", help="comma-separated ranks to trace with Nsight Systems, e.g. 0")
@@ -67,34 +70,36 @@ def register(sub) -> None:
     p.set_defaults(handler=cmd_start)
 
     p = sub.add_parser("resume", help="continue an interrupted study up to its budget")
-    p.add_argument("study")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("study", help="the study's name (see `autotune status`)")
+    p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
     add_storage_option(p)
     add_ray_options(p)
     p.set_defaults(handler=cmd_resume)
 
     p = sub.add_parser("status", help="list studies and their progress")
-    p.add_argument("study", nargs="?")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("study", nargs="?", help="one study (default: every study in the store)")
+    p.add_argument("--json", action="store_true", help="print each study's summary as JSON")
     add_storage_option(p)
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("leaderboard", help="a study's trials, best first")
-    p.add_argument("study")
-    p.add_argument("--top", type=int_in(0, 10**9, "--top"))
+    p.add_argument("study", help="the study's name (see `autotune status`)")
+    p.add_argument("--top", type=int_in(0, 10**9, "--top"), metavar="N",
+                   help="show the N best trials (the table keeps the recipe's own layout below them)")
     p.add_argument("--all", action="store_true", help="include layouts rejected before dispatch")
     p.add_argument("--watch", action="store_true", help="refresh until the study ends")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="table (default, for a terminal), json (summary and trials) or csv (one row per trial)")
     add_storage_option(p)
     p.set_defaults(handler=cmd_leaderboard)
 
     p = sub.add_parser("show", help="one trial: config, metrics, prediction, overrides, artifacts")
-    p.add_argument("study")
+    p.add_argument("study", help="the study's name (see `autotune status`)")
     p.add_argument("trial", type=trial_number, nargs="?", help="trial number (omit with --calibration)")
     p.add_argument("--calibration", action="store_true",
                    help="the cost model's per-term scales fitted to the study's measurements, and the memory "
                         "model's measured/predicted peak ratio")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the trial (or the calibration) as JSON")
     add_storage_option(p)
     p.set_defaults(handler=cmd_show)
 
@@ -191,9 +196,11 @@ def _check_metrics_port(port: int | None) -> None:
 
 
 def _dry_run(space, workload, args, backend_options, options) -> int:
-    """Print the launch commands of the trials a study would start with; store and run nothing."""
+    """Print the launch commands of the trials a study would start with, and write the spec files they
+    name; no database is written and nothing runs."""
     import tempfile
 
+    from autotune.backends.runs import study_dir
     from autotune.dispatch._dryrun import DryRunDispatcher
     from autotune.controller.session import build_controller, create_study
     from autotune.errors import ConfigError
@@ -201,12 +208,19 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
 
     if args.backend != "megatron":
         raise ConfigError("--dry-run shows the megatron backend's launch commands: use --backend megatron")
+    name = args.study or "dry-run"
+    specs = study_dir(backend_options, name)
+    try:  # fail here, in one line, rather than half-way through the trials
+        specs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--workdir: cannot create {specs} for the trial specs ({exc.strerror or exc})") from None
     with tempfile.TemporaryDirectory() as directory:
         repo = Repository.open(f"sqlite:///{directory}/dry-run.db")
-        study = create_study(repo, name=args.study or "dry-run", space=space, workload=workload,
+        study = create_study(repo, name=name, space=space, workload=workload,
                              budget=args.budget, sampler=args.sampler, backend="megatron",
                              backend_options=backend_options, seed=args.seed, options=options)
-        print(f"dry run of {study.name}: {workload_summary(workload)}; nothing runs, nothing is stored")
+        print(f"dry run: {workload_summary(workload)}; {study.budget} trial(s). Nothing runs and no database is "
+              f"written; the spec.json files the commands name are written under {specs}/")
         build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options)).run()
         repo.close()
     return 0
@@ -239,8 +253,14 @@ def _run(repo, study, args: argparse.Namespace) -> int:
 
     view = _LiveView(repo, study, quiet=args.json)
     with view, sigterm_as_interrupt():
-        controller = build_controller(repo, study, ray_address=_ray_address(args), local_gpus=args.local_gpus,
+        address = _ray_address(args)
+        # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
+        view.starting(f"connecting to the Ray cluster at {address}" if address else
+                      f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
+        controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
                                       max_concurrent=args.max_concurrent, on_tick=view.tick)
+        slots = getattr(controller.dispatcher, "capacity", 0)
+        view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
             summary = controller.run()
     from autotune import leaderboard
@@ -269,8 +289,9 @@ def _print_final(board, summary) -> None:
     best = LayoutConfig.from_mapping(s["best_config"])
     speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""
     runs = f" (mean of {s['best_runs']} runs)" if s["best_runs"] > 1 else ""
+    source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
-                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{runs}{speedup}, peak "
+                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{source}{runs}{speedup}, peak "
                   f"{s['best_peak_mem_gib'] or 0:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)")
     if s["risky_faster_trials"]:
         listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
@@ -294,14 +315,27 @@ class _LiveView:
         if not self.quiet and self.console.is_terminal:
             from rich.live import Live
 
-            self._live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self._live = Live(console=self.console, refresh_per_second=8, transient=False)
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self.tick(None, force=True)
         if self._live is not None:
+            # a study that ends prints its final table: the live one goes; after an error or Ctrl-C it stays
+            self._live.transient = exc[0] is None
             self._live.__exit__(*exc)
+
+    def starting(self, text: str) -> None:
+        """What is happening before the first trial: a spinner on a terminal, one line otherwise."""
+        if self.quiet:
+            return
+        if self._live is not None:
+            from rich.spinner import Spinner
+
+            self._live.update(Spinner("dots", text=text))
+        else:
+            print(f"{text} ...", flush=True)
 
     def tick(self, _controller, force: bool = False) -> None:
         if self.quiet or (not force and time.monotonic() - self._last < 0.25):
@@ -313,11 +347,14 @@ class _LiveView:
         if self._live is not None:
             from rich.console import Group
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from rich.text import Text
 
-            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
+            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn())
             done = board.summary["dispatched"] - board.summary["running"]
-            progress.add_task(leaderboard.summary_line(board.summary), total=self.study.budget, completed=done)
-            self._live.update(Group(progress, leaderboard.rich_table(board)))
+            progress.add_task("", total=self.study.budget, completed=done)
+            # the summary as text under the table: in the progress row an 80-column terminal cut it short
+            summary = Text(leaderboard.summary_line(board.summary))
+            self._live.update(Group(progress, leaderboard.rich_table(board), summary))
             return
         for row in sorted(board.rows, key=lambda r: r["trial"]):
             if row["status"] != "dispatched" and row["trial"] not in self._reported:
@@ -342,16 +379,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no studies yet in {repo.engine.url.render_as_string(hide_password=True)}; "
               "start one with `autotune start --model MODEL`")
         return 0
-    from rich.table import Table
+    from rich.markup import escape
 
-    table = Table(title="studies")
-    for column in ("study", "model", "GPUs", "status", "dispatched", "done", "OOM", "best tok/s/GPU", "vs recipe"):
-        table.add_column(column)
+    from autotune._tables import Col, FittedTable
+
+    table = FittedTable([Col("study"), Col("workload", wrap=True), Col("status"), Col("trials", "right"),
+                         Col("done", "right", optional=2), Col("OOM", "right", optional=1),
+                         Col("best tok/s/GPU", "right"), Col("vs recipe", "right")], title="studies")
     for s in summaries:
         done = s["completed"] + s["oom"] + s["pruned"] + s["failed"] + s["timeout"]
-        table.add_row(s["study"], s["model"], str(s["workload"]["gpus"]), s["status"],
+        w = s["workload"]
+        best = s["best_tokens_per_s_per_gpu"]
+        table.add_row(escape(s["study"]), f"{s['model']} {w['gpus']}x {w['gpu']}", s["status"],
                       f"{s['dispatched']}/{s['budget']}", str(done), str(s["oom"]),
-                      f"{s['best_tokens_per_s_per_gpu']:,.0f}" if s["best_tokens_per_s_per_gpu"] else "",
+                      (f"{best:,.0f}" + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}"))
+                      if best else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "")
     wide_console().print(table)
     return 0
@@ -430,16 +472,29 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{study.name} trial {trial.number}: {LayoutConfig.from_mapping(trial.config).short()}",
-                  show_header=False)
+    layout = LayoutConfig.from_mapping(trial.config).short()
+    table = Table(title=escape(f"{study.name} trial {trial.number}: {layout}"), show_header=False)
     for key in ("status", "reason", "message", "strategy_note", "origin", "attempt", "worker_losses", "step_time_s",
                 "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "implied_by_trial",
                 "artifacts", "predicted"):
         value = data.get(key)
         if value not in (None, {}, [], 0) and not (key == "origin" and value == "study"):
-            table.add_row(key, json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+            table.add_row(key, escape(_shown(key, value)))  # a launcher's message is not markup
+    from autotune.leaderboard import metrics_source
+
+    table.add_row("results", metrics_source(study.backend, trial.origin))  # measured, simulated or replayed
     table.add_row("overrides", " ".join(data["overrides"]))
     wide_console().print(table)
     return 0
+
+
+def _shown(key: str, value) -> str:
+    """A value of `show`'s table for a reader (the --json output keeps every digit)."""
+    if key == "mfu" and isinstance(value, float):
+        return f"{100 * value:.1f}% of dense BF16 peak"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)

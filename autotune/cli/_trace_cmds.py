@@ -14,15 +14,15 @@ def register(sub) -> None:
     actions = p.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=type(p))
     q = actions.add_parser("summarize", help="compute, NCCL, overlapped and exposed time per device")
     q.add_argument("file", help="an .nsys-rep (needs nsys) or its `nsys export --type sqlite` file")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the per-device summary as JSON")
     q.set_defaults(handler=cmd_summarize)
 
     p = sub.add_parser("import-log", help="bring a finished run's Megatron log into a study as a trial")
     p.add_argument("log", help="the run's log (stdout of the last rank and rank 0)")
-    p.add_argument("--study", required=True)
+    p.add_argument("--study", required=True, help="the study that receives the run (it must exist)")
     add_knob_flags(p)
     add_storage_option(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the imported trial as JSON")
     p.set_defaults(handler=cmd_import_log)
 
 

@@ -3,16 +3,21 @@
 Stands in for the Ray dispatcher: each submitted trial's per-node commands and overrides are
 printed, and the cost model answers in its place so the proposal sequence is the one a real study
 would start with (later proposals depend on real measurements, which a dry run cannot have).
+The spec file the commands name is written where they say (`<workdir>/<study>/trial<N>-attempt1/
+spec.json`, as the megatron backend writes it), so a printed command runs as it stands on a node
+that sees that folder; nothing else is written.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Callable
 
 from autotune.backends.base import TrialSpec
 from autotune.dispatch._base import Dispatcher, TrialEvent
 from autotune.backends.megatron import dry_run_lines
+from autotune.backends.runs import trial_dir
 from autotune.backends.simulate import SimulateBackend
 
 
@@ -28,7 +33,11 @@ class DryRunDispatcher(Dispatcher):
         return 0 if self._done else 1
 
     def submit(self, spec: TrialSpec) -> None:
-        for line in dry_run_lines(spec, {**self.options, **spec.backend_options}):
+        options = {**self.options, **spec.backend_options}
+        path = trial_dir(options, spec) / "spec.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(spec.to_dict()))  # the file the printed commands name
+        for line in dry_run_lines(spec, options):
             self.emit(line)
         outcome = self._simulate.run(spec, lambda r: None, threading.Event())
         self._done.append(TrialEvent(spec.trial, [], outcome))

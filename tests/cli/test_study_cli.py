@@ -32,6 +32,11 @@ def test_start_prints_leaderboard_and_best_layout(finished_study):
     assert "dispatched 6/6" in result.stdout
     progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
     assert len(progress) == 6 and progress[-1].startswith("[6/6]")  # one line per finished trial
+    # while Ray starts (10-30 s) the user reads what is happening, before the first trial's line
+    starting = result.stdout.index("starting a local Ray with 16 logical GPUs ...")
+    assert starting < result.stdout.index("Ray is up (") < result.stdout.index(progress[0])
+    words = " ".join(result.stdout.split())  # the legend wraps
+    assert "simulated GPU-hours" in words and "MFU: % of dense BF16 peak" in words
 
 
 def test_leaderboard_json_rows_and_summary(cli, finished_study):

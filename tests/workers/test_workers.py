@@ -246,12 +246,21 @@ def test_megatron_backend_cancel_stops_every_node(fake_torchrun, tmp_path):
     assert outcome["status"] == TrialStatus.PRUNED.value
 
 
-def test_dry_run_cli_prints_two_node_commands(cli):
+def test_dry_run_cli_prints_two_node_commands(cli, tmp_path):
     result = cli("start", "--model", "qwen3_30b", "--budget", "3", "--backend", "megatron", "--dry-run",
-                 env={"RAY_AUTH_MODE": "disabled"})
+                 "--workdir", str(tmp_path), env={"RAY_AUTH_MODE": "disabled"})
     assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("dry run: Qwen3-30B-A3B on 16x") and "dry-run:" not in first
     nodes = [line for line in result.stdout.splitlines() if line.strip().startswith("node ")]
     assert len(nodes) == 6 and all("--nnodes=2" in line for line in nodes)
+    # the spec file each command names exists, holds that trial's spec, and nothing else was written
+    specs = {line.split("--spec ")[1].split()[0] for line in nodes}
+    assert len(specs) == 3 and all(path.startswith(f"{tmp_path}/dry-run/") for path in specs)
+    for path in specs:
+        spec = json.loads(open(path).read())
+        assert f"trial{spec['trial']}-attempt1/spec.json" in path and spec["model"] == "qwen3_30b"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["spec.json"] * 3
     from tests.test_export import BRIDGE_FIELDS
 
     for line in result.stdout.splitlines():
