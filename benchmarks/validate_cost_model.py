@@ -1,12 +1,21 @@
-"""Validate the cost model against Megatron-Bridge's published throughput (issue 3 target: MAPE <= 20%).
+"""Validate the cost model on models and systems it was not fitted on (issue 11).
 
-Prints, per row of the latest container release of each model/system: predicted vs published
-TFLOP/s/GPU and the error; then the mean absolute percentage error (MAPE) with the fitted
-efficiency table, the leave-one-out MAPE (each row predicted with its group's efficiency refitted
-without it), and the ordering check on pairs of the same model, system, GPU count and precision.
+Rows: Megatron-Bridge's published throughput, latest release per (workload, model, system, precision),
+no LoRA or FSDP rows (autotune/cost/published.py says why). The fitted constants are few and
+physical (calibration.FITTED): a BF16 GEMM efficiency per GPU generation, a low-precision factor per
+format, and the MoE terms shared by every MoE model. Nothing is fitted per model or per row.
 
-    python benchmarks/validate_cost_model.py          # validate the shipped constants
-    python benchmarks/validate_cost_model.py --fit    # refit SOFTWARE_EFFICIENCY and print the table
+Protocols, each fitting the constants by least squares on log(predicted / published tokens/s):
+  in-sample              fitted on every row, predicting the same rows (optimistic; labelled so)
+  leave-one-model-out    each model's rows predicted by constants fitted without any row of it
+  leave-one-system-out   the same with systems (a generation left without rows keeps its prior)
+The A100 efficiency is fitted on the public vTrain sweeps only (benchmarks/public_sweeps/), with a
+leave-one-sweep-out check. The 80% prediction intervals (calibration.THROUGHPUT_LOG_RATIO_P10/P90)
+come from the leave-one-model-out residuals; their coverage is checked on held-out rows with
+quantiles computed without the held-out model (nested), so the check is not circular.
+
+    python benchmarks/validate_cost_model.py            # print tables, write the scatter plot
+    python benchmarks/validate_cost_model.py --quick    # in-sample only (no held-out fits)
 """
 
 from __future__ import annotations
@@ -14,99 +23,250 @@ from __future__ import annotations
 import argparse
 import math
 from collections import defaultdict
-from itertools import combinations
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+from scipy.stats import spearmanr
 
-from autotune.cost import calibration, estimate
+from autotune.config import LayoutConfig
+from autotune.cost import calibration as cal
+from autotune.cost import DEFAULT_SETTINGS, TrainingSettings, estimate_many
 from autotune.cost.published import PublishedCase, load_cases
+from autotune.space import load_space, make_workload
 
-GRID = np.arange(0.15, 0.951, 0.0025)
-
-
-def group(case: PublishedCase) -> tuple[str, str]:
-    return (case.workload.cluster.gpu.generation, case.precision)
-
-
-def predict(case: PublishedCase) -> float:
-    return estimate(case.workload, case.layout).tflops_per_gpu
+HERE = Path(__file__).resolve().parent
+SCATTER_PNG = HERE / "cost_model_scatter.png"
+SWEEPS = ["vtrain_gpt_3p6b", "vtrain_gpt_18p4b", "vtrain_gpt_39p1b", "vtrain_gpt_175b"]
+# The sweeps ran Megatron-DeepSpeed: gradients reduced in fp32 with the reduction overlapped
+# (assumed, as full recompute and 16-bit precision are; the sweep states none of them).
+SWEEP_SETTINGS = TrainingSettings(grad_reduce_in_fp32=True)
 
 
-def fit_group(cases: list[PublishedCase], key: tuple[str, str]) -> float:
-    """Efficiency minimising the squared log error over `cases` (all of group `key`)."""
-    best, best_loss = None, math.inf
-    saved = calibration.SOFTWARE_EFFICIENCY.get(key)
-    for value in GRID:
-        calibration.SOFTWARE_EFFICIENCY[key] = float(value)
-        loss = sum(math.log(predict(c) / c.tflops_per_gpu) ** 2 for c in cases)
-        if loss < best_loss:
-            best, best_loss = float(value), loss
-    if saved is not None:
-        calibration.SOFTWARE_EFFICIENCY[key] = saved
-    return best
+@dataclass
+class Row:
+    """One measured point: a workload, a layout and its measured tokens/s/GPU."""
+
+    label: str
+    model: str
+    system: str
+    precision: str
+    workload: object
+    layout: LayoutConfig
+    measured_tokens: float
+    flops_per_token: float  # the publisher's FLOP basis (TFLOP/s are compared on it)
+    settings: TrainingSettings = DEFAULT_SETTINGS
+
+    @property
+    def group(self) -> str:
+        return f"{self.system} {self.precision}"
 
 
-def leave_one_out(cases: list[PublishedCase]) -> list[float]:
-    errors = []
-    saved = dict(calibration.SOFTWARE_EFFICIENCY)
-    for i, case in enumerate(cases):
-        key = group(case)
-        others = [c for j, c in enumerate(cases) if j != i and group(c) == key]
-        if others:
-            calibration.SOFTWARE_EFFICIENCY[key] = fit_group(others, key)
-        errors.append(abs(predict(case) / case.tflops_per_gpu - 1))
-        calibration.SOFTWARE_EFFICIENCY.clear()
-        calibration.SOFTWARE_EFFICIENCY.update(saved)
-    return errors
+def published_rows() -> list[Row]:
+    rows = []
+    for c in load_cases():
+        rows.append(Row(c.label, c.model, c.system, c.precision, c.workload, c.layout, c.tokens_per_s_per_gpu,
+                        c.tflops_per_gpu * 1e12 / c.tokens_per_s_per_gpu, c.settings))
+    return rows
 
 
-def ordering(cases: list[PublishedCase], predictions: list[float]) -> tuple[int, int]:
-    by_key = defaultdict(list)
-    for case, pred in zip(cases, predictions):
-        key = (case.release, case.model, case.system, case.workload.cluster.gpus)
-        by_key[key].append((case, pred))
-    agree = total = 0
-    for members in by_key.values():
-        for (a, pa), (b, pb) in combinations(members, 2):
-            if a.layout == b.layout or a.tokens_per_s_per_gpu == b.tokens_per_s_per_gpu:
-                continue
-            total += 1
-            agree += (a.tokens_per_s_per_gpu > b.tokens_per_s_per_gpu) == (pa > pb)
-    return agree, total
+def sweep_rows(name: str) -> list[Row]:
+    space = load_space(name)
+    w = make_workload(space)
+    table = pd.read_csv(HERE / "public_sweeps" / f"{name}.csv")
+    rows = []
+    for r in table.itertuples():
+        layout = LayoutConfig(tp=r.tp, pp=r.pp, mbs=r.mbs, recompute=r.recompute, recompute_method=r.recompute_method,
+                              recompute_num_layers=r.recompute_num_layers, dist_opt=bool(r.dist_opt))
+        rows.append(Row(f"{name} {layout.short()}", name, "A100", "bf16", w, layout, r.tokens_per_s_per_gpu, 0.0,
+                        SWEEP_SETTINGS))
+    return rows
+
+
+def predict(rows: list[Row]) -> np.ndarray:
+    """Predicted tokens/s/GPU of every row with the constants as they are now."""
+    return np.array([estimate_many(r.workload, [r.layout], settings=r.settings).tokens_per_s_per_gpu[0] for r in rows])
+
+
+def _get(name: str) -> float:
+    table, _, key = name.partition(".")
+    value = getattr(cal, table)
+    return value[key] if key else value
+
+
+def _set(name: str, value: float) -> None:
+    table, _, key = name.partition(".")
+    if key:
+        getattr(cal, table)[key] = value
+    else:
+        setattr(cal, table, value)
+
+
+class Constants:
+    """Sets the fitted constants for the duration of a `with` block and puts the shipped ones back."""
+
+    def __init__(self, values: dict[str, float]) -> None:
+        self.values = values
+
+    def __enter__(self) -> None:
+        self.saved = {name: _get(name) for name in self.values}
+        for name, value in self.values.items():
+            _set(name, value)
+
+    def __exit__(self, *exc) -> None:
+        for name, value in self.saved.items():
+            _set(name, value)
+
+
+def fit(rows: list[Row], names: list[str]) -> dict[str, float]:
+    """Least squares of log(predicted / measured) over `rows`, starting from (and, for a constant no
+    row depends on, staying at) calibration.PRIOR: the engineering estimate, not a fitted value."""
+    lo = np.log([cal.FIT_BOUNDS[n][0] for n in names])
+    hi = np.log([cal.FIT_BOUNDS[n][1] for n in names])
+    x0 = np.clip(np.log([cal.PRIOR[n] for n in names]), lo + 1e-9, hi - 1e-9)
+    measured = np.array([r.measured_tokens for r in rows])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        with Constants(dict(zip(names, np.exp(x)))):
+            return np.log(predict(rows) / measured)
+
+    result = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3, xtol=1e-4, ftol=1e-6)
+    return dict(zip(names, np.exp(result.x)))
+
+
+def held_out(rows: list[Row], key, names: list[str]) -> np.ndarray:
+    """Predictions of every row by constants fitted without the rows sharing its `key`."""
+    predictions = np.empty(len(rows))
+    for value in sorted({key(r) for r in rows}):
+        train = [r for r in rows if key(r) != value]
+        test = [i for i, r in enumerate(rows) if key(r) == value]
+        with Constants(fit(train, names)):
+            predictions[test] = predict([rows[i] for i in test])
+    return predictions
+
+
+def table(rows: list[Row], columns: dict[str, np.ndarray], key) -> list[str]:
+    """Mean absolute error per value of `key`, one column per protocol."""
+    lines = []
+    for value in sorted({key(r) for r in rows}):
+        idx = [i for i, r in enumerate(rows) if key(r) == value]
+        cells = " ".join(f"{np.mean(np.abs(p[idx] / [rows[i].measured_tokens for i in idx] - 1)):>9.1%}"
+                         for p in columns.values())
+        lines.append(f"  {value:<24} {len(idx):>4} {cells}")
+    return lines
+
+
+def nested_coverage(rows: list[Row], lomo: np.ndarray) -> float:
+    """Share of rows inside the 80% interval built from the other models' held-out residuals."""
+    ratio = np.log(lomo / np.array([r.measured_tokens for r in rows]))
+    inside = []
+    for i, r in enumerate(rows):
+        others = [ratio[j] for j, o in enumerate(rows) if o.model != r.model]
+        p10, p90 = np.quantile(others, [0.1, 0.9])
+        inside.append(p10 <= ratio[i] <= p90)
+    return float(np.mean(inside))
+
+
+def scatter(rows: list[Row], columns: dict[str, np.ndarray], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 6.5), dpi=120)
+    flops = np.array([r.flops_per_token for r in rows]) / 1e12
+    measured = np.array([r.measured_tokens for r in rows]) * flops
+    markers = {"in-sample": ("o", "none", "0.55"), "leave-one-model-out": ("o", "C0", "C0"),
+               "leave-one-system-out": ("^", "C1", "C1")}
+    for name, predicted_tokens in columns.items():
+        marker, face, edge = markers[name]
+        predicted = predicted_tokens * flops
+        error = np.mean(np.abs(predicted / measured - 1))
+        ax.scatter(measured, predicted, marker=marker, facecolors=face, edgecolors=edge, s=36,
+                   label=f"{name} (MAE {error:.1%})")
+    top = max(measured.max(), max((c * flops).max() for c in columns.values())) * 1.3
+    grid = np.array([80, top])
+    ax.plot(grid, grid, color="k", lw=1, label="predicted = published")
+    ax.fill_between(grid, grid * math.exp(-cal.THROUGHPUT_LOG_RATIO_P90), grid * math.exp(-cal.THROUGHPUT_LOG_RATIO_P10),
+                    color="C0", alpha=0.1, label="80% prediction interval")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(100, top)
+    ax.set_ylim(100, top)
+    ax.set_xlabel("published model TFLOP/s per GPU (Megatron-Bridge)")
+    ax.set_ylabel("predicted model TFLOP/s per GPU")
+    ax.set_title(f"Cost model vs {len(rows)} published rows (latest release per model/system/precision)",
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="refit the efficiency table first")
-    parser.add_argument("--all-releases", action="store_true", help="also show older container releases")
+    parser.add_argument("--quick", action="store_true", help="in-sample only, no held-out fits")
+    parser.add_argument("--fit", action="store_true", help="print the constants fitted on every row")
     args = parser.parse_args()
-    cases = load_cases(latest_only=not args.all_releases)
+    rows = published_rows()
+    names = cal.FITTED
+    columns = {"in-sample": predict(rows)}
     if args.fit:
-        for key in sorted({group(c) for c in cases}):
-            calibration.SOFTWARE_EFFICIENCY[key] = fit_group([c for c in cases if group(c) == key], key)
-        print("SOFTWARE_EFFICIENCY = {")
-        for key, value in sorted(calibration.SOFTWARE_EFFICIENCY.items()):
-            print(f"    {key!r}: {value:.4f},")
-        print("}\n")
-    predictions = [predict(c) for c in cases]
-    print(f"{'release':<9} {'case':<72} {'published':>9} {'predicted':>9} {'error':>7}")
-    errors = []
-    for case, pred in zip(cases, predictions):
-        error = pred / case.tflops_per_gpu - 1
-        errors.append(abs(error))
-        print(f"{case.release:<9} {case.label[:72]:<72} {case.tflops_per_gpu:>9.0f} {pred:>9.0f} {error:>+7.1%}")
-    loo = leave_one_out(cases)
-    # Ordering: pairs published in the same release for the same model, system and GPU count with
-    # different layouts (and possibly precisions, which the model predicts too); older releases are
-    # included because the pairs are compared within one release.
-    every = load_cases(latest_only=False)
-    agree, total = ordering(every, [predict(c) for c in every])
-    print(f"\nrows: {len(cases)}   MAPE: {np.mean(errors):.1%}   median APE: {np.median(errors):.1%}   "
-          f"max APE: {np.max(errors):.1%}")
-    print(f"leave-one-out MAPE (group efficiency refitted without the row): {np.mean(loo):.1%}")
-    print(f"ordering of same release/model/system/GPUs pairs with different layouts: "
-          f"{agree}/{total} agree")
-    print("fitted constants: one software efficiency per (GPU generation, precision); none per model or row")
+        fitted = fit(rows, names)
+        print("fitted on every published row:\n" + "\n".join(f"  {n} = {v:.4g}" for n, v in fitted.items()))
+        with Constants(fitted):
+            columns["in-sample"] = predict(rows)
+    if not args.quick:
+        columns["leave-one-model-out"] = held_out(rows, lambda r: r.model, names)
+        columns["leave-one-system-out"] = held_out(rows, lambda r: r.system, names)
+    print(f"{'case':<70} {'published':>9} " + " ".join(f"{n[:20]:>20}" for n in columns))
+    for i, r in enumerate(rows):
+        cells = " ".join(f"{c[i] * r.flops_per_token / 1e12:>10.0f} {c[i] / r.measured_tokens - 1:>+9.1%}"
+                         for c in columns.values())
+        print(f"{r.label[:70]:<70} {r.measured_tokens * r.flops_per_token / 1e12:>9.0f} {cells}")
+    header = f"  {'':<24} {'rows':>4} " + " ".join(f"{n[:9]:>9}" for n in ("in-sample", "LOMO", "LOSO")[:len(columns)])
+    for title, key in (("model", lambda r: r.model), ("system", lambda r: r.system),
+                       ("precision", lambda r: r.precision), ("system/precision", lambda r: r.group)):
+        print(f"\nmean absolute error per {title}:\n{header}")
+        print("\n".join(table(rows, columns, key)))
+    print(f"\nmean absolute error over {len(rows)} rows:")
+    for name, p in columns.items():
+        ratio = p / np.array([r.measured_tokens for r in rows])
+        print(f"  {name:<22} {np.mean(np.abs(ratio - 1)):.1%}   (median {np.median(np.abs(ratio - 1)):.1%},"
+              f" log-ratio p10 {np.quantile(np.log(ratio), 0.1):+.3f}, p90 {np.quantile(np.log(ratio), 0.9):+.3f})")
+    if "leave-one-model-out" in columns:
+        lomo = columns["leave-one-model-out"]
+        ratio = np.log(lomo / np.array([r.measured_tokens for r in rows]))
+        inside = np.mean((ratio >= cal.THROUGHPUT_LOG_RATIO_P10) & (ratio <= cal.THROUGHPUT_LOG_RATIO_P90))
+        print(f"80% interval coverage of held-out rows: shipped constants {inside:.0%}, nested "
+              f"(quantiles without the held-out model) {nested_coverage(rows, lomo):.0%}")
+        scatter(rows, columns, SCATTER_PNG)
+        print(f"scatter plot: {SCATTER_PNG.relative_to(HERE.parent)}")
+    sweeps()
+
+
+def sweeps() -> None:
+    """The A100 efficiency against the public vTrain sweeps: fitted on all four and leave-one-sweep-out."""
+    by_sweep = {name: sweep_rows(name) for name in SWEEPS}
+    every = [r for rows in by_sweep.values() for r in rows]
+    names = ["GENERATION_EFFICIENCY.ampere"]
+    print(f"\nA100 (public vTrain sweeps, {len(every)} layouts; full recompute and 16-bit assumed):")
+    print(f"  {'sweep':<20} {'layouts':>7} {'MAE':>6} {'Spearman':>8} {'held-out MAE':>12} {'Spearman':>8} "
+          f"{'in 80% interval':>15}")
+    for name, rows in by_sweep.items():
+        measured = np.array([r.measured_tokens for r in rows])
+        shipped = predict(rows)
+        with Constants(fit([r for r in every if r.model != name], names)):
+            out = predict(rows)
+        ratio = np.log(out / measured)
+        inside = np.mean((ratio >= cal.THROUGHPUT_LOG_RATIO_P10) & (ratio <= cal.THROUGHPUT_LOG_RATIO_P90))
+        print(f"  {name:<20} {len(rows):>7} {np.mean(np.abs(shipped / measured - 1)):>6.1%} "
+              f"{spearmanr(shipped, measured)[0]:>8.2f} {np.mean(np.abs(out / measured - 1)):>12.1%} "
+              f"{spearmanr(out, measured)[0]:>8.2f} {inside:>15.0%}")
+    print(f"  A100 efficiency fitted on all four: {fit(every, names)['GENERATION_EFFICIENCY.ampere']:.4f}"
+          f" (shipped {cal.GENERATION_EFFICIENCY['ampere']:.4f})")
 
 
 if __name__ == "__main__":

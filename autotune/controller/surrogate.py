@@ -24,14 +24,21 @@ import numpy as np
 
 from autotune.config import Workload
 from autotune.cost import Estimates, LayoutArrays
+from autotune.cost import calibration as cost_calibration
 
-# Prior error of the (uncalibrated) throughput model on a new cluster, log scale: ~+-15% (1 sd);
-# the cost model's held-out errors on published rows are of this order.
+# Prior error of the (uncalibrated) throughput model between layouts of one study, log scale:
+# ~+-15% (1 sd), the GP's amplitude.
 PRIOR_LOG_STD = 0.15
+# Prior of the study-wide offset (the GP's constant mean): the cost model's error on a model or
+# system it was not fitted on, the sd of its 80% prediction interval (leave-one-model-out residuals).
+OFFSET_PRIOR_LOG_STD = cost_calibration.interval_log_std(cost_calibration.THROUGHPUT_LOG_RATIO_P10,
+                                                         cost_calibration.THROUGHPUT_LOG_RATIO_P90)
 # Run-to-run noise of a short profiling run (log scale, 1 sd) before any repeat measures it.
 NOISE_LOG_STD = 0.03
-# Memory model: global error prior (1 sd, log), extra per structural family, and within a family.
-MEMORY_GLOBAL_STD = 0.10
+# Memory model: global error prior (1 sd, log: the sd of the memory model's 80% prediction interval,
+# cost.calibration.MEMORY_LOG_RATIO_*), extra per structural family, and within a family.
+MEMORY_GLOBAL_STD = cost_calibration.interval_log_std(cost_calibration.MEMORY_LOG_RATIO_P10,
+                                                      cost_calibration.MEMORY_LOG_RATIO_P90)
 MEMORY_FAMILY_STD = 0.06
 MEMORY_WITHIN_STD = 0.02
 FAMILY = ("tp", "pp", "cp", "ep", "etp")
@@ -96,7 +103,7 @@ class ResidualGP:
 
         self.n = len(residual)
         # The constant mean: shrink the average residual toward 0 (the prior) while data are few.
-        self.offset = float(residual.sum() / (len(residual) + (NOISE_LOG_STD / PRIOR_LOG_STD) ** 2))
+        self.offset = float(residual.sum() / (len(residual) + (NOISE_LOG_STD / OFFSET_PRIOR_LOG_STD) ** 2))
         kernel = self.model.kernel_ if self.model is not None else self.kernel
         gp = GaussianProcessRegressor(kernel, optimizer=_bounded_lbfgs if optimize and self.n >= 4 else None,
                                       normalize_y=False, copy_X_train=False)

@@ -3,22 +3,38 @@
 `estimate_many` evaluates a whole set of layouts at once (numpy arrays); `estimate` is one layout.
 It is the `simulate` backend, the memory pre-filter and the prior that ranks candidates. MFU is
 always against the GPU's dense BF16 peak, whatever the precision (as Megatron-Bridge reports it).
+Every estimate carries an 80% prediction interval for throughput and peak memory, from the
+validation residuals (calibration.THROUGHPUT_LOG_RATIO_* and MEMORY_LOG_RATIO_*).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from autotune.config import LayoutConfig, Workload
+from autotune.cost import calibration as cal
 from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import FlopsPerToken, flops_per_token, padded_vocab_size
-from autotune.cost.memory import GIB, memory_breakdown, total_params
+from autotune.cost.memory import (DEFAULT_SETTINGS, GIB, PERF_RECIPE_SETTINGS, TrainingSettings, memory_breakdown,
+                                  total_params)
 from autotune.cost.step_time import TERMS, flops_arrays, step_time_breakdown
 
 MFU_BASIS = "dense BF16 peak"
+
+
+def throughput_interval(predicted):
+    """80% prediction interval (low, high) of a measured throughput (tokens/s or TFLOP/s) given the
+    predicted one: predicted / measured has its 10th-90th percentiles at exp(P10)..exp(P90)."""
+    return predicted * math.exp(-cal.THROUGHPUT_LOG_RATIO_P90), predicted * math.exp(-cal.THROUGHPUT_LOG_RATIO_P10)
+
+
+def memory_interval(predicted_gib):
+    """80% prediction interval (low, high) of a measured peak memory given the predicted one."""
+    return predicted_gib * math.exp(-cal.MEMORY_LOG_RATIO_P90), predicted_gib * math.exp(-cal.MEMORY_LOG_RATIO_P10)
 
 
 @dataclass
@@ -38,6 +54,16 @@ class Estimates:
 
     def __len__(self) -> int:
         return len(self.step_time_s)
+
+    @property
+    def tokens_per_s_per_gpu_80(self) -> tuple[np.ndarray, np.ndarray]:
+        """80% prediction interval of the measured tokens/s/GPU (throughput_interval)."""
+        return throughput_interval(self.tokens_per_s_per_gpu)
+
+    @property
+    def peak_mem_gib_80(self) -> tuple[np.ndarray, np.ndarray]:
+        """80% prediction interval of the measured peak memory (memory_interval)."""
+        return memory_interval(self.peak_mem_gib)
 
     def row(self, index: int) -> "Estimate":
         return Estimate(
@@ -69,6 +95,23 @@ class Estimate:
     breakdown: dict[str, float] = field(default_factory=dict)
     memory_limit_gib: float = 0.0
 
+    @property
+    def tokens_per_s_per_gpu_80(self) -> tuple[float, float]:
+        return throughput_interval(self.tokens_per_s_per_gpu)
+
+    @property
+    def tflops_per_gpu_80(self) -> tuple[float, float]:
+        return throughput_interval(self.tflops_per_gpu)
+
+    @property
+    def step_time_s_80(self) -> tuple[float, float]:
+        low, high = throughput_interval(1.0)
+        return self.step_time_s / high, self.step_time_s / low
+
+    @property
+    def peak_mem_gib_80(self) -> tuple[float, float]:
+        return memory_interval(self.peak_mem_gib)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "flops_per_token": self.flops_per_token,
@@ -82,16 +125,22 @@ class Estimate:
             "fits": self.fits,
             "memory": dict(self.memory),
             "breakdown": dict(self.breakdown),
+            # 80% prediction intervals (low, high) from the validation residuals
+            "interval_80": {"step_time_s": list(self.step_time_s_80),
+                            "tokens_per_s_per_gpu": list(self.tokens_per_s_per_gpu_80),
+                            "tflops_per_gpu": list(self.tflops_per_gpu_80),
+                            "peak_mem_gib": list(self.peak_mem_gib_80)},
         }
 
 
 def estimate_many(workload: Workload, layouts: Sequence[LayoutConfig] | LayoutArrays,
-                  memory_scale: float = 1.0) -> Estimates:
-    """Predict every layout. `memory_scale` multiplies predicted memory (a measured calibration)."""
+                  memory_scale: float = 1.0, settings: TrainingSettings = DEFAULT_SETTINGS) -> Estimates:
+    """Predict every layout. `memory_scale` multiplies predicted memory (a measured calibration);
+    `settings` are the recipe settings outside the layout (memory.TrainingSettings)."""
     x = layouts if isinstance(layouts, LayoutArrays) else LayoutArrays.from_configs(layouts)
-    memory = memory_breakdown(x, workload)
+    memory = memory_breakdown(x, workload, settings)
     flops = flops_arrays(x, workload)
-    breakdown = step_time_breakdown(x, workload, flops)
+    breakdown = step_time_breakdown(x, workload, flops, settings)
     step = sum(breakdown[t] for t in TERMS)
     tokens = workload.global_batch_size * workload.seq_length
     fpt = sum(flops)
@@ -117,9 +166,11 @@ def estimate_many(workload: Workload, layouts: Sequence[LayoutConfig] | LayoutAr
     )
 
 
-def estimate(workload: Workload, layout: LayoutConfig, memory_scale: float = 1.0) -> Estimate:
-    return estimate_many(workload, [layout], memory_scale).row(0)
+def estimate(workload: Workload, layout: LayoutConfig, memory_scale: float = 1.0,
+             settings: TrainingSettings = DEFAULT_SETTINGS) -> Estimate:
+    return estimate_many(workload, [layout], memory_scale, settings).row(0)
 
 
-__all__ = ["Estimate", "Estimates", "FlopsPerToken", "LayoutArrays", "MFU_BASIS", "TERMS", "estimate",
+__all__ = ["DEFAULT_SETTINGS", "Estimate", "Estimates", "FlopsPerToken", "LayoutArrays", "MFU_BASIS",
+           "PERF_RECIPE_SETTINGS", "TERMS", "TrainingSettings", "estimate", "memory_interval", "throughput_interval",
            "estimate_many", "flops_per_token", "padded_vocab_size", "total_params"]

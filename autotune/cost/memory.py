@@ -2,7 +2,9 @@
 
 Weights + gradients + optimizer: 18 bytes per parameter (bf16 weight, fp32 gradient, fp32 master,
 Adam m and v); with the distributed optimizer 6 + 12 / shard, where the dense shard is DP*CP and
-the expert shard the expert-data-parallel size world / (PP*EP*ETP). Routed experts are counted in
+the expert shard the expert-data-parallel size world / (PP*EP*ETP). Recipes that reduce gradients
+in BF16 (Megatron-Bridge's performance recipes: grad_reduce_in_fp32=False) keep a 2-byte gradient
+buffer, plus an fp32 copy of the rank's optimizer shard of it: 4 + 16 / shard. Routed experts are counted in
 full (all experts, divided by PP*EP*ETP), not only the active ones.
 
 Activations per layer and micro-batch, with the selective recompute of core attention that flash
@@ -11,7 +13,9 @@ s*b*h*(10 + (8 + 4*r)/TP) without; r = ffn / h (MoE: (moe_ffn*k + shared) / h); 
 dispatch buffer of the permuted tokens, 2*k*s*b*h bytes. Everything / CP. The first pipeline stage
 holds min(PP, microbatches) micro-batches in flight, times (1 + (PP-1)/(PP*VPP)) when interleaved.
 Full recompute keeps each layer's input (2*s*b*h bytes) plus one group's full activations while it
-is recomputed. The last stage also holds the logits (bf16 and fp32 copies, 6 bytes per vocab entry).
+is recomputed. The last stage also holds the logits: with the fused cross entropy (GPTModelProvider's default,
+cross_entropy_loss_fusion=True) the bf16 logits and their in-place gradient, about 4 bytes per vocab
+entry (the unfused loss keeps bf16 and fp32 copies plus the fp32 softmax: about 10).
 """
 
 from __future__ import annotations
@@ -27,6 +31,27 @@ from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import MAKE_VOCAB_SIZE_DIVISIBLE_BY
 
 GIB = float(1 << 30)
+LOGITS_BYTES_PER_ENTRY = 4.0  # fused cross entropy: bf16 logits + their gradient (module docstring)
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Recipe settings outside the layout that change memory and step time.
+
+    The default is Megatron-Bridge's library recipes (DDP grad_reduce_in_fp32=True);
+    PERF_RECIPE_SETTINGS is its performance recipes (perf_recipes/_common.py sets it False), the
+    recipes behind the published throughput tables.
+    """
+
+    grad_reduce_in_fp32: bool = True
+
+    @property
+    def grad_bytes(self) -> float:
+        return 4.0 if self.grad_reduce_in_fp32 else 2.0
+
+
+DEFAULT_SETTINGS = TrainingSettings()
+PERF_RECIPE_SETTINGS = TrainingSettings(grad_reduce_in_fp32=False)
 
 
 @dataclass(frozen=True)
@@ -91,7 +116,7 @@ def stage_decoder_layers(x: LayoutArrays, w: Workload) -> np.ndarray:
     return np.maximum(1.0, per_stage - (m.account_for_embedding_in_pipeline_split * (x.pp > 1)))
 
 
-def _state_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
+def _state_bytes(x: LayoutArrays, w: Workload, settings: TrainingSettings = DEFAULT_SETTINGS) -> np.ndarray:
     a = w.model.architecture
     p = param_counts(a)
     layers = stage_decoder_layers(x, w)
@@ -106,8 +131,12 @@ def _state_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
     dp = w.cluster.gpus / (x.tp * x.pp * x.cp)
     dense_shard = dp * x.cp
     expert_shard = w.cluster.gpus / (x.pp * x.ep * x.etp)
-    per_param_dense = np.where(x.dist_opt, 6 + 12 / dense_shard, 18.0)
-    per_param_expert = np.where(x.dist_opt, 6 + 12 / expert_shard, 18.0)
+    # weight (2) + gradient buffer, then master, m and v (12, fp32), sharded by the distributed optimizer;
+    # a 2-byte gradient buffer adds the optimizer's fp32 copy of its shard (4 more per sharded param)
+    grad = settings.grad_bytes
+    optimizer = 12.0 + (4.0 - grad)
+    per_param_dense = 2 + grad + optimizer / np.where(x.dist_opt, dense_shard, 1.0)
+    per_param_expert = 2 + grad + optimizer / np.where(x.dist_opt, expert_shard, 1.0)
     return dense * per_param_dense + experts * per_param_expert
 
 
@@ -153,7 +182,7 @@ def _activation_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
     interleave = np.where(x.vpp > 1, 1 + (x.pp - 1) / (x.pp * x.vpp), 1.0)
     first_stage = stored * in_flight * interleave
     vocab = _padded_vocab_vector(a.vocab_size, x.tp)
-    logits = 6 * w.seq_length * x.mbs * vocab / (x.tp * x.cp)
+    logits = LOGITS_BYTES_PER_ENTRY * w.seq_length * x.mbs * vocab / (x.tp * x.cp)
     last_stage_layers = stored * np.where(x.pp == 1, in_flight * interleave, 1.0)
     return np.maximum(first_stage + np.where(x.pp == 1, logits, 0), last_stage_layers + logits)
 
@@ -164,8 +193,8 @@ def _communicator_count(x: LayoutArrays, w: Workload) -> np.ndarray:
     return sum((g > 1).astype(np.float64) for g in groups) + 1
 
 
-def memory_breakdown(x: LayoutArrays, w: Workload) -> MemoryBreakdown:
-    state = _state_bytes(x, w)
+def memory_breakdown(x: LayoutArrays, w: Workload, settings: TrainingSettings = DEFAULT_SETTINGS) -> MemoryBreakdown:
+    state = _state_bytes(x, w, settings)
     activations = _activation_bytes(x, w)
     overhead = ((cal.CUDA_CONTEXT_GIB + cal.NCCL_BUFFER_GIB_PER_GROUP * _communicator_count(x, w)) * GIB
                 + cal.FRAGMENTATION_FRACTION * (state + activations))

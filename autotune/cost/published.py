@@ -1,8 +1,13 @@
 """Megatron-Bridge's published throughput as (workload, layout, measured) cases for validating the model.
 
 Reads shared/data/published_bridge_perf_calibration.csv (or any file of that format). Only the
-latest container release of each model/system is used by default: throughput of the same layout
-rose 2-3x across releases, so older rows describe older software.
+latest container release of each model/system/precision is used by default: throughput of the same
+layout rose 2-3x across releases, so older rows describe older software. LoRA rows are left out by
+default: frozen base weights skip the weight-gradient GEMMs, the optimizer and the gradient
+reduction, which the cost model (pretraining and full fine-tuning) does not model; their published
+TFLOP/s are also counted on a smaller FLOP basis. Rows run with Megatron FSDP (a non-zero fsdp
+column) are left out too: FSDP is not a knob of the tuner, so the model has no layout for them. The Qwen3 rows of the published tables are not in
+the CSV on purpose (they measure transfer to an unseen family) and are never added here.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.config import LayoutConfig, Workload
+from autotune.cost.memory import PERF_RECIPE_SETTINGS, TrainingSettings
 from autotune.space import load_space, make_workload
 
 MODEL_NAMES = {"LLAMA3_8B": "llama3_8b", "LLAMA3_70B": "llama3_70b", "LLAMA3.1_405B": "llama31_405b",
@@ -32,6 +38,9 @@ class PublishedCase:
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
     variant: str
+    kind: str = "pretrain"  # the CSV's workload column: pretrain, sft or lora
+    # the published runs use Megatron-Bridge's performance recipes (gradients reduced in BF16)
+    settings: TrainingSettings = PERF_RECIPE_SETTINGS
 
     @property
     def label(self) -> str:
@@ -70,31 +79,21 @@ def _release_key(release: str) -> tuple[int, ...]:
     return tuple(int(p) for p in release.split(".") if p.isdigit())
 
 
-# Published figures that are not in the CSV, with where they come from.
-EXTRA_ROWS = [
-    {"container_release": "facts", "model": "Qwen3-30B-A3B", "system": "DGX-H100", "num_gpus": "16",
-     "precision": "BF16", "gbs": "1024", "mbs": "1", "seq_len": "4096", "tp": "1", "pp": "1", "cp": "1", "vp": "",
-     "ep": "16", "etp": "1", "tokens_per_sec_per_gpu": "8826", "model_tflops_per_gpu": "203",
-     "variant": "primary", "source": "shared/docs/megatron-facts.md (recipe default layout)"},
-]
-MODEL_NAMES["Qwen3-30B-A3B"] = "qwen3_30b"
-
-
-def load_cases(path: Path | None = None, latest_only: bool = True, extra: bool = True) -> list[PublishedCase]:
+def load_cases(path: Path | None = None, latest_only: bool = True, lora: bool = False) -> list[PublishedCase]:
+    """Published rows as cases: by default the latest release of each (workload, model, system,
+    precision); never LoRA (unless asked) or FSDP rows (see the module docstring)."""
     with open(path or default_csv_path(), newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    if extra:
-        rows += EXTRA_ROWS
-    latest: dict[tuple[str, str], tuple[int, ...]] = {}
+        rows = [r for r in csv.DictReader(handle)
+                if (lora or r["workload"] != "lora") and _int(r.get("fsdp", ""), 0) == 0]
+
+    def key(r: dict[str, str]) -> tuple[str, ...]:
+        return r["workload"], r["model"], r["system"], _precision(r["precision"], SYSTEM_GPUS[r["system"]])
+
+    latest: dict[tuple[str, ...], tuple[int, ...]] = {}
     for r in rows:
-        key = (r["model"], r["system"])
-        latest[key] = max(latest.get(key, ()), _release_key(r["container_release"]))
-    cases = []
-    for r in rows:
-        if latest_only and _release_key(r["container_release"]) != latest[(r["model"], r["system"])]:
-            continue
-        cases.append(_case(r))
-    return cases
+        latest[key(r)] = max(latest.get(key(r), ()), _release_key(r["container_release"]))
+    return [_case(r) for r in rows
+            if not latest_only or _release_key(r["container_release"]) == latest[key(r)]]
 
 
 def _case(r: dict[str, str]) -> PublishedCase:
@@ -110,4 +109,5 @@ def _case(r: dict[str, str]) -> PublishedCase:
     layout = LayoutConfig(tp=tp, pp=_int(r["pp"]), vpp=_int(r["vp"]), cp=_int(r["cp"]), ep=ep, etp=_int(r["etp"]),
                           sp=tp > 1, mbs=_int(r["mbs"]), dist_opt=True)
     return PublishedCase(r["container_release"], MODEL_NAMES[r["model"]], r["system"], precision, workload, layout,
-                         float(r["tokens_per_sec_per_gpu"]), float(r["model_tflops_per_gpu"]), r["variant"])
+                         float(r["tokens_per_sec_per_gpu"]), float(r["model_tflops_per_gpu"]), r["variant"],
+                         r.get("workload") or "pretrain")

@@ -11,7 +11,7 @@ tp/cp/ep/pp  exposed communication: volume / bandwidth of the link the group spa
              Megatron does not hide (calibration.EXPOSED_*).
 bubble       (PP-1) / (VPP*m) of the pipeline's busy time.
 dp           gradient reduce-scatter + parameter all-gather (distributed optimizer) or all-reduce,
-             hidden behind compute up to a window.
+             hidden behind one micro-batch of compute (the last backward, the first forward).
 optimizer    the Adam step, HBM-bound, over the parameters this rank updates.
 Groups are laid out as Megatron does (TP innermost, then CP, then DP; experts: ETP, EP, EDP; PP outermost).
 """
@@ -24,10 +24,9 @@ from autotune.config import Workload
 from autotune.cost import calibration as cal
 from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import flops_per_token
-from autotune.cost.memory import microbatches, param_counts, stage_decoder_layers
+from autotune.cost.memory import DEFAULT_SETTINGS, TrainingSettings, microbatches, param_counts, stage_decoder_layers
 
 TERMS = ("compute", "recompute", "overhead", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer")
-GRAD_REDUCE_BYTES = 4.0  # gradients are reduced in fp32 (Bridge's DDP default grad_reduce_in_fp32)
 ATTENTION_EFFICIENCY = 0.75  # flash attention relative to a GEMM of the same precision
 
 
@@ -51,10 +50,19 @@ def _shape_factor(tokens: np.ndarray, width: np.ndarray | float) -> np.ndarray:
     return 1.0 / (1.0 + cal.GEMM_TOKENS_HALF / tokens) / (1.0 + cal.GEMM_WIDTH_HALF / width)
 
 
-def _link_bytes_per_s(span: np.ndarray, w: Workload) -> np.ndarray:
+def _link_bytes_per_s(span: np.ndarray, w: Workload, stride: np.ndarray | float = 1.0) -> np.ndarray:
+    """Bus bandwidth of a ring collective over a group of ranks `stride` apart spanning `span` ranks.
+
+    Inside one NVLink domain: NVLink. Across domains, NCCL runs one ring per channel and each
+    ring leaves a domain through a different NIC, so the group's members inside one domain pool
+    their NICs: min(NVLink, members per domain x NIC) -- a TP-1 data-parallel group of 8-GPU nodes
+    gets 8 NICs, a TP-8 one gets its own NIC.
+    """
     gpu = w.cluster.gpu
-    inside = span <= w.cluster.nvlink_domain_gpus
-    return np.where(inside, gpu.nvlink_gbps, gpu.network_gbps) * 1e9 * cal.LINK_EFFICIENCY
+    domain = w.cluster.nvlink_domain_gpus
+    members_per_domain = np.maximum(1.0, np.minimum(span, domain) / stride)
+    outside = np.minimum(gpu.nvlink_gbps, members_per_domain * gpu.network_gbps)
+    return np.where(span <= domain, gpu.nvlink_gbps, outside) * 1e9 * cal.LINK_EFFICIENCY
 
 
 def _dispatch_s(tokens: np.ndarray, x: LayoutArrays, w: Workload) -> np.ndarray:
@@ -82,8 +90,10 @@ def _dispatch_s(tokens: np.ndarray, x: LayoutArrays, w: Workload) -> np.ndarray:
 
 
 def step_time_breakdown(x: LayoutArrays, w: Workload,
-                        flops: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Seconds per term (see the module docstring); `flops` is flops_arrays(x, w) when the caller has it."""
+                        flops: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                        settings: TrainingSettings = DEFAULT_SETTINGS) -> dict[str, np.ndarray]:
+    """Seconds per term (see the module docstring); `flops` is flops_arrays(x, w) when the caller has it;
+    `settings` says in which precision gradients are reduced."""
     a = w.model.architecture
     gpu = w.cluster.gpu
     world, s, h = w.cluster.gpus, w.seq_length, a.hidden_size
@@ -94,8 +104,9 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
 
     # --- compute -------------------------------------------------------------------------------
     dense_fpt, expert_fpt, core_fpt = flops if flops is not None else flops_arrays(x, w)
-    peak = gpu.peak_tflops[w.precision] * 1e12
-    peak_bf16 = gpu.peak_tflops["bf16"] * 1e12
+    clock = cal.sustained_clock(gpu.name)
+    peak = gpu.peak_tflops[w.precision] * 1e12 * clock
+    peak_bf16 = gpu.peak_tflops["bf16"] * 1e12 * clock
     eff = cal.software_efficiency(gpu.generation, w.precision)
     eff_bf16 = cal.software_efficiency(gpu.generation, "bf16")
     gemm_tokens = x.mbs * s / x.cp
@@ -106,7 +117,7 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
         tokens_per_rank = gemm_tokens / x.tp
         tokens_per_expert = tokens_per_rank * x.etp * a.moe_router_topk * x.ep / a.num_moe_experts
         expert_shape = _shape_factor(tokens_per_expert, a.moe_ffn_hidden_size / x.etp)
-        t_expert = tokens_per_gpu_step * expert_fpt * cal.MOE_IMBALANCE / (peak * eff * expert_shape)
+        t_expert = tokens_per_gpu_step * expert_fpt * cal.MOE_EXPERT_GEMM_SLOWDOWN / (peak * eff * expert_shape)
     else:
         tokens_per_rank = gemm_tokens / x.tp
         t_expert = np.zeros(len(x))
@@ -130,14 +141,15 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     tp_volume = (x.tp - 1) / x.tp * act_bytes * (4 + 4 * (1 - moe_share)) \
         + moe_share * 4 * (x.etp - 1) / x.etp * act_bytes
     tp_s = m * layers * tp_volume / _link_bytes_per_s(x.tp, w) * forward_repeat
-    tp = tp_s * np.where(x.sp, cal.EXPOSED_TP_WITH_SP, cal.EXPOSED_TP_WITHOUT_SP)
+    exposed_tp = np.where(x.sp, cal.EXPOSED_TP_WITH_SP, cal.EXPOSED_TP_WITHOUT_SP)
+    tp = tp_s * np.where(x.tp > w.cluster.nvlink_domain_gpus, cal.EXPOSED_TP_ACROSS_DOMAIN, exposed_tp)
 
     if a.uses_mla:
         kv_per_token = a.num_attention_heads * (a.qk_head_dim + a.qk_pos_emb_head_dim + a.v_head_dim) / x.tp
     else:
         kv_per_token = 2 * a.kv_channels * np.maximum(1.0, a.num_query_groups / x.tp)
     cp_volume = 3 * (x.cp - 1) * gemm_tokens * kv_per_token * 2
-    cp = m * layers * cp_volume / _link_bytes_per_s(x.tp * x.cp, w) * cal.EXPOSED_CP * forward_repeat
+    cp = m * layers * cp_volume / _link_bytes_per_s(x.tp * x.cp, w, x.tp) * cal.EXPOSED_CP * forward_repeat
 
     if a.is_moe:
         # dispatch + combine, forward and backward
@@ -160,11 +172,16 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     expert_params = layers * moe_share * p.experts_per_layer / (x.ep * x.etp)
     dense_group = world / (x.tp * x.pp)  # DP * CP
     expert_group = world / (x.pp * x.ep * x.etp)
-    per_param = np.where(x.dist_opt, GRAD_REDUCE_BYTES + 2.0, 2 * GRAD_REDUCE_BYTES)
-    dp_bytes = per_param * ((dense_group - 1) / dense_group * dense_params
-                            + (expert_group - 1) / expert_group * expert_params)
-    dp_s = dp_bytes / _link_bytes_per_s(stage_span, w)
-    dp = np.maximum(cal.EXPOSED_DP_MIN * dp_s, dp_s - cal.DP_OVERLAP_WINDOW * compute)
+    grad = settings.grad_bytes  # reduce-scatter of gradients + all-gather of bf16 params, or an all-reduce
+    per_param = np.where(x.dist_opt, grad + 2.0, 2 * grad)
+    dp_s = per_param * ((dense_group - 1) / dense_group * dense_params / _link_bytes_per_s(stage_span, w, x.tp)
+                        + (expert_group - 1) / expert_group * expert_params
+                        / _link_bytes_per_s(stage_span, w, x.ep * x.etp))
+    # Gradients are complete only in the last micro-batch's backward and parameters are needed in the
+    # first micro-batch's forward: Megatron's overlap_grad_reduce / overlap_param_gather hide the
+    # collectives behind one micro-batch of compute (per model chunk), not behind the whole step.
+    window = compute / m * np.minimum(x.vpp, m)
+    dp = np.maximum(cal.EXPOSED_DP_MIN * dp_s, dp_s - cal.DP_OVERLAP_WINDOW * window)
     updated = np.where(x.dist_opt, dense_params / dense_group + expert_params / expert_group,
                        dense_params + expert_params)
     optimizer = updated * cal.OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_tbps * 1e12)
