@@ -245,6 +245,45 @@ def main() -> None:
         scatter(rows, columns, SCATTER_PNG)
         print(f"scatter plot: {SCATTER_PNG.relative_to(HERE.parent)}")
     sweeps()
+    memory()
+
+
+# Public peak-memory figures (Megatron-Bridge 067f987, skills/): (what, workload, layout, measured GiB,
+# what the figure counts). "GB" in the cards is read as GiB (PyTorch's allocator reports).
+def _peaks():
+    from autotune.cost import PERF_RECIPE_SETTINGS
+
+    llama = make_workload(load_space("llama3_70b"), gpus=32, gpu="h100", global_batch_size=32, seq_length=4096,
+                          precision="fp8")
+    dsv3 = make_workload(load_space("deepseek_v3"), gpus=256, gpu="gb200", gpus_per_node=4,
+                         global_batch_size=4096, seq_length=4096, precision="bf16")
+    return [
+        ("Llama3-70B SFT 32xH100 FP8 TP4 PP4 VPP5 (activation-recompute card)", llama,
+         LayoutConfig(tp=4, pp=4, vpp=5, sp=True, dist_opt=True, recompute="selective"), 58.8, "allocated",
+         PERF_RECIPE_SETTINGS),
+        ("Llama3-70B SFT 32xH100 FP8 TP4 PP4 VPP10 (memory-tuning card)", llama,
+         LayoutConfig(tp=4, pp=4, vpp=10, sp=True, dist_opt=True, recompute="selective"), 60.2, "allocated",
+         PERF_RECIPE_SETTINGS),
+        ("DeepSeek-V3 256 GPUs PP4 VPP4 EP64 'without optimization' (workflow card; BF16 assumed)", dsv3,
+         LayoutConfig(pp=4, vpp=4, ep=64, dist_opt=True), 199.5e9 / 2 ** 30, "total", DEFAULT_SETTINGS),
+    ]
+
+
+def memory() -> None:
+    """Every published layout must be predicted to fit; public peak figures against the prediction."""
+    every = load_cases(latest_only=False)
+    latest = load_cases()
+    fits = [estimate_many(c.workload, [c.layout], settings=c.settings).fits[0] for c in every]
+    latest_fits = [estimate_many(c.workload, [c.layout], settings=c.settings).fits[0] for c in latest]
+    print(f"\npeak memory: published layouts predicted to fit their GPU: {sum(latest_fits)}/{len(latest)} latest rows, "
+          f"{sum(fits)}/{len(every)} rows of every release (tests/cost/test_published.py names the rest)")
+    print(f"  {'public peak figure':<88} {'measured':>8} {'predicted':>9} {'error':>7}")
+    for label, w, layout, measured, counts, settings in _peaks():
+        e = estimate_many(w, [layout], settings=settings)
+        predicted = e.peak_mem_gib[0]
+        if counts == "allocated":  # PyTorch's peak allocated: no CUDA context, NCCL buffers, fragmentation
+            predicted = e.memory_gib["weights_grads_optimizer_gib"][0] + e.memory_gib["activations_gib"][0]
+        print(f"  {label:<88} {measured:>8.1f} {predicted:>9.1f} {predicted / measured - 1:>+7.1%}")
 
 
 def sweeps() -> None:

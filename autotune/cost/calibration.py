@@ -110,10 +110,11 @@ FIT_BOUNDS = {"GENERATION_EFFICIENCY.ampere": (0.1, 1.0), "GENERATION_EFFICIENCY
 # about four times in five on a model the constants never saw (nested check: 67% of held-out rows).
 THROUGHPUT_LOG_RATIO_P10 = -0.360
 THROUGHPUT_LOG_RATIO_P90 = 0.299
-# Peak memory: only three public peak measurements exist (Megatron-Bridge skill cards: Llama3-70B SFT
-# on 32 H100, VPP 5 and 10, predicted +10% and +6% over the measured peak allocated; DeepSeek-V3
-# PP4 VPP4 EP64 on 256 GPUs, -10% against the card's 199.5 GB). Three points give no percentile:
-# the interval is set to cover the errors seen, +-10%.
+# Peak memory: only three public peak figures exist (Megatron-Bridge skill cards): Llama3-70B SFT on
+# 32 H100, FP8, TP4 PP4 VPP5 and VPP10: predicted state + activations +3% and -1% against the peak
+# allocated (58.8 and 60.2 GB); DeepSeek-V3 PP4 VPP4 EP64 on 256 GPUs "without optimization": -4%
+# against the card's 199.5 GB (BF16, fp32 gradients assumed; the card does not say it was measured).
+# Three points give no percentile: +-10% covers them with a margin for layouts unlike them.
 MEMORY_LOG_RATIO_P10 = -0.10
 MEMORY_LOG_RATIO_P90 = 0.10
 Z_80 = 1.2816  # the standard normal's 90th percentile: an 80% interval is +-Z_80 sd

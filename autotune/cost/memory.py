@@ -4,7 +4,8 @@ Weights + gradients + optimizer: 18 bytes per parameter (bf16 weight, fp32 gradi
 Adam m and v); with the distributed optimizer 6 + 12 / shard, where the dense shard is DP*CP and
 the expert shard the expert-data-parallel size world / (PP*EP*ETP). Recipes that reduce gradients
 in BF16 (Megatron-Bridge's performance recipes: grad_reduce_in_fp32=False) keep a 2-byte gradient
-buffer, plus an fp32 copy of the rank's optimizer shard of it: 4 + 16 / shard. Routed experts are counted in
+buffer: 4 + 12 / shard (the optimizer's fp32 copy of its gradient shard lives only in the optimizer
+step, after the activations are freed). Routed experts are counted in
 full (all experts, divided by PP*EP*ETP), not only the active ones.
 
 Activations per layer and micro-batch, with the selective recompute of core attention that flash
@@ -131,12 +132,12 @@ def _state_bytes(x: LayoutArrays, w: Workload, settings: TrainingSettings = DEFA
     dp = w.cluster.gpus / (x.tp * x.pp * x.cp)
     dense_shard = dp * x.cp
     expert_shard = w.cluster.gpus / (x.pp * x.ep * x.etp)
-    # weight (2) + gradient buffer, then master, m and v (12, fp32), sharded by the distributed optimizer;
-    # a 2-byte gradient buffer adds the optimizer's fp32 copy of its shard (4 more per sharded param)
+    # weight (2) + gradient buffer, then master, m and v (12, fp32), sharded by the distributed
+    # optimizer. With a 2-byte gradient buffer the optimizer's fp32 copy of its gradient shard exists
+    # only during the optimizer step, when the activations are freed: not at the peak.
     grad = settings.grad_bytes
-    optimizer = 12.0 + (4.0 - grad)
-    per_param_dense = 2 + grad + optimizer / np.where(x.dist_opt, dense_shard, 1.0)
-    per_param_expert = 2 + grad + optimizer / np.where(x.dist_opt, expert_shard, 1.0)
+    per_param_dense = 2 + grad + 12 / np.where(x.dist_opt, dense_shard, 1.0)
+    per_param_expert = 2 + grad + 12 / np.where(x.dist_opt, expert_shard, 1.0)
     return dense * per_param_dense + experts * per_param_expert
 
 
