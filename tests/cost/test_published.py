@@ -98,3 +98,21 @@ def test_every_estimate_carries_its_80_percent_interval():
     assert step_low < e.step_time_s < step_high
     mem_low, mem_high = interval["peak_mem_gib"]
     assert mem_low < e.peak_mem_gib < mem_high
+
+
+def test_autotune_estimate_shows_the_interval_and_the_recipe_layout_fits():
+    """`autotune estimate` (a real subprocess) prints the 80% interval and puts it in its JSON; the
+    Qwen3-30B-A3B recipe layout with the distributed optimizer fits on H100 even at the interval's top."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "autotune", "estimate", "--model", "qwen3_30b", "--gpus", "16", "--tp", "1",
+               "--ep", "16", "--dist-opt"]
+    table = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert "80% interval" in table.stdout and "fits" in table.stdout
+    data = json.loads(subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=120).stdout)
+    assert data["fits"]
+    low, high = data["interval_80"]["peak_mem_gib"]
+    assert low < data["peak_mem_gib"] < high < data["memory_limit_gib"]
