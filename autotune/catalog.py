@@ -158,6 +158,8 @@ class ModelSpec:
     # and the megatron backend refuse it, with `recipe_note` saying why.
     exportable: bool = True
     recipe_note: str = ""
+    # the recipe's value of each performance knob the model's space declares (search_spaces `perf_knobs`)
+    perf_defaults: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

@@ -28,8 +28,27 @@ INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
 BOOL_KNOBS = ("sp", "dist_opt")
 KNOBS = INT_KNOBS + BOOL_KNOBS + ("recompute", "recompute_method", "recompute_num_layers")
 
+# Performance knobs (issue 16). None means "the recipe's own value" (declared per model in the
+# `perf_knobs` section of search_spaces/<model>.yaml, first value); a layout sets one only to differ.
+# How each maps to Megatron-Bridge fields: megatron/overrides.py; the rules among them: space/legality.py.
+PERF_CHOICES: dict[str, tuple[str, ...]] = {
+    # token dispatcher and, for flex, its backend (one knob: a backend exists only under flex)
+    "dispatcher": ("alltoall", "flex_deepep", "flex_hybridep"),
+    # CUDA graphs: none; Transformer Engine graphs of a scope (te_<modules>); the whole iteration
+    "cuda_graph": ("none", "te_router", "te_attn_router", "te_attn", "te_attn_mlp", "full_iteration"),
+    "cp_comm_type": ("p2p", "a2a", "all_gather"),
+}
+PERF_BOOL_KNOBS = ("ep_overlap", "shared_expert_overlap", "tp_comm_overlap", "overlap_grad_reduce",
+                   "overlap_param_gather")
+PERF_INT_KNOBS = ("dispatcher_sms", "cpu_offload_layers")  # SMs of the flex dispatcher (>= 1); layers offloaded (>= 0)
+# modules of selective recompute, in Megatron-Core's order; a value is a '+'-joined subset
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts", "mla_up_proj")
+PERF_KNOBS = ("dispatcher", "dispatcher_sms", "ep_overlap", "shared_expert_overlap", "cuda_graph", "recompute_modules",
+              "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "cp_comm_type", "cpu_offload_layers")
+ALL_KNOBS = KNOBS + PERF_KNOBS
 
-@dataclass(frozen=True, order=True)
+
+@dataclass(frozen=True)
 class LayoutConfig:
     """One candidate layout. `vpp` 1 means no interleaving; missing knobs take the neutral value."""
 
@@ -45,21 +64,51 @@ class LayoutConfig:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     dist_opt: bool = False
+    # performance knobs: None = the recipe's value (see PERF_KNOBS)
+    dispatcher: str | None = None
+    dispatcher_sms: int | None = None
+    ep_overlap: bool | None = None
+    shared_expert_overlap: bool | None = None
+    cuda_graph: str | None = None
+    recompute_modules: str | None = None
+    tp_comm_overlap: bool | None = None
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    cp_comm_type: str | None = None
+    cpu_offload_layers: int | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "LayoutConfig":
         """Build from a JSON-like mapping, checking every key and value (ConfigError otherwise)."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"a config must be a JSON object, got {type(values).__name__}")
-        unknown = sorted(set(values) - set(KNOBS))
+        unknown = sorted(set(values) - set(ALL_KNOBS))
         if unknown:
-            raise ConfigError(f"unknown knob {unknown[0]!r} (knobs: {', '.join(KNOBS)})")
+            raise ConfigError(f"unknown knob {unknown[0]!r} (knobs: {', '.join(ALL_KNOBS)})")
         return cls(**{name: coerce_knob(name, value) for name, value in values.items()})
 
     def to_dict(self) -> dict[str, Any]:
+        """Every layout knob, and the performance knobs this layout sets (a knob left at the recipe's
+        value is absent, so layouts stored before performance knobs existed keep their keys)."""
         # every field is a scalar: a plain read, not dataclasses.asdict's recursive deep copy (which
         # made keying the ~190k legal layouts of a 64-GPU study take seconds)
-        return {name: getattr(self, name) for name in _FIELD_NAMES}
+        values = {name: getattr(self, name) for name in KNOBS}
+        for name in PERF_KNOBS:
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = value
+        return values
+
+    def perf(self) -> dict[str, Any]:
+        """The performance knobs this layout sets (the others take the recipe's value)."""
+        return {name: getattr(self, name) for name in PERF_KNOBS if getattr(self, name) is not None}
+
+    def layout_only(self) -> "LayoutConfig":
+        """The same parallel layout with every performance knob at the recipe's value."""
+        return self.replace(**{name: None for name in PERF_KNOBS}) if self.perf() else self
+
+    def __lt__(self, other: "LayoutConfig") -> bool:  # a stable order for sorted(); None sorts first
+        return _sort_key(self) < _sort_key(other)
 
     def key(self) -> str:
         """Canonical text of the layout: equal layouts have equal keys (used for de-duplication)."""
@@ -88,7 +137,23 @@ class LayoutConfig:
             parts.append(f"rc=full/{self.recompute_method}/{self.recompute_num_layers}")
         if self.dist_opt:
             parts.append("DO")
+        parts.extend(f"{PERF_LABELS[name]}={_perf_text(value)}" for name, value in self.perf().items())
         return " ".join(parts)
+
+
+# short labels of the performance knobs in `LayoutConfig.short()` (the legends say what they mean)
+PERF_LABELS = {"dispatcher": "disp", "dispatcher_sms": "sms", "ep_overlap": "epov", "shared_expert_overlap": "seov",
+               "cuda_graph": "cg", "recompute_modules": "rcm", "tp_comm_overlap": "tpov", "overlap_grad_reduce": "gov",
+               "overlap_param_gather": "pov", "cp_comm_type": "cpc", "cpu_offload_layers": "off"}
+
+
+def _perf_text(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _sort_key(config: "LayoutConfig") -> tuple:
+    return tuple((getattr(config, n) is not None, getattr(config, n) if getattr(config, n) is not None else 0)
+                 for n in _FIELD_NAMES)
 
 
 
@@ -96,8 +161,10 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(LayoutConfig))
 
 def coerce_knob(name: str, value: Any) -> Any:
     """Return `value` as the type knob `name` takes; accept the strings a command line gives."""
+    if name in PERF_KNOBS:
+        return _coerce_perf(name, value)
     if name not in KNOBS:
-        raise ConfigError(f"unknown knob {name!r} (knobs: {', '.join(KNOBS)})")
+        raise ConfigError(f"unknown knob {name!r} (knobs: {', '.join(ALL_KNOBS)})")
     if name in INT_KNOBS or name == "recompute_num_layers":
         if value is None and name == "recompute_num_layers":
             return None
@@ -118,6 +185,30 @@ def coerce_knob(name: str, value: Any) -> Any:
     if str(value).lower() not in RECOMPUTE_METHODS:
         raise ConfigError(f"knob recompute_method must be uniform or block, got {value!r}")
     return str(value).lower()
+
+
+def _coerce_perf(name: str, value: Any) -> Any:
+    """A performance knob's value; None (or "recipe") keeps the recipe's own value."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("recipe", "null", "")):
+        return None
+    if name in PERF_BOOL_KNOBS:
+        return _as_bool(name, value)
+    if name in PERF_INT_KNOBS:
+        number = _as_int(name, value)
+        if number < (1 if name == "dispatcher_sms" else 0):
+            raise ConfigError(f"knob {name} must be >= {1 if name == 'dispatcher_sms' else 0}, got {number}")
+        return number
+    text = str(value).strip().lower()
+    if name == "recompute_modules":
+        modules = [m.strip() for m in text.replace(",", "+").split("+") if m.strip()]
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown or not modules:
+            raise ConfigError(f"knob recompute_modules takes '+'-joined modules of {', '.join(RECOMPUTE_MODULES)}, "
+                              f"got {value!r}")
+        return "+".join(m for m in RECOMPUTE_MODULES if m in modules)  # one spelling per set
+    if text not in PERF_CHOICES[name]:
+        raise ConfigError(f"knob {name} must be one of {', '.join(PERF_CHOICES[name])}, got {value!r}")
+    return text
 
 
 def _as_int(name: str, value: Any) -> int:

@@ -25,7 +25,7 @@ from autotune import __version__
 from autotune.config import KNOBS, LayoutConfig
 from autotune.space import study_space_and_workload
 from autotune.errors import ConfigError, IllegalLayoutError, StudyError
-from autotune.megatron.overrides import layout_fields, layout_overrides
+from autotune.megatron.overrides import TorchDtype, layout_fields, layout_overrides
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial
 
@@ -149,6 +149,8 @@ def render_recipe(study: Study, trial: Trial) -> str:
         "",
         f"from {module} import {recipe} as _base_recipe",
     ]
+    if any(isinstance(v, TorchDtype) for v in fields.values()):
+        lines.insert(-1, "import torch")  # optimizer-state dtypes are torch.dtype values, written as torch.float32
     layout_fn = model.pipeline_layout_function
     if layout_fn:
         module, _, name = layout_fn.partition(":")

@@ -28,6 +28,14 @@ BRIDGE_FIELDS = {
     "model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers", "model.cuda_graph_impl",
     "train.micro_batch_size", "train.global_batch_size", "dataset.seq_length", "ddp.use_distributed_optimizer",
     "optimizer.use_distributed_optimizer", "optimizer.use_precision_aware_optimizer", "mixed_precision",
+    "optimizer.main_grads_dtype", "optimizer.main_params_dtype", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype",
+    # performance knobs (issue 16), each accepted by Megatron-Bridge's parser and validate() (tests/test_probe.py)
+    "model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend", "model.moe_flex_dispatcher_num_sms",
+    "comm_overlap.overlap_moe_expert_parallel_comm", "model.moe_shared_expert_overlap", "model.cuda_graph_scope",
+    "model.use_te_rng_tracker", "rng.te_rng_tracker", "rerun_state_machine.check_for_nan_in_loss",
+    "model.recompute_modules", "comm_overlap.tp_comm_overlap", "comm_overlap.overlap_grad_reduce",
+    "comm_overlap.overlap_param_gather", "model.cp_comm_type", "model.cpu_offloading", "model.cpu_offloading_num_layers",
+    "model.cpu_offloading_activations", "model.cpu_offloading_weights",
 }
 
 

@@ -22,11 +22,24 @@ MIXED_PRECISION = {
 }
 
 
+class TorchDtype(str):
+    """A torch dtype field value: `torch.float32` in an override, the expression torch.float32 in a recipe."""
+
+    def __repr__(self) -> str:
+        return f"torch.{str.__str__(self)}"
+
+    def __str__(self) -> str:
+        return f"torch.{str.__str__(self)}"
+
+
 def _value(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        # a Hydra list literal, no spaces: Bridge iterates a scalar recompute_modules character by character
+        return "[" + ",".join(_value(v) for v in value) + "]"
     return str(value)
 
 
@@ -59,10 +72,67 @@ def layout_fields(config: LayoutConfig, workload: Workload) -> dict[str, Any]:
         # Recipes that enable the precision-aware optimizer (Qwen3-30B-A3B) fail validate() without
         # the distributed optimizer ("only supported with distributed optimizer", seen with megatron-probe).
         fields["optimizer.use_precision_aware_optimizer"] = False
-    if config.recompute == "full":
+        # ...and then every optimizer-state dtype must be fp32 (DeepSeek-V3's recipe keeps them in bf16:
+        # "main_grads_dtype / exp_avg_dtype can only be fp32 when not using precision-aware optimizer", probe)
+        for state in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            fields[f"optimizer.{state}"] = TorchDtype("float32")
+    if config.recompute == "full" and config.cuda_graph is None:
         # validate() rejects full recompute under Transformer Engine CUDA graphs (which the
         # Qwen3-30B-A3B recipe enables) unless the graph covers the full iteration.
         fields["model.cuda_graph_impl"] = "none"
+    fields.update(perf_fields(config))
+    return fields
+
+
+def perf_fields(config: LayoutConfig) -> dict[str, Any]:
+    """Bridge fields of the performance knobs `config` sets (a knob left at None emits nothing).
+
+    Overlap switches go through `comm_overlap.*`: Bridge's CommOverlapConfig.setup() copies its own
+    values onto model / ddp before validate(), silently undoing `model.overlap_moe_expert_parallel_comm`
+    or `ddp.overlap_grad_reduce` overrides whenever the recipe has a comm_overlap config (both MoE recipes do;
+    seen with megatron-probe).
+    """
+    from autotune.space.perf_values import CUDA_GRAPHS
+
+    fields: dict[str, Any] = {}
+    if config.dispatcher is not None:
+        kind, _, backend = config.dispatcher.partition("_")
+        fields["model.moe_token_dispatcher_type"] = kind
+        fields["model.moe_flex_dispatcher_backend"] = backend or None
+    if config.dispatcher_sms is not None:
+        fields["model.moe_flex_dispatcher_num_sms"] = config.dispatcher_sms
+    if config.ep_overlap is not None:
+        fields["comm_overlap.overlap_moe_expert_parallel_comm"] = config.ep_overlap
+    if config.shared_expert_overlap is not None:
+        fields["model.moe_shared_expert_overlap"] = config.shared_expert_overlap
+    if config.cuda_graph is not None:
+        impl, scope = CUDA_GRAPHS[config.cuda_graph]
+        fields["model.cuda_graph_impl"] = impl
+        # the recipes set the deprecated cuda_graph_scope; setting cuda_graph_modules too is an error
+        fields["model.cuda_graph_scope"] = list(scope)
+        if impl != "none":
+            # graphs need Transformer Engine's RNG tracker (checked only at model build, gpt_provider.py)
+            fields["model.use_te_rng_tracker"] = True
+            fields["rng.te_rng_tracker"] = True
+        if impl == "full_iteration":
+            # required by validate() for full-iteration graphs (a safety check, tagged, not benchmark-only)
+            fields["rerun_state_machine.check_for_nan_in_loss"] = False
+    if config.recompute_modules is not None:
+        fields["model.recompute_modules"] = config.recompute_modules.split("+")
+    if config.tp_comm_overlap is not None:
+        fields["comm_overlap.tp_comm_overlap"] = config.tp_comm_overlap
+    if config.overlap_grad_reduce is not None:
+        fields["comm_overlap.overlap_grad_reduce"] = config.overlap_grad_reduce
+    if config.overlap_param_gather is not None:
+        fields["comm_overlap.overlap_param_gather"] = config.overlap_param_gather
+    if config.cp_comm_type is not None:
+        fields["model.cp_comm_type"] = config.cp_comm_type
+    if config.cpu_offload_layers is not None:
+        fields["model.cpu_offloading"] = config.cpu_offload_layers > 0
+        if config.cpu_offload_layers > 0:
+            fields["model.cpu_offloading_num_layers"] = config.cpu_offload_layers
+            fields["model.cpu_offloading_activations"] = True
+            fields["model.cpu_offloading_weights"] = False
     return fields
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config import LayoutConfig, Workload
+from autotune.config import KNOBS, LayoutConfig, Workload
 from autotune.space._files import SearchSpace
 from autotune.space.legality import POLICIES, RULES, Rule
 
@@ -88,7 +88,8 @@ def enumerate_legal(space: SearchSpace, workload: Workload) -> LegalSet:
     below = [math.prod(sizes[i + 1:]) for i in range(len(levels))]
     result = LegalSet(configs=[], candidates=math.prod(sizes))
     values: dict[str, Any] = {}
-    field_order = tuple(LayoutConfig.__dataclass_fields__)
+    # the layout knobs are the dataclass's leading fields; performance knobs stay at the recipe's value (None)
+    field_order = tuple(n for n in LayoutConfig.__dataclass_fields__ if n in KNOBS)
 
     def walk(depth: int, policy_failure: str | None) -> None:
         knobs, options = levels[depth]

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
-from autotune.config import KNOBS, PRECISIONS, LayoutConfig, coerce_knob
+from autotune.config import KNOBS, PERF_KNOBS, PRECISIONS, LayoutConfig, coerce_knob
 from autotune.errors import ConfigError
 from autotune.space._arch_checks import architecture_problem
 
@@ -36,6 +36,9 @@ class SearchSpace:
     domains: dict[str, tuple[Any, ...]]
     policy: dict[str, bool]
     source: str
+    # performance knobs the search may change, each with its values (the recipe's own first); a knob
+    # not listed keeps the recipe's value. Not part of the enumerated legal set: see space/perf.py.
+    perf_domains: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
 
     def fixed(self, fixes: dict[str, Any]) -> "SearchSpace":
         """The same space with some knobs pinned to one value (the value need not be in the domain)."""
@@ -46,7 +49,12 @@ class SearchSpace:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.name, "domains": {k: list(v) for k, v in self.domains.items()},
+                "perf_domains": {k: list(v) for k, v in self.perf_domains.items()},
                 "policy": dict(self.policy), "source": self.source}
+
+    def without_perf(self) -> "SearchSpace":
+        """The layout-only space: every performance knob stays at the recipe's value."""
+        return dataclasses.replace(self, perf_domains={})
 
 
 def space_dir() -> Path:
@@ -129,11 +137,30 @@ class _Reader:
         return value
 
     def space(self, doc: Any) -> SearchSpace:
-        top = ("name", "display_name", "recipe", "hf", "architecture", "pipeline", "defaults", "knobs", "policy")
-        doc = self.mapping(doc, "", top, required=top[:-1])
+        top = ("name", "display_name", "recipe", "hf", "architecture", "pipeline", "defaults", "knobs", "policy",
+               "perf_knobs")
+        doc = self.mapping(doc, "", top, required=top[:-2])
         model = self.model(doc)
+        perf = self.perf_knobs(doc.get("perf_knobs") or {})
+        model = dataclasses.replace(model, perf_defaults={name: values[0] for name, values in perf.items()})
         return SearchSpace(model=model, domains=self.knobs(doc["knobs"]), policy=self.policy(doc.get("policy") or {}),
-                           source=self.path)
+                           source=self.path, perf_domains={k: v for k, v in perf.items() if len(v) > 1})
+
+    def perf_knobs(self, value: Any) -> dict[str, tuple[Any, ...]]:
+        """`perf_knobs`: each performance knob with its values, the recipe's own first (its default)."""
+        knobs = self.mapping(value, "perf_knobs", PERF_KNOBS)
+        domains: dict[str, tuple[Any, ...]] = {}
+        for name, values in knobs.items():
+            if not isinstance(values, list) or not values:
+                raise self.fail(f"perf_knobs.{name}", "must be a non-empty list of values, the recipe's first")
+            try:
+                coerced = [coerce_knob(name, v) for v in values]
+            except ConfigError as exc:
+                raise self.fail(f"perf_knobs.{name}", str(exc)) from None
+            if None in coerced:
+                raise self.fail(f"perf_knobs.{name}", "takes values, not null: list the recipe's value first")
+            domains[name] = tuple(dict.fromkeys(coerced))
+        return domains
 
     def python_name(self, value: Any, key: str, with_function: bool) -> str:
         """A dotted Python name (module or module:function): it is written into exported recipes."""

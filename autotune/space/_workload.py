@@ -49,6 +49,8 @@ def study_space_and_workload(study: Any) -> tuple[SearchSpace, Workload]:
     """
     space = load_space(study.space.get("source") or study.model)
     space = dataclasses.replace(space, domains={k: tuple(v) for k, v in study.space["domains"].items()},
+                                # a study stored before performance knobs existed tuned none of them
+                                perf_domains={k: tuple(v) for k, v in study.space.get("perf_domains", {}).items()},
                                 policy=dict(study.space.get("policy", space.policy)))
     w = study.workload
     workload = make_workload(space, gpus=w["gpus"], gpus_per_node=w["gpus_per_node"], gpu=w["gpu"],

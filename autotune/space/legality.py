@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from autotune.config import LayoutConfig, Workload
+from autotune.space.perf_values import CUDA_GRAPHS, effective, exists
 
 Check = Callable[[Mapping[str, Any], Workload], "str | None"]
 
@@ -233,6 +234,179 @@ def _rc_layers(c, w):
     per_stage = w.model.architecture.num_layers // c["pp"]
     if not 1 <= n <= per_stage:
         return f"recompute_num_layers={n} must be between 1 and layers/PP = {per_stage}"
+
+
+# --- performance knobs (issue 16; read from Megatron-Core 2a75ac1 / Megatron-Bridge 067f987) ------
+# Each reads the explicit values (c.get) and the effective ones (space.perf.effective: the recipe's
+# values where the layout leaves a knob at None). Enumeration of the layout-only legal set never
+# evaluates them (their knobs are never fixed there): every layout with the recipe's values passes.
+
+def _perf(c, w):
+    return effective(c, w)
+
+
+def _modules(e) -> set[str]:
+    return set((e.get("recompute_modules") or "").split("+")) - {""}
+
+
+def _scope(e) -> tuple[str, tuple[str, ...]]:
+    return CUDA_GRAPHS[e.get("cuda_graph") or "none"]
+
+
+@rule("perf_knob_declared", "dispatcher ep_overlap cuda_graph", "search_spaces/<model>.yaml perf_knobs")
+def _perf_declared(c, w):
+    from autotune.config import PERF_KNOBS
+
+    for name in PERF_KNOBS:
+        if c.get(name) is not None and name not in w.model.perf_defaults:
+            return f"{w.model.name}'s recipe does not expose the performance knob {name} (its space's perf_knobs)"
+
+
+@rule("perf_knob_needs_its_parent", "dispatcher ep_overlap cuda_graph",
+      "Bridge comm_overlap.py:442-463,576-583 (silent no-ops); TransformerConfig (knobs read only under a parent)")
+def _perf_parent(c, w):
+    parents = {"dispatcher_sms": "the flex dispatcher", "ep_overlap": "EP > 1", "dispatcher": "an MoE model",
+               "shared_expert_overlap": "shared experts", "recompute_modules": "recompute=selective",
+               "tp_comm_overlap": "TP >= 2 with sequence parallelism",
+               "overlap_grad_reduce": "the distributed optimizer and DP > 1",
+               "overlap_param_gather": "the distributed optimizer and DP > 1", "cp_comm_type": "CP > 1",
+               "cpu_offload_layers": "PP = 1 and no recompute"}
+    for name, parent in parents.items():
+        if c.get(name) is not None and name in w.model.perf_defaults and not exists(name, c, w):
+            return f"{name} exists only with {parent}: set here it would be ignored or refused"
+
+
+@rule("ep_overlap_needs_vpp_with_pp", "ep_overlap pp vpp", "Bridge comm_overlap.py:494-497; TransformerConfig:2766-2770")
+def _epov_vpp(c, w):
+    if _perf(c, w).get("ep_overlap") and c["pp"] > 1 and c["vpp"] == 1:
+        return ("EP communication overlap needs virtual_pipeline_model_parallel_size when "
+                f"pipeline_model_parallel_size > 1 (PP={c['pp']}, no VPP)")
+
+
+@rule("ep_overlap_without_full_recompute", "ep_overlap recompute", "Bridge comm_overlap.py:499-507; TransformerConfig:2780-2788")
+def _epov_full(c, w):
+    if _perf(c, w).get("ep_overlap") and c["recompute"] == "full":
+        return "disable full recomputation when enabling overlap_moe_expert_parallel_comm"
+
+
+@rule("ep_overlap_without_moe_recompute", "ep_overlap recompute_modules", "Bridge comm_overlap.py:510-512; TransformerConfig:2789-2791")
+def _epov_moe(c, w):
+    e = _perf(c, w)
+    if e.get("ep_overlap") and c["recompute"] == "selective" and "moe" in _modules(e):
+        return "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm"
+
+
+@rule("ep_overlap_without_shared_expert_overlap", "ep_overlap shared_expert_overlap",
+      "Bridge comm_overlap.py:513-515; TransformerConfig:2797-2800")
+def _epov_shared(c, w):
+    e = _perf(c, w)
+    if e.get("ep_overlap") and e.get("shared_expert_overlap"):
+        return "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm"
+
+
+@rule("ep_overlap_mtp_at_most_one_layer", "ep_overlap", "Bridge comm_overlap.py:516-518; TransformerConfig:2801-2805")
+def _epov_mtp(c, w):
+    if _perf(c, w).get("ep_overlap") and w.model.architecture.mtp_num_layers > 1:
+        return "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm"
+
+
+@rule("ep_overlap_graph_scope_without_moe_mlp", "ep_overlap cuda_graph", "TransformerConfig:2822-2830")
+def _epov_scope(c, w):
+    e = _perf(c, w)
+    impl, scope = _scope(e)
+    if e.get("ep_overlap") and impl == "transformer_engine" and {"moe", "mlp"} & set(scope):
+        return "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm"
+
+
+@rule("shared_experts_recompute_without_shared_expert_overlap", "recompute_modules shared_expert_overlap",
+      "TransformerConfig.__post_init__:1869-1876")
+def _shared_rc(c, w):
+    e = _perf(c, w)
+    if (c["recompute"] == "selective" and "shared_experts" in _modules(e) and e.get("shared_expert_overlap")
+            and w.model.architecture.moe_shared_expert_ffn_hidden_size > 0):
+        return "shared_experts recompute cannot work with --moe-shared-expert-overlap"
+
+
+@rule("recompute_module_exists_in_model", "recompute_modules", "TransformerConfig.__post_init__:1847-1851 (mla_up_proj)")
+def _rc_module_model(c, w):
+    a = w.model.architecture
+    modules = _modules(_perf(c, w)) if c["recompute"] == "selective" else set()
+    if "mla_up_proj" in modules and not a.uses_mla:
+        return "mla_up_proj in recompute_modules is only supported with multi_latent_attention"
+    if {"moe", "moe_act"} & modules and not a.is_moe:
+        return "moe / moe_act recompute needs an MoE model"
+    if "shared_experts" in modules and not a.moe_shared_expert_ffn_hidden_size:
+        return "shared_experts recompute needs shared experts (this model has none)"
+
+
+@rule("full_recompute_needs_full_iteration_graph", "recompute cuda_graph", "TransformerConfig:2613-2617")
+def _full_graph(c, w):
+    impl, _ = _scope(_perf(c, w))
+    if c["recompute"] == "full" and impl not in ("none", "full_iteration"):
+        return "full recompute is only supported with full iteration CUDA graph"
+
+
+@rule("moe_recompute_without_router_graph", "recompute_modules cuda_graph", "TransformerConfig:2621-2628")
+def _moe_rc_graph(c, w):
+    e = _perf(c, w)
+    impl, scope = _scope(e)
+    if c["recompute"] == "selective" and "moe" in _modules(e) and impl == "transformer_engine" and "moe_router" in scope:
+        return "moe recompute is not supported with moe_router CUDA graph"
+
+
+@rule("mlp_graph_needs_dense_layers", "cuda_graph", "TransformerConfig:2589-2596")
+def _mlp_graph(c, w):
+    a = w.model.architecture
+    _, scope = _scope(_perf(c, w))
+    if "mlp" in scope and a.is_moe and a.num_dense_layers == 0:
+        return "mlp cuda graph is only supported for dense layers, but not found in the model"
+
+
+@rule("cpu_offload_needs_pp1", "cpu_offload_layers pp", "TransformerConfig.__post_init__:1772-1775")
+def _off_pp(c, w):
+    if (c.get("cpu_offload_layers") or 0) > 0 and c["pp"] > 1:
+        return "Currently there is no support for Pipeline parallelism with CPU offloading"
+
+
+@rule("cpu_offload_without_recompute", "cpu_offload_layers recompute", "TransformerConfig.__post_init__:1777-1780")
+def _off_rc(c, w):
+    if (c.get("cpu_offload_layers") or 0) > 0 and c["recompute"] != "none":
+        return "CPU offloading does not work when activation recomputation is enabled"
+
+
+@rule("cpu_offload_layers_below_num_layers", "cpu_offload_layers", "TransformerConfig.__post_init__:1765-1770")
+def _off_layers(c, w):
+    layers = w.model.architecture.num_layers
+    if (c.get("cpu_offload_layers") or 0) >= layers:
+        return f"CPU offloading can be done only for layers less than {layers}"
+
+
+@rule("cpu_offload_with_graphs_only_full_iteration", "cpu_offload_layers cuda_graph", "TransformerConfig:2557-2560")
+def _off_graph(c, w):
+    impl, _ = _scope(_perf(c, w))
+    if (c.get("cpu_offload_layers") or 0) > 0 and impl not in ("none", "full_iteration"):
+        return "CUDA graphs not supported with CPU offloading (only none or full_iteration)"
+
+
+@rule("cp_a2a_heads_divisible_by_cp", "cp_comm_type tp cp",
+      "TE DotProductAttention (cp_comm_type a2a); Bridge docs/performance-guide.md:410 (GPU-only check)")
+def _cp_a2a(c, w):
+    a = w.model.architecture
+    if _perf(c, w).get("cp_comm_type") == "a2a" and c["cp"] > 1:
+        heads, groups = a.num_attention_heads // c["tp"], max(1, a.num_query_groups // c["tp"])
+        if heads % c["cp"] or groups % c["cp"]:
+            return (f"a2a context parallelism needs attention heads ({heads}) and KV heads ({groups}) per TP rank "
+                    f"divisible by CP={c['cp']}")
+
+
+@rule("flex_backend_supports_gpu", "dispatcher", "Bridge flex_dispatcher_backend.py:88-109 (GPU-only check)")
+def _flex_gpu(c, w):
+    dispatcher = _perf(c, w).get("dispatcher") or ""
+    gpu = w.cluster.gpu
+    if dispatcher == "flex_deepep" and gpu.name in ("gb200", "gb300"):
+        return "DeepEP is supported for Ampere, Hopper, B200 and B300 only"
+    if dispatcher.startswith("flex") and gpu.generation not in ("ampere", "hopper", "blackwell"):
+        return f"{dispatcher} needs an Ampere, Hopper or Blackwell GPU"
 
 
 # --- policy filters (not Megatron rules) -----------------------------------------------------

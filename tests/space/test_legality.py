@@ -19,6 +19,15 @@ def workload(model: str, arch: dict | None = None, **options):
 
 
 FULL = {"recompute": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+# the recipe layouts of the two MoE models with performance knobs
+Q = {"ep": 16, "dist_opt": True}
+D = {"tp": 2, "pp": 16, "ep": 64, "sp": True, "dist_opt": True}
+PERF_COMMON = [  # (knobs, rule, broken) cases that read the same on both models (recipe layout: PP1 or with VPP)
+    ({"pp": 8, "vpp": 2, "ep": 8, "ep_overlap": True}, "ep_overlap_without_full_recompute", False),
+    ({"pp": 8, "vpp": 2, "ep": 8, "ep_overlap": True}, "ep_overlap_without_shared_expert_overlap", False),
+    ({"pp": 8, "vpp": 2, "ep": 8, "ep_overlap": True, "cuda_graph": "te_attn_router"},
+     "ep_overlap_graph_scope_without_moe_mlp", False),
+]
 
 # (model, workload options, config, rule, broken?)
 CASES = [
@@ -106,6 +115,68 @@ CASES = [
     ("llama3_8b", {"gpus": 8, "arch": {"ffn_hidden_size": 14001}}, {"tp": 2, "sp": True}, "ffn_divisible_by_tp", True),
     ("qwen3_30b", {"gpus": 16, "arch": {"moe_ffn_hidden_size": 100}}, {"tp": 8, "sp": True, "ep": 2, "etp": 8},
      "expert_ffn_divisible_by_etp", True),
+    # performance knobs (issue 16): the recipe layout of each MoE model with one or two knobs changed
+    *[(m, o, {**base, **knobs}, rule, bad) for m, o, base in (("qwen3_30b", {"gpus": 16}, Q), ("deepseek_v3", {}, D))
+      for knobs, rule, bad in PERF_COMMON],
+    ("llama3_8b", {"gpus": 8}, {"tp": 2, "sp": True, "ep_overlap": True}, "perf_knob_declared", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "shared_expert_overlap": True}, "perf_knob_declared", True),
+    ("deepseek_v3", {}, {**D, "shared_expert_overlap": True}, "perf_knob_declared", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "ep": 1, "ep_overlap": True}, "perf_knob_needs_its_parent", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "dispatcher": "alltoall", "dispatcher_sms": 24}, "perf_knob_needs_its_parent", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "tp_comm_overlap": False}, "perf_knob_needs_its_parent", True),  # TP1: a no-op
+    ("qwen3_30b", {"gpus": 16}, {**Q, "tp": 2, "sp": True, "ep": 8, "tp_comm_overlap": False},
+     "perf_knob_needs_its_parent", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cp_comm_type": "a2a"}, "perf_knob_needs_its_parent", True),  # CP1
+    ("qwen3_30b", {"gpus": 16}, {**Q, "recompute_modules": "moe_act"}, "perf_knob_needs_its_parent", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "pp": 2, "ep": 8, "ep_overlap": True}, "ep_overlap_needs_vpp_with_pp", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "pp": 2, "vpp": 2, "ep": 8, "ep_overlap": True}, "ep_overlap_needs_vpp_with_pp", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, **FULL, "ep_overlap": True}, "ep_overlap_without_full_recompute", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "recompute": "selective", "recompute_modules": "moe", "ep_overlap": True,
+                                 "cuda_graph": "none"}, "ep_overlap_without_moe_recompute", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "recompute": "selective", "recompute_modules": "moe_act", "ep_overlap": True},
+     "ep_overlap_without_moe_recompute", False),
+    ("deepseek_v3", {}, {**D, "ep_overlap": True, "shared_expert_overlap": True},
+     "ep_overlap_without_shared_expert_overlap", True),
+    ("deepseek_v3", {"arch": {"mtp_num_layers": 2}}, {**D, "pp": 8, "vpp": 2, "ep_overlap": True},
+     "ep_overlap_mtp_at_most_one_layer", True),
+    ("deepseek_v3", {}, {**D, "pp": 8, "vpp": 2, "ep_overlap": True}, "ep_overlap_mtp_at_most_one_layer", False),
+    ("deepseek_v3", {"arch": {"mtp_num_layers": 0}}, {**D, "pp": 8, "vpp": 2, "ep_overlap": True,
+                                                     "cuda_graph": "te_attn_mlp"}, "ep_overlap_graph_scope_without_moe_mlp", True),
+    ("deepseek_v3", {}, {**D, "recompute": "selective", "recompute_modules": "shared_experts",
+                         "shared_expert_overlap": True}, "shared_experts_recompute_without_shared_expert_overlap", True),
+    ("deepseek_v3", {}, {**D, "recompute": "selective", "recompute_modules": "shared_experts"},
+     "shared_experts_recompute_without_shared_expert_overlap", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "recompute": "selective", "recompute_modules": "mla_up_proj"},
+     "recompute_module_exists_in_model", True),
+    ("deepseek_v3", {}, {**D, "recompute": "selective", "recompute_modules": "mla_up_proj+mlp"},
+     "recompute_module_exists_in_model", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, **FULL, "cuda_graph": "te_router"}, "full_recompute_needs_full_iteration_graph", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, **FULL, "cuda_graph": "full_iteration"}, "full_recompute_needs_full_iteration_graph", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, **FULL}, "full_recompute_needs_full_iteration_graph", False),  # recipe graphs turned off
+    ("qwen3_30b", {"gpus": 16}, {**Q, "recompute": "selective", "recompute_modules": "moe"},
+     "moe_recompute_without_router_graph", True),  # the recipe's moe_router graph
+    ("qwen3_30b", {"gpus": 16}, {**Q, "recompute": "selective", "recompute_modules": "moe", "cuda_graph": "te_attn"},
+     "moe_recompute_without_router_graph", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cuda_graph": "te_attn_mlp"}, "mlp_graph_needs_dense_layers", True),
+    ("deepseek_v3", {}, {**D, "cuda_graph": "te_attn_mlp"}, "mlp_graph_needs_dense_layers", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cpu_offload_layers": 4, "cuda_graph": "none"}, "cpu_offload_needs_pp1", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "pp": 2, "ep": 8, "cpu_offload_layers": 4, "cuda_graph": "none"},
+     "cpu_offload_needs_pp1", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, **FULL, "cpu_offload_layers": 4, "cuda_graph": "none"},
+     "cpu_offload_without_recompute", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cpu_offload_layers": 4, "cuda_graph": "none"}, "cpu_offload_without_recompute", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cpu_offload_layers": 48, "cuda_graph": "none"}, "cpu_offload_layers_below_num_layers", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cpu_offload_layers": 47, "cuda_graph": "none"}, "cpu_offload_layers_below_num_layers", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cpu_offload_layers": 4}, "cpu_offload_with_graphs_only_full_iteration", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cpu_offload_layers": 4, "cuda_graph": "full_iteration"},
+     "cpu_offload_with_graphs_only_full_iteration", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "cp": 2, "ep": 8, "cp_comm_type": "a2a"}, "cp_a2a_heads_divisible_by_cp", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "tp": 4, "sp": True, "cp": 4, "ep": 4, "cp_comm_type": "a2a"},
+     "cp_a2a_heads_divisible_by_cp", True),  # 4 KV heads / TP4 = 1 per rank, not divisible by CP4
+    ("qwen3_30b", {"gpus": 16}, {**Q, "dispatcher": "flex_deepep"}, "flex_backend_supports_gpu", False),
+    ("qwen3_30b", {"gpus": 16, "gpu": "gb200"}, {**Q, "dispatcher": "flex_deepep"}, "flex_backend_supports_gpu", True),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "ep_overlap": True}, "perf_knob_declared", False),
+    ("qwen3_30b", {"gpus": 16}, {**Q, "dispatcher": "alltoall", "ep_overlap": True}, "perf_knob_needs_its_parent", False),
 ]
 
 @pytest.mark.parametrize("model,options,config,rule,broken", CASES,
