@@ -92,7 +92,7 @@ class LayoutConfig:
         value is absent, so layouts stored before performance knobs existed keep their keys)."""
         # every field is a scalar: a plain read, not dataclasses.asdict's recursive deep copy (which
         # made keying the ~190k legal layouts of a 64-GPU study take seconds)
-        values = {name: getattr(self, name) for name in KNOBS}
+        values = {name: getattr(self, name) for name in _LAYOUT_FIELDS}
         for name in PERF_KNOBS:
             value = getattr(self, name)
             if value is not None:
@@ -158,6 +158,7 @@ def _sort_key(config: "LayoutConfig") -> tuple:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(LayoutConfig))
+_LAYOUT_FIELDS = tuple(name for name in _FIELD_NAMES if name in KNOBS)  # the layout knobs, in field order
 
 def coerce_knob(name: str, value: Any) -> Any:
     """Return `value` as the type knob `name` takes; accept the strings a command line gives."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.cli._options import add_knob_flags, add_workload_options, layout_from_flags, load_space_and_workload
+from autotune.cli._options import (add_knob_flags, add_workload_options, filled_text, knob_flags,
+                                   load_space_and_workload, with_recipe_defaults)
 from autotune.errors import IllegalLayoutError
 
 
@@ -23,23 +24,24 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from autotune.space import policy_violations, violations
 
     space, workload = load_space_and_workload(args)
-    layout = layout_from_flags(args)
+    layout, filled = with_recipe_defaults(knob_flags(args), workload)
     bad = violations(layout, workload)
     if bad:
         details = "; ".join(f"{v.rule}: {v.message}" for v in bad)
         raise IllegalLayoutError(f"illegal layout {layout.short()}: {details}", bad)
     result = estimate(workload, layout)
     payload = {"model": workload.model.name, "workload": workload.to_dict(), "config": layout.to_dict(),
+               "filled_from_recipe": filled,
                "policy": [v.to_dict() for v in policy_violations(layout, workload, space.policy)],
                **result.to_dict()}
     if args.json:
         print(json.dumps(payload, indent=2))
         return 0
-    _print_table(workload, layout, result)
+    _print_table(workload, layout, result, filled)
     return 0
 
 
-def _print_table(workload, layout, result) -> None:
+def _print_table(workload, layout, result, filled) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -48,6 +50,8 @@ def _print_table(workload, layout, result) -> None:
     console = Console()
     console.print(workload_summary(workload))
     console.print(f"layout: [bold]{layout.short()}[/bold]")
+    if filled:
+        console.print(f"taken from the recipe (not given): {filled_text(filled)}", markup=False)
     console.print(f"step {result.step_time_s:.3f} s | {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU | "
                   f"{result.tflops_per_gpu:.0f} TFLOP/s/GPU | MFU {result.mfu:.1%} (of dense BF16 peak) | "
                   f"peak memory {result.peak_mem_gib:.1f} / {result.memory_limit_gib:g} GiB "

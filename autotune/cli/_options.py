@@ -31,7 +31,7 @@ def add_fix_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_knob_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("one layout (missing knobs take the neutral value)")
+    group = parser.add_argument_group("one layout (a knob left out takes the recipe's value; --no-FLAG switches one off)")
     for name, meaning in (("tp", "tensor parallel size"), ("pp", "pipeline parallel size"),
                           ("vpp", "virtual pipeline stages per pipeline rank (1: not interleaved)"),
                           ("cp", "context parallel size"), ("ep", "expert parallel size (MoE models)"),
@@ -54,6 +54,41 @@ def knob_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def layout_from_flags(args: argparse.Namespace) -> LayoutConfig:
     return LayoutConfig.from_mapping(knob_flags(args))
+
+
+def with_recipe_defaults(given: dict[str, Any], workload: Workload) -> tuple[LayoutConfig, dict[str, Any]]:
+    """The layout `given` describes, every knob it leaves out taken from the model's recipe, and those
+    taken values (what `estimate` and `check` print, so nobody mistakes a filled knob for a given one).
+
+    Where the recipe's value belongs to a knob the user changed, the filled value follows the change:
+    sequence parallelism is on exactly when TP > 1 (every Bridge recipe pairs them); a recipe's virtual
+    pipeline belongs to its PP; recompute method and layers exist only with full recompute; expert
+    knobs stay 1 on a dense model. The performance knobs keep the recipe's values (None).
+    """
+    recipe = LayoutConfig.from_mapping(workload.model.defaults.layout).to_dict()
+    values = {name: coerce_knob(name, value) for name, value in given.items()}
+    filled: dict[str, Any] = {}
+
+    def fill(name: str, value: Any) -> None:
+        if name not in values:
+            values[name] = filled[name] = value
+
+    for name in ("tp", "pp", "cp", "ep", "etp", "mbs", "dist_opt", "recompute"):
+        fill(name, recipe[name])
+    fill("sp", values["tp"] > 1 if values["tp"] != recipe["tp"] else recipe["sp"])
+    fill("vpp", recipe["vpp"] if values["pp"] == recipe["pp"] else 1)
+    full = values["recompute"] == "full"
+    fill("recompute_method", (recipe["recompute_method"] or "uniform") if full else None)
+    fill("recompute_num_layers", (recipe["recompute_num_layers"] or 1) if full else None)
+    return LayoutConfig.from_mapping(values), filled
+
+
+def filled_text(filled: dict[str, Any]) -> str:
+    """`dist_opt=true, sp=false` for the line that says which knobs came from the recipe."""
+    def text(value: Any) -> str:
+        return "null" if value is None else ("true" if value is True else "false" if value is False else str(value))
+
+    return ", ".join(f"{name}={text(value)}" for name, value in filled.items())
 
 
 def parse_fixes(items: list[str]) -> dict[str, Any]:

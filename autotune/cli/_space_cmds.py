@@ -111,17 +111,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     from autotune.space import policy_violations, violations
 
     space, workload = load_space_and_workload(args)
+    from autotune.cli._options import with_recipe_defaults
+
     flags = knob_flags(args)
     if flags:
-        configs = [LayoutConfig.from_mapping(flags)]
+        given = [flags]
     else:
-        configs = [_parse_line(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
-    for config in configs:
+        given = [_given(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
+    for values in given:
+        config, filled = with_recipe_defaults(values, workload)
         bad = violations(config, workload)
         policy = policy_violations(config, workload, space.policy)
-        print(json.dumps({"config": config.to_dict(), "legal": not bad,
+        print(json.dumps({"config": config.to_dict(), "legal": not bad, "filled_from_recipe": filled,
                           "violations": [v.to_dict() for v in bad], "policy": [v.to_dict() for v in policy]}))
     return 0
+
+
+def _given(number: int, line: str) -> dict:
+    """The knobs a stdin line gives, checked (a bad line is one error naming its number)."""
+    config = _parse_line(number, line)  # checks every key and value
+    return {name: getattr(config, name) for name in json.loads(line)}
 
 
 def _parse_line(number: int, line: str):

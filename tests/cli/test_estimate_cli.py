@@ -24,7 +24,26 @@ def test_estimate_table_output(cli):
 
 
 def test_illegal_layout_is_refused_with_its_violations(cli):
-    result = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--tp", "2", "--ep", "16")
+    result = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--tp", "2", "--ep", "16", "--no-sp")
     assert result.returncode == 2
     assert "ep_with_tp_needs_sp" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_knobs_left_out_take_the_recipes_values_and_are_named(cli):
+    """Issue 11 item 5: the recipe's own layout fits (distributed optimizer on, as the recipe has it) and
+    the output says which values were filled in; --no-dist-opt still switches it off."""
+    result = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--tp", "1", "--ep", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["fits"] is True and payload["config"]["dist_opt"] is True
+    assert payload["filled_from_recipe"]["dist_opt"] is True and "tp" not in payload["filled_from_recipe"]
+    table = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--tp", "1", "--ep", "16")
+    assert "taken from the recipe (not given)" in table.stdout and "dist_opt=true" in table.stdout
+    off = json.loads(cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--no-dist-opt",
+                         "--json").stdout)
+    assert off["config"]["dist_opt"] is False and "dist_opt" not in off["filled_from_recipe"]
+    # a changed TP brings sequence parallelism with it; a changed PP drops the recipe's VPP
+    tp2 = json.loads(cli("estimate", "--model", "llama3_70b", "--gpus", "32", "--tp", "8", "--pp", "2",
+                         "--json").stdout)
+    assert tp2["config"]["sp"] is True and tp2["filled_from_recipe"]["vpp"] == 1

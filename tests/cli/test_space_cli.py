@@ -39,7 +39,7 @@ def test_space_list_prints_one_json_per_legal_layout(cli):
 
 
 def test_check_reads_json_lines(cli):
-    stdin = "\n".join([json.dumps({"tp": 2, "ep": 8, "sp": True}), json.dumps({"tp": 2, "ep": 8}),
+    stdin = "\n".join([json.dumps({"tp": 2, "ep": 8, "sp": True}), json.dumps({"tp": 2, "ep": 8, "sp": False}),
                        json.dumps({"tp": 1, "sp": True})])
     result = cli("check", "--model", "qwen3_30b", "--gpus", "16", stdin=stdin)
     assert result.returncode == 0, result.stderr
@@ -47,7 +47,8 @@ def test_check_reads_json_lines(cli):
     assert [r["legal"] for r in rows] == [True, False, False]
     assert rows[1]["violations"][0]["rule"] == "ep_with_tp_needs_sp"
     assert rows[2]["violations"][0]["rule"] == "sp_needs_tp"
-    assert all(set(r) >= {"legal", "violations", "policy"} for r in rows)
+    assert all(set(r) >= {"legal", "violations", "policy", "filled_from_recipe"} for r in rows)
+    assert rows[0]["filled_from_recipe"]["dist_opt"] is True  # the recipe's, said so
 
 
 def test_check_from_flags(cli):
