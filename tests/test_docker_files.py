@@ -25,6 +25,9 @@ def test_compose_file_parses_and_keeps_the_dashboard_on_loopback():
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     assert {"postgres", "ray-head", "dashboard"} <= set(compose["services"])
     assert all(p.startswith("127.0.0.1:") for p in compose["services"]["dashboard"]["ports"])
+    # the Ray head shares the host's network: its dashboard / job API (which runs code) stays on loopback
+    head = compose["services"]["ray-head"]["entrypoint"]
+    assert "--dashboard-host=127.0.0.1" in head and not any("0.0.0.0" in a for a in head)
 
 
 # --- the compose file's wiring: every storage URL reaches the database from the service that uses it ---
