@@ -128,11 +128,15 @@ def recipe_import(model) -> tuple[str, str]:
     return _python_name(module, "the recipe module"), _python_name(function, "the recipe function")
 
 
-def render_recipe(study: Study, trial: Trial) -> str:
+def render_recipe(study: Study, trial: Trial, benchmark: dict[str, bool] | None = None) -> str:
     """The recipe module. Names written as code are checked identifiers; every other value is a repr() literal."""
+    from autotune.megatron import benchmark_only
+
     space, workload, layout = _checked(study, trial)
     model = space.model
     fields = layout_fields(layout, workload)
+    # benchmark-only settings, only when the user insisted (--allow-benchmark-settings)
+    fields.update({benchmark_only.SETTINGS[k][0]: v for k, v in (benchmark or {}).items()})
     info = provenance(study, trial, workload)
     function = _python_name(f"{model.name}_autotuned_config", "the model name")
     module, recipe = recipe_import(model)
@@ -169,9 +173,11 @@ def render_recipe(study: Study, trial: Trial) -> str:
     return "\n".join(lines)
 
 
-def render_overrides(study: Study, trial: Trial) -> str:
+def render_overrides(study: Study, trial: Trial, benchmark: dict[str, bool] | None = None) -> str:
+    from autotune.megatron import benchmark_only
+
     space, workload, layout = _checked(study, trial)
-    overrides = layout_overrides(layout, workload)
+    overrides = layout_overrides(layout, workload) + benchmark_only.overrides(benchmark or {})
     nodes = max(1, workload.cluster.gpus // workload.cluster.gpus_per_node)
     source, note = metrics_note(study, trial)
     header = [
@@ -205,19 +211,35 @@ def table_frame(repo: Repository, study: Study):
     return pd.DataFrame(rows, columns=[*KNOBS, "status", *METRICS, "error"])
 
 
-def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = None) -> str:
+def benchmark_settings(study: Study, allow: bool) -> dict[str, bool]:
+    """The study's benchmark-only settings that change a run; refused (one line) unless `allow`."""
+    from autotune.megatron import benchmark_only
+
+    settings = benchmark_only.active(benchmark_only.checked((study.options or {}).get("benchmark_settings")))
+    if settings and not allow:
+        raise ConfigError(f"study {study.name!r} ran with benchmark-only settings "
+                          f"({', '.join(f'{k}={v}' for k, v in settings.items())}): its numbers are not a tuned "
+                          "result; export them anyway with --allow-benchmark-settings")
+    return settings
+
+
+def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = None,
+           allow_benchmark_settings: bool = False) -> str:
     if fmt == "table":
         return table_frame(repo, study).to_csv(index=False)
+    settings = benchmark_settings(study, allow_benchmark_settings)
     trial = choose_trial(repo, study, trial_number)
     if fmt in ("recipe", "overrides"):
         from autotune.catalog import require_exportable
 
         require_exportable(study_space_and_workload(study)[0].model, f"export --format {fmt} for")
     if fmt == "recipe":
-        return render_recipe(study, trial)
+        return render_recipe(study, trial, settings)
     if fmt == "overrides":
-        return render_overrides(study, trial)
+        return render_overrides(study, trial, settings)
     data = document(study, trial)
+    if settings:
+        data["benchmark_only_settings"] = settings
     if fmt == "json":
         return json.dumps(data, indent=2, default=str) + "\n"
     import yaml

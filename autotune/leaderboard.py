@@ -78,6 +78,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "pruned": counts["pruned"], "failed": counts["failed"], "timeout": counts["timeout"], "lost": counts["lost"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
+        # benchmark-only settings the user turned on for every run: never part of a tuned result
+        "benchmark_only": benchmark_label(study),
         "best_trial": best.number if best else None,
         "best_config": best.config if best else None,
         "best_tokens_per_s_per_gpu": best_speed,
@@ -91,6 +93,13 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "speedup_vs_baseline": (best_speed / baseline_speed) if best_speed and baseline_speed else None,
     }
     return Board(study, rows, summary, pinned)
+
+
+def benchmark_label(study: Study) -> str:
+    """`benchmark-only: ...` when the study's runs used settings that are never part of a tuned result."""
+    from autotune.megatron import benchmark_only
+
+    return benchmark_only.label(benchmark_only.checked((study.options or {}).get("benchmark_settings")))
 
 
 def to_json(board: Board) -> str:
@@ -140,7 +149,8 @@ def rich_table(board: Board, title: str | None = None):
                          Col("tok/s/GPU", "right"), Col("TFLOP/s", "right", optional=3), Col("MFU", "right"),
                          Col("step s", "right", optional=2), Col("mem GiB", "right"), Col("vs recipe", "right"),
                          Col("note", wrap=True, optional=1)],
-                        title=title or f"{board.study.name}: leaderboard")
+                        title=title or f"{board.study.name}: leaderboard"
+                        + (f" [{board.summary['benchmark_only']}]" if board.summary.get("benchmark_only") else ""))
     for row in board.rows:
         table.add_row(*_cells(row))
     if board.pinned:
@@ -193,6 +203,7 @@ def summary_line(summary: dict[str, Any]) -> str:
     source = summary.get("metrics_source", "measured")
     # a simulated or replayed study spends no GPU time: say so rather than print hours as if spent
     gpu_time = f"GPU-hours {hours:.2f}" if source == "measured" else f"{source} GPU-hours {hours:.2f} (none spent)"
+    tag = f" | {summary['benchmark_only']}" if summary.get("benchmark_only") else ""
     return (f"dispatched {summary['dispatched']}/{summary['budget']} | completed {summary['completed']} | "
             f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed'] + summary['timeout']} | "
-            f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}")
+            f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}{tag}")

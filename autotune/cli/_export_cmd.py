@@ -21,6 +21,9 @@ def register(sub) -> None:
                         "overrides (run_recipe.py overrides and the torchrun line), yaml or json (layout, workload, "
                         "metrics), table (every finished trial, the replay backend's input)")
     p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table)")
+    p.add_argument("--allow-benchmark-settings", action="store_true",
+                   help="export a study that ran with benchmark-only settings (--benchmark-setting), including "
+                        "them (refused without this flag: such numbers are not a tuned result)")
     add_storage_option(p)
     p.set_defaults(handler=cmd_export)
 
@@ -41,7 +44,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 _write(args.output, frame.to_csv(index=False))
             what = f"a replay table of {len(frame)} trial(s) (completed, OOM and failed) of study {study.name!r}"
         else:
-            text = export.render(repo, study, args.format, args.trial)
+            text = export.render(repo, study, args.format, args.trial, args.allow_benchmark_settings)
             if args.trial is None:
                 warning = export.risk_warning(repo, study)
                 if warning:

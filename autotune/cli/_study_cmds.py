@@ -52,6 +52,10 @@ def register(sub) -> None:
     p.add_argument("--memory-headroom-gib", type=float_in(0.0, 1e6, what="--memory-headroom-gib"), metavar="GIB",
                    help="the recommended layout keeps this much below the GPU's memory (default: 4%% of it, "
                         "twice the run-to-run spread of a measured peak)")
+    p.add_argument("--benchmark-setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a benchmark-only setting for every trial (repeatable): moe_router_force_load_balancing, "
+                        "check_for_nan_in_loss, check_for_nan_in_grad, check_for_large_grads; off by default, "
+                        "named on the study's leaderboards, refused by export unless --allow-benchmark-settings")
     p.add_argument("--noise", type=float_in(0.0, 1.0, what="--noise"), help="simulate backend: relative measurement noise (default 0.01)")
     p.add_argument("--sim-seconds", type=float_in(0.0, 86400.0, what="--sim-seconds"), help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
@@ -134,6 +138,7 @@ def _check_positive(name: str, value: int | float | None) -> None:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from autotune.backends._reach import check_reachable
+    from autotune.megatron import benchmark_only
     from autotune.controller.session import check_study_inputs, check_study_name, create_study
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
@@ -147,7 +152,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     _check_headroom(args.memory_headroom_gib, workload)
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
-               "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib}
+               "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib,
+               "benchmark_settings": benchmark_only.parse(args.benchmark_setting)}
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
         return _dry_run(space, workload, args, backend_options, options)

@@ -10,6 +10,7 @@ from autotune.config import LayoutConfig, Workload
 from autotune.controller.options import StudyOptions
 from autotune.controller.state import SearchState
 from autotune.cost import estimate
+from autotune.megatron import benchmark_only
 from autotune.megatron.overrides import layout_overrides
 from autotune.space import SearchSpace
 from autotune.storage import Study
@@ -24,7 +25,9 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
     return TrialSpec(study=study.name, trial=number, model=w.model.name, gpus=w.cluster.gpus,
                      gpus_per_node=w.cluster.gpus_per_node, gpu=w.cluster.gpu.name,
                      global_batch_size=w.global_batch_size, seq_length=w.seq_length, precision=w.precision,
-                     config=config.to_dict(), overrides=layout_overrides(config, w), attempt=attempt,
+                     config=config.to_dict(),
+                     overrides=layout_overrides(config, w) + benchmark_only.overrides(options.benchmark_settings),
+                     attempt=attempt,
                      timeout_s=float(options.trial_timeout_s), warmup_steps=int(options.warmup_steps),
                      measured_steps=int(options.measured_steps), seed=int(options.seed or 0),
                      backend_options=backend_options)

@@ -25,13 +25,19 @@ class StudyOptions:
     slow_margin: float = 0.25  # "clearly": this much slower than the best step time (a share)
     validate_steps: int = 0  # after the study, run the winner again with this many steps (0: no)
     memory_headroom_gib: float | None = None  # None: derived from the GPU (recommend.default_headroom_gib)
+    # benchmark-only settings (megatron/benchmark_only.py): name -> value, added to every trial's overrides
+    benchmark_settings: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_stored(cls, stored: dict[str, Any] | None) -> "StudyOptions":
         """The options of a stored study; keys this version does not know are ignored, missing ones
         take the defaults above."""
+        from autotune.megatron.benchmark_only import checked
+
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (stored or {}).items() if k in known and v is not None})
+        values = {k: v for k, v in (stored or {}).items() if k in known and v is not None}
+        values["benchmark_settings"] = checked(values.get("benchmark_settings"))
+        return cls(**values)
 
     def to_stored(self) -> dict[str, Any]:
         """As stored in the study row (JSON): every number must be finite, NaN would be obeyed."""

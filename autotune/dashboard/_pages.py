@@ -179,7 +179,9 @@ class DashboardApp:
                    f"{s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}; "
                    f"status <b>{escape(study.status)}</b></p>")
         running = study.status in ("running", "created") or s["running"] > 0
-        body = (f"<p><a href='/'>studies</a></p><h1>{escape(name)}</h1>{provenance(study.backend)}{summary}"
+        benchmark = (f"<p class='banner' id='benchmark-only'>{escape(s['benchmark_only'])}: these runs are not a "
+                     "tuned result (export refuses them unless told otherwise)</p>") if s.get("benchmark_only") else ""
+        body = (f"<p><a href='/'>studies</a></p><h1>{escape(name)}</h1>{provenance(study.backend)}{benchmark}{summary}"
                 f"{self._pick(name, s)}<div class='charts'>{charts}</div>"
                 f"{self._table(name, board.rows, s, sort, order)}")
         return page(f"autotune: {name}", body, self.refresh_s if running else None, scripts=True)

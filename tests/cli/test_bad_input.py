@@ -75,6 +75,10 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
      "--workdir"),  # where the trial specs go: refused before anything runs
+    ("benchmark-setting-unknown", [*START, "--benchmark-setting", "model.anything=true", "--storage", "{url}"],
+     "--benchmark-setting"),  # only the named benchmark-only settings reach the overrides
+    ("benchmark-setting-value", [*START, "--benchmark-setting", "moe_router_force_load_balancing=1; rm -rf",
+                                 "--storage", "{url}"], "true or false"),
     ("seed-negative", [*START, "--seed", "-1", "--storage", "{url}"], "--seed"),
     ("seed-2**40", [*START, "--seed", "1099511627776", "--storage", "{url}"], "--seed"),
     ("metrics-port-70000", [*START, "--metrics-port", "70000", "--storage", "{url}"], "--metrics-port"),
