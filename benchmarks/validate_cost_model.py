@@ -32,9 +32,9 @@ from scipy.optimize import least_squares
 from scipy.stats import spearmanr
 
 from autotune.config import LayoutConfig
-from autotune.cost import calibration as cal
 from autotune.cost import DEFAULT_SETTINGS, TrainingSettings, estimate_many
-from autotune.cost.published import PublishedCase, load_cases
+from autotune.cost import calibration as cal
+from autotune.cost.published import load_cases
 from autotune.space import load_space, make_workload
 
 HERE = Path(__file__).resolve().parent
@@ -158,6 +158,25 @@ def table(rows: list[Row], columns: dict[str, np.ndarray], key) -> list[str]:
     return lines
 
 
+def ordering() -> tuple[int, int]:
+    """Pairs of rows published in one release for one model, system and GPU count (different layouts
+    or precisions): does the model order them as published?"""
+    cases = load_cases(latest_only=False)
+    predicted = [estimate_many(c.workload, [c.layout], settings=c.settings).tokens_per_s_per_gpu[0] for c in cases]
+    groups = defaultdict(list)
+    for c, p in zip(cases, predicted):
+        groups[(c.release, c.kind, c.model, c.system, c.workload.cluster.gpus)].append((c, p))
+    agree = total = 0
+    for members in groups.values():
+        for i, (a, pa) in enumerate(members):
+            for b, pb in members[i + 1:]:
+                if (a.layout, a.precision) == (b.layout, b.precision) or a.tokens_per_s_per_gpu == b.tokens_per_s_per_gpu:
+                    continue
+                total += 1
+                agree += (a.tokens_per_s_per_gpu > b.tokens_per_s_per_gpu) == (pa > pb)
+    return agree, total
+
+
 def nested_coverage(rows: list[Row], lomo: np.ndarray) -> float:
     """Share of rows inside the 80% interval built from the other models' held-out residuals."""
     ratio = np.log(lomo / np.array([r.measured_tokens for r in rows]))
@@ -227,7 +246,8 @@ def main() -> None:
                          for c in columns.values())
         print(f"{r.label[:70]:<70} {r.measured_tokens * r.flops_per_token / 1e12:>9.0f} {cells}")
     header = f"  {'':<24} {'rows':>4} " + " ".join(f"{n[:9]:>9}" for n in ("in-sample", "LOMO", "LOSO")[:len(columns)])
-    for title, key in (("model", lambda r: r.model), ("system", lambda r: r.system),
+    for title, key in (("model family", lambda r: "MoE" if r.workload.model.architecture.is_moe else "dense"),
+                       ("model", lambda r: r.model), ("system", lambda r: r.system),
                        ("precision", lambda r: r.precision), ("system/precision", lambda r: r.group)):
         print(f"\nmean absolute error per {title}:\n{header}")
         print("\n".join(table(rows, columns, key)))
@@ -238,12 +258,17 @@ def main() -> None:
               f" log-ratio p10 {np.quantile(np.log(ratio), 0.1):+.3f}, p90 {np.quantile(np.log(ratio), 0.9):+.3f})")
     if "leave-one-model-out" in columns:
         lomo = columns["leave-one-model-out"]
-        ratio = np.log(lomo / np.array([r.measured_tokens for r in rows]))
-        inside = np.mean((ratio >= cal.THROUGHPUT_LOG_RATIO_P10) & (ratio <= cal.THROUGHPUT_LOG_RATIO_P90))
-        print(f"80% interval coverage of held-out rows: shipped constants {inside:.0%}, nested "
-              f"(quantiles without the held-out model) {nested_coverage(rows, lomo):.0%}")
+        shares = []
+        for name in ("leave-one-model-out", "leave-one-system-out"):
+            ratio = np.log(columns[name] / np.array([r.measured_tokens for r in rows]))
+            shares.append(np.mean((ratio >= cal.THROUGHPUT_LOG_RATIO_P10) & (ratio <= cal.THROUGHPUT_LOG_RATIO_P90)))
+        print(f"80% interval coverage of held-out rows: leave-one-model-out {shares[0]:.0%} (nested, quantiles "
+              f"without the held-out model: {nested_coverage(rows, lomo):.0%}), leave-one-system-out {shares[1]:.0%}")
         scatter(rows, columns, SCATTER_PNG)
         print(f"scatter plot: {SCATTER_PNG.relative_to(HERE.parent)}")
+    agree, total = ordering()
+    print(f"ordering of same release/model/system/GPU-count pairs with different layouts or precisions "
+          f"(every release): {agree}/{total} agree")
     sweeps()
     memory()
 

@@ -10,8 +10,9 @@ validation residuals (calibration.THROUGHPUT_LOG_RATIO_* and MEMORY_LOG_RATIO_*)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,14 @@ from autotune.config import LayoutConfig, Workload
 from autotune.cost import calibration as cal
 from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import FlopsPerToken, flops_per_token, padded_vocab_size
-from autotune.cost.memory import (DEFAULT_SETTINGS, GIB, PERF_RECIPE_SETTINGS, TrainingSettings, memory_breakdown,
-                                  total_params)
+from autotune.cost.memory import (
+    DEFAULT_SETTINGS,
+    GIB,
+    PERF_RECIPE_SETTINGS,
+    TrainingSettings,
+    memory_breakdown,
+    total_params,
+)
 from autotune.cost.step_time import TERMS, flops_arrays, step_time_breakdown
 
 MFU_BASIS = "dense BF16 peak"
@@ -65,7 +72,7 @@ class Estimates:
         """80% prediction interval of the measured peak memory (memory_interval)."""
         return memory_interval(self.peak_mem_gib)
 
-    def row(self, index: int) -> "Estimate":
+    def row(self, index: int) -> Estimate:
         return Estimate(
             flops_per_token=float(self.flops_per_token[index]),
             step_time_s=float(self.step_time_s[index]),
@@ -171,6 +178,21 @@ def estimate(workload: Workload, layout: LayoutConfig, memory_scale: float = 1.0
     return estimate_many(workload, [layout], memory_scale, settings).row(0)
 
 
-__all__ = ["DEFAULT_SETTINGS", "Estimate", "Estimates", "FlopsPerToken", "LayoutArrays", "MFU_BASIS",
-           "PERF_RECIPE_SETTINGS", "TERMS", "TrainingSettings", "estimate", "memory_interval", "throughput_interval",
-           "estimate_many", "flops_per_token", "padded_vocab_size", "total_params"]
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "MFU_BASIS",
+    "PERF_RECIPE_SETTINGS",
+    "TERMS",
+    "Estimate",
+    "Estimates",
+    "FlopsPerToken",
+    "LayoutArrays",
+    "TrainingSettings",
+    "estimate",
+    "estimate_many",
+    "flops_per_token",
+    "memory_interval",
+    "padded_vocab_size",
+    "throughput_interval",
+    "total_params",
+]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from autotune.config import RECOMPUTE_CODES, LayoutConfig
-
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class LayoutArrays:
         return len(self.tp)
 
     @classmethod
-    def from_configs(cls, configs: Sequence[LayoutConfig]) -> "LayoutArrays":
+    def from_configs(cls, configs: Sequence[LayoutConfig]) -> LayoutArrays:
         rows = [(c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.sp, c.mbs, RECOMPUTE_CODES[c.recompute],
                  c.recompute_method == "block", c.recompute_num_layers or 0, c.dist_opt) for c in configs]
         table = np.array(rows, dtype=np.float64).reshape(len(rows), 12)

@@ -24,7 +24,13 @@ from autotune.config import Workload
 from autotune.cost import calibration as cal
 from autotune.cost._arrays import LayoutArrays
 from autotune.cost.flops import flops_per_token
-from autotune.cost.memory import DEFAULT_SETTINGS, TrainingSettings, microbatches, param_counts, stage_decoder_layers
+from autotune.cost.memory import (
+    DEFAULT_SETTINGS,
+    TrainingSettings,
+    microbatches,
+    param_counts,
+    stage_decoder_layers,
+)
 
 TERMS = ("compute", "recompute", "overhead", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer")
 ATTENTION_EFFICIENCY = 0.75  # flash attention relative to a GEMM of the same precision
