@@ -175,7 +175,13 @@ def estimate_many(workload: Workload, layouts: Sequence[LayoutConfig] | LayoutAr
 
 def estimate(workload: Workload, layout: LayoutConfig, memory_scale: float = 1.0,
              settings: TrainingSettings = DEFAULT_SETTINGS) -> Estimate:
-    return estimate_many(workload, [layout], memory_scale, settings).row(0)
+    """One layout; its performance knobs (issue 16) rescale the terms they act on (cost/knobs.py)."""
+    base = estimate_many(workload, [layout], memory_scale, settings).row(0)
+    if layout.perf():
+        from autotune.cost.knobs import adjust
+
+        return adjust(workload, layout, base)
+    return base
 
 
 __all__ = [
