@@ -96,7 +96,9 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     study = create_study(repo, name="bench", space=truth.space, workload=truth.workload, budget=budget,
                          sampler=sampler, backend="simulate", seed=seed,
                          backend_options={"landscape_seed": 1000 + seed, "landscape": family,
-                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": RUN_NOISE})
+                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": RUN_NOISE},
+                         # these landscapes judge layouts; performance knobs: benchmarks/knob_tuning.py
+                         options={"knob_share": 0.0})
     controller = build_controller(repo, study, dispatcher="inprocess")
     summary = controller.run()
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)

@@ -17,6 +17,13 @@ the tuner's structure, so that a search that only fits its own correction cannot
               recompute values gets +25..+45%, decaying with log2 distance, so the best layout is one
               the prior ranks low.
   mixed       interact + regime + prior_wrong, weaker each.
+  knobs       mixed, plus true effects of the performance knobs (issue 16) drawn from the seed, not
+              from the cost model: the simulate backend then starts from the layout's estimate with the
+              recipe's knob values (cost/knobs.py never reaches the truth). Effects depend on the layout
+              (EP overlap and the all-to-all dispatcher matter when the expert group leaves the node) and
+              interact (EP overlap x CUDA graphs), with the signs a user would expect but magnitudes
+              anywhere in wide ranges, some of them opposite to the model's (a scope that graphs more can
+              be slower).
 
 Every family except `knob` adds per-layout noise (+-2%) and a memory-model error of +-8% per
 structural family (TP, PP, CP, EP, ETP); per-run measurement noise is the simulate backend's
@@ -33,7 +40,7 @@ import numpy as np
 
 from autotune.config import KNOBS, LayoutConfig, Workload
 
-FAMILIES = ("knob", "interact", "regime", "prior_wrong", "mixed")
+FAMILIES = ("knob", "interact", "regime", "prior_wrong", "mixed", "knobs")
 INTERACTING_PAIRS = (("tp", "ep"), ("pp", "vpp"), ("mbs", "recompute"), ("tp", "cp"), ("ep", "etp"),
                      ("pp", "mbs"), ("cp", "recompute"), ("dist_opt", "pp"))
 
@@ -66,6 +73,9 @@ class Landscape:
         factor = 1.0 + self.layout_noise * unit_hash(self.seed, "layout", config.key())
         if f == "knob":
             return factor * self._knob(config, self.knob_bias)
+        if f == "knobs":
+            return (Landscape(self.seed, "mixed", layout_noise=self.layout_noise).speed_factor(config.layout_only(), workload)
+                    * (1.0 + 0.01 * unit_hash(self.seed, "variant", config.key())) * self._knob_truth(config, workload))
         strength = 0.6 if f == "mixed" else 1.0
         if f in ("interact", "mixed"):
             factor *= self._interact(config, 0.12 * strength)
@@ -118,6 +128,55 @@ class Landscape:
             + (config.recompute != recompute)
         height = strength * _between(self.seed, "spot_height", 0.25, 0.45)
         return 1.0 + height * math.exp(-distance / 1.5)
+
+    @property
+    def owns_knob_effects(self) -> bool:
+        """True when the truth of the performance knobs is this landscape's, not the cost model's."""
+        return self.family == "knobs"
+
+    def _knob_truth(self, config: LayoutConfig, w: Workload) -> float:
+        """True throughput factor of `config`'s performance knobs (1 with the recipe's values)."""
+        def draw(name: str, low: float, high: float) -> float:
+            return _between(self.seed, f"knob:{name}", low, high)
+
+        knobs = config.perf()
+        if not knobs:
+            return 1.0
+        node = min(w.cluster.gpu.nvlink_domain_gpus, w.cluster.gpus_per_node)
+        leaves_node = config.ep * config.etp > node
+        factor = 1.0
+        dispatcher = knobs.get("dispatcher")
+        if dispatcher == "alltoall":
+            factor *= 1.0 - draw("alltoall", 0.10, 0.35) * (1.0 if leaves_node else 0.3)
+        elif dispatcher == "flex_deepep":
+            factor *= 1.0 + draw("deepep", -0.04, 0.04)
+        if "dispatcher_sms" in knobs:
+            factor *= 1.0 + 0.02 * unit_hash(self.seed, "sms", knobs["dispatcher_sms"])
+        if knobs.get("ep_overlap"):
+            factor *= 1.0 + draw("ep_overlap", 0.05, 0.25) * (1.0 if leaves_node else 0.4)
+        graph = knobs.get("cuda_graph")
+        if graph is not None:
+            factor *= 1.0 + {"none": draw("cg_none", -0.06, 0.0), "te_router": 0.0,
+                             "te_attn": draw("cg_attn", -0.04, 0.04), "te_attn_router": draw("cg_attn_router", -0.02, 0.08),
+                             "te_attn_mlp": draw("cg_attn_mlp", -0.03, 0.06),
+                             "full_iteration": draw("cg_full", -0.05, 0.12)}[graph]
+            if knobs.get("ep_overlap"):
+                factor *= 1.0 + 0.05 * unit_hash(self.seed, "overlap_x_graph", graph)
+        modules = knobs.get("recompute_modules")
+        if modules is not None:
+            for module in modules.split("+"):
+                if module != "core_attn":
+                    factor *= 1.0 - (draw("rc_moe", 0.15, 0.3) if module == "moe" else draw(f"rc_{module}", 0.01, 0.06))
+        if knobs.get("tp_comm_overlap") is False:
+            factor *= 1.0 - draw("tp_overlap_off", 0.02, 0.10)
+        for name in ("overlap_grad_reduce", "overlap_param_gather"):
+            if knobs.get(name) is False:
+                factor *= 1.0 - draw(f"{name}_off", 0.0, 0.05)
+        if "cp_comm_type" in knobs:
+            factor *= 1.0 + 0.08 * unit_hash(self.seed, "cp_comm", knobs["cp_comm_type"])
+        if knobs.get("cpu_offload_layers"):
+            factor *= 1.0 - draw("offload", 0.05, 0.2) * knobs["cpu_offload_layers"] / 8
+        return factor
 
     # --- memory --------------------------------------------------------------------------------
 

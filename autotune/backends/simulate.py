@@ -61,10 +61,13 @@ class SimulateBackend(Backend):
         opts = {**self.options, **spec.backend_options}
         workload = workload_from_spec(spec)
         config = LayoutConfig.from_mapping(spec.config)
+        land = landscape_from_options(opts)
         predicted = estimate(workload, config)
         step_time_s = predicted.step_time_s
         peak_gib = predicted.peak_mem_gib
-        land = landscape_from_options(opts)
+        if land is not None and land.owns_knob_effects:
+            # the landscape holds the knobs' true effects: start from the layout with the recipe's values
+            step_time_s = estimate(workload, config.layout_only()).step_time_s
         if land is not None:
             step_time_s /= land.speed_factor(config, workload)
             peak_gib *= land.memory_factor(config)

@@ -52,6 +52,10 @@ def register(sub) -> None:
     p.add_argument("--memory-headroom-gib", type=float_in(0.0, 1e6, what="--memory-headroom-gib"), metavar="GIB",
                    help="the recommended layout keeps this much below the GPU's memory (default: 4%% of it, "
                         "twice the run-to-run spread of a measured peak)")
+    p.add_argument("--knob-share", type=float_in(0.0, 0.8, what="--knob-share"), default=DEFAULTS.knob_share,
+                   metavar="SHARE",
+                   help="share of the budget spent tuning performance knobs (dispatcher, overlaps, CUDA graphs, "
+                        f"recompute modules, ...) at the best layouts; 0: layout only (default {DEFAULTS.knob_share:g})")
     p.add_argument("--benchmark-setting", action="append", default=[], metavar="NAME=VALUE",
                    help="a benchmark-only setting for every trial (repeatable): moe_router_force_load_balancing, "
                         "check_for_nan_in_loss, check_for_nan_in_grad, check_for_large_grads; off by default, "
@@ -153,7 +157,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
                "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib,
-               "benchmark_settings": benchmark_only.parse(args.benchmark_setting)}
+               "benchmark_settings": benchmark_only.parse(args.benchmark_setting), "knob_share": args.knob_share}
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
         return _dry_run(space, workload, args, backend_options, options)

@@ -25,6 +25,9 @@ class StudyOptions:
     slow_margin: float = 0.25  # "clearly": this much slower than the best step time (a share)
     validate_steps: int = 0  # after the study, run the winner again with this many steps (0: no)
     memory_headroom_gib: float | None = None  # None: derived from the GPU (recommend.default_headroom_gib)
+    # share of the budget spent tuning performance knobs at the leading layouts (controller/knobs.py);
+    # 0: layout only. Only where the model's space declares perf_knobs.
+    knob_share: float = 0.2
     # benchmark-only settings (megatron/benchmark_only.py): name -> value, added to every trial's overrides
     benchmark_settings: dict[str, bool] = dataclasses.field(default_factory=dict)
 

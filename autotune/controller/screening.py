@@ -55,6 +55,11 @@ def screen(config: LayoutConfig, workload: Workload, space: SearchSpace, state: 
     if policy:
         return Rejection(policy[0].rule, policy[0].message, 1.0)
     i = state.index.get(config.key())
+    if i is None and config.perf():
+        # a performance-knob variant: in the space when its layout is and every knob value is in the
+        # space's perf_knobs domain; its layout's OOM frontier and fit probability stand for it
+        outside = [k for k, v in config.perf().items() if v not in space.perf_domains.get(k, ())]
+        i = None if outside else state.index.get(config.layout_only().key())
     if i is None:
         return Rejection("outside_space", "not in the study's search space (a --fix or domain excludes it)", 1.0)
     if state.frontier_by[i] >= 0:

@@ -151,8 +151,9 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
                                    local_gpus=local_gpus, max_concurrent=max_concurrent)
         dispatcher.start()
     try:
-        strategy = make_strategy(study.sampler, study.budget, StudyOptions.from_stored(study.options).seed, recipe_baseline(space),
-                                 space)
+        options = StudyOptions.from_stored(study.options)
+        strategy = make_strategy(study.sampler, study.budget, options.seed, recipe_baseline(space), space,
+                                 knob_share=options.knob_share)
         strategy.remeasure = not backend_class(study.backend).repeatable_results
         return Controller(repo, study, space, workload, strategy, dispatcher, baseline=recipe_baseline(space),
                           on_tick=on_tick)

@@ -64,6 +64,12 @@ class SearchState:
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
+    # performance-knob variants of legal layouts (issue 16): outside the enumerated legal set, keyed by
+    # config key; the knob phase (controller/knobs.py) reads them, the GP and physics do not
+    variants: dict[str, LayoutConfig] = field(default_factory=dict)
+    variant_runs: dict[str, list[float]] = field(default_factory=dict)  # key -> log tokens/s/GPU of each run
+    variant_tried: set[str] = field(default_factory=set)
+    variant_oom: set[str] = field(default_factory=set)
 
     @classmethod
     def build(cls, workload: Workload, legal: list[LayoutConfig]) -> "SearchState":
@@ -84,6 +90,8 @@ class SearchState:
         i = self.index.get(key)
         if i is not None:
             self.tried[i] = True
+        else:
+            self.variant_tried.add(key)
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -100,6 +108,8 @@ class SearchState:
             self.memory.observe(i, peak_gib, oom)
             if oom:
                 self.outcomes.append((i, "oom", None))
+        elif oom:
+            self.variant_oom.add(config.key())
 
     # --- OOM frontier --------------------------------------------------------------------------
 
@@ -177,6 +187,9 @@ class SearchState:
         if i is not None and tokens_per_s_per_gpu > 0:
             self.runs.setdefault(i, []).append(float(np.log(tokens_per_s_per_gpu)))
             self.outcomes.append((i, "completed", tokens_per_s_per_gpu))
+        elif i is None and tokens_per_s_per_gpu > 0 and config.perf():
+            self.variants[config.key()] = config
+            self.variant_runs.setdefault(config.key(), []).append(float(np.log(tokens_per_s_per_gpu)))
 
     def record_failure(self, config: LayoutConfig) -> None:
         i = self.index.get(config.key())

@@ -95,14 +95,15 @@ def test_search_state_trust_region_neighbours(qwen16):
     assert near[centre] and np.all((codes[near] != codes[centre]).sum(axis=1) <= 1) and 1 < near.sum() < 200
 
 
-def _study(tmp_path, sampler, budget, family="mixed", seed=0, model="qwen3_30b", gpus=16):
+def _study(tmp_path, sampler, budget, family="mixed", seed=0, model="qwen3_30b", gpus=16, knob_share=0.0):
     repo = Repository.open(f"sqlite:///{tmp_path / (sampler + str(seed) + '.db')}")
     space = load_space(model)
     workload = make_workload(space, gpus=gpus)
     study = create_study(repo, name="s", space=space, workload=workload, budget=budget, sampler=sampler,
                          backend="simulate", seed=seed,
                          backend_options={"landscape_seed": 7 + seed, "landscape": family, "seconds_per_trial": 0.0,
-                                          "run_noise": 0.05})
+                                          "run_noise": 0.05},
+                         options={"knob_share": knob_share})
     controller = build_controller(repo, study, dispatcher="inprocess")
     return repo, study, controller, controller.run()
 

@@ -1,0 +1,143 @@
+"""Layout first, then the performance knobs at the leading layouts, in one budget (issue 16).
+
+Why not one joint space: the knobs multiply the ~65k legal layouts of qwen3_30b@16 by ~40 conditional
+settings each, and their effects are nearly separable from the layout's (a dispatcher or an overlap
+changes one step-time term; the cost model's ratio says how much). So the inner strategy searches layouts
+with every knob at the recipe's value, planning (and remeasuring its close contenders) for the budget
+less the knob share; in the last `knob_share` of the budget (default 20%) the knob phase takes over:
+coordinate ascent from the best measured configurations, one knob changed at a time (EP overlap brings the smallest VPP along where PP > 1 needs one), each candidate
+scored by the centre's posterior throughput times the cost model's predicted ratio (the calibrated measurement carries the layout, the model the knob), the
+best first. A variant is screened like any layout (legality incl. the knob rules, its layout's OOM frontier
+and fit). `benchmarks/search_quality.py --knobs` compares this with layout-only tuning on landscapes where
+knob effects are drawn independently of the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.config import LayoutConfig
+from autotune.controller.state import SearchState
+from autotune.controller.strategies import Proposal, Strategy
+
+KNOB_NOTE = "knobs"
+DEFAULT_KNOB_SHARE = 0.2
+CENTRES = 2  # knob variants are tried around the best measured configurations, this many
+
+
+class KnobPhase(Strategy):
+    """Wraps a layout strategy: its proposals, except in the knob window (see the module docstring)."""
+
+    def __init__(self, inner: Strategy, share: float = DEFAULT_KNOB_SHARE) -> None:
+        super().__init__(inner.budget, inner.seed, inner.baseline, inner.space)
+        self.inner = inner
+        self.name = inner.name
+        self.share = share
+        self._estimates: dict[str, float] = {}
+        # the layout search (its remeasurement of close contenders included) plans for the budget
+        # before the knob window, so the knob phase starts from well-measured layouts
+        inner.budget = max(1, self.budget - self.knob_slots())
+
+    @property
+    def remeasure(self) -> bool:  # the inner strategy's switch (set by the controller)
+        return self.inner.remeasure
+
+    @remeasure.setter
+    def remeasure(self, value: bool) -> None:
+        if hasattr(self, "inner"):
+            self.inner.remeasure = value
+
+    def knob_slots(self) -> int:
+        if self.space is None or not self.space.perf_domains or self.share <= 0:
+            return 0
+        return max(1, round(self.share * self.budget))
+
+    def in_window(self, state: SearchState) -> bool:
+        """The budget's last knob_slots() trials."""
+        return 0 < self.budget - state.dispatched <= self.knob_slots()
+
+    def propose(self, state: SearchState) -> Proposal | None:
+        if self.in_window(state) and (state.runs or state.variant_runs):
+            proposal = self._knob_proposal(state)
+            if proposal is not None:
+                return proposal
+        return self.inner.propose(state)
+
+    # --- the knob phase ------------------------------------------------------------------------------
+
+    def _measured(self, state: SearchState) -> list[tuple[float, LayoutConfig]]:
+        """(log tokens/s/GPU, config) of every measured configuration, best first: the GP's posterior
+        mean for layouts (a lucky single run does not make a centre), the mean of runs for variants."""
+        import numpy as np
+
+        rows: list[tuple[float, LayoutConfig]] = []
+        if state.runs:
+            measured = np.array(sorted(state.runs))
+            mean, _ = state.posterior(measured)
+            rows += [(float(m), state.legal[int(i)]) for i, m in zip(measured, mean)]
+        rows += [(sum(r) / len(r), state.variants[k]) for k, r in state.variant_runs.items()]
+        return sorted(rows, key=lambda row: -row[0])
+
+    def _knob_proposal(self, state: SearchState) -> Proposal | None:
+        from autotune.space.legality import violations
+
+        workload = state.workload
+        limit = workload.cluster.gpu.memory_gib
+        best: tuple[float, LayoutConfig] | None = None
+        seen_layouts: set[str] = set()
+        for mean, centre in self._measured(state):
+            layout_key = centre.layout_only().key()
+            if layout_key in seen_layouts:
+                continue  # a layout's best measured setting is its centre
+            seen_layouts.add(layout_key)
+            if len(seen_layouts) > CENTRES:
+                break
+            base_log = math.log(self._tokens(workload, centre))
+            for candidate in self._neighbours(centre, state):
+                key = candidate.key()
+                if key in state.variant_tried or state.index.get(key, -1) >= 0 and state.tried[state.index[key]]:
+                    continue
+                if violations(candidate, workload):
+                    continue
+                estimate = self._estimate(workload, candidate)
+                if estimate.peak_mem_gib > limit:
+                    continue
+                score = mean + math.log(estimate.tokens_per_s_per_gpu) - base_log
+                if best is None or score > best[0]:
+                    best = (score, candidate)
+        return None if best is None else Proposal(best[1], KNOB_NOTE)
+
+    def _neighbours(self, centre: LayoutConfig, state: SearchState):
+        """`centre` with one performance knob changed to another value of its domain (a knob set back to
+        the recipe's value is left at None, so each configuration has one key)."""
+        from autotune.space.perf_values import effective, exists
+
+        workload = state.workload
+        values = centre.to_dict()
+        current = effective(values, workload)
+        defaults = workload.model.perf_defaults
+        for name, domain in self.space.perf_domains.items():
+            base = centre
+            if name == "ep_overlap" and centre.pp > 1 and centre.vpp == 1 and centre.ep > 1:
+                # EP overlap needs an interleaved schedule with PP > 1: bring the smallest VPP along
+                vpps = [v for v in self.space.domains.get("vpp", ()) if v > 1]
+                if not vpps:
+                    continue
+                base = centre.replace(vpp=min(vpps))
+            elif not exists(name, values, workload):
+                continue
+            for value in domain:
+                if value == current.get(name):
+                    continue
+                yield base.replace(**{name: None if value == defaults.get(name) else value})
+
+    def _estimate(self, workload, config: LayoutConfig):
+        from autotune.cost import estimate
+
+        return estimate(workload, config)
+
+    def _tokens(self, workload, config: LayoutConfig) -> float:
+        key = config.key()
+        if key not in self._estimates:
+            self._estimates[key] = self._estimate(workload, config).tokens_per_s_per_gpu
+        return self._estimates[key]
