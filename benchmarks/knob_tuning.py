@@ -3,7 +3,7 @@
 On `knobs` landscapes (backends/_landscapes.py): a layout's truth is the `mixed` landscape over the cost
 model with the recipe's knob values, and each performance knob's true effect is drawn from the seed, not
 from the cost model (the simulate backend never applies cost/knobs.py there). `auto` runs twice per seed:
-with the knob phase (--knob-share 0.2, the default) and layout only (0). Printed: the true throughput of
+with the knob phase (--knob-share 0.1, the default) and layout only (0). Printed: the true throughput of
 each study's recommendation over the true optimum (the best of the 150 truly fastest layouts, each with
 every legal setting of one or two knobs), median and worst over seeds, and the joint/layout-only gain.
 
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=16)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=int, default=40)
-    parser.add_argument("--knob-share", type=float, default=0.2, help="the joint run's knob share (default 0.2)")
+    parser.add_argument("--knob-share", type=float, default=0.1, help="the joint run's knob share (default 0.1, the study default)")
     parser.add_argument("--plot", help="write a PNG of the ratios per seed")
     args = parser.parse_args()
     from rich.console import Console

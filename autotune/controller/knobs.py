@@ -4,7 +4,7 @@ Why not one joint space: the knobs multiply the ~65k legal layouts of qwen3_30b@
 settings each, and their effects are nearly separable from the layout's (a dispatcher or an overlap
 changes one step-time term; the cost model's ratio says how much). So the inner strategy searches layouts
 with every knob at the recipe's value, planning (and remeasuring its close contenders) for the budget
-less the knob share; in the last `knob_share` of the budget (default 20%) the knob phase takes over:
+less the knob share; in the last `knob_share` of the budget (default 10%) the knob phase takes over:
 coordinate ascent from the best measured configurations, one knob changed at a time (EP overlap brings the smallest VPP along where PP > 1 needs one), each candidate
 scored by the centre's posterior throughput times the cost model's predicted ratio (the calibrated measurement carries the layout, the model the knob), the
 best first. A variant is screened like any layout (legality incl. the knob rules, its layout's OOM frontier
@@ -21,7 +21,7 @@ from autotune.controller.state import SearchState
 from autotune.controller.strategies import Proposal, Strategy
 
 KNOB_NOTE = "knobs"
-DEFAULT_KNOB_SHARE = 0.2
+DEFAULT_KNOB_SHARE = 0.1
 CENTRES = 2  # knob variants are tried around the best measured configurations, this many
 
 
@@ -100,7 +100,11 @@ class KnobPhase(Strategy):
                 if violations(candidate, workload):
                     continue
                 estimate = self._estimate(workload, candidate)
-                if estimate.peak_mem_gib > limit:
+                # a knob that adds memory (graphs, less recompute) must not push the centre over the GPU;
+                # judged from the centre's predicted peak, scaled by the model's ratio for the knob
+                centre_peak = self._estimate(workload, centre).peak_mem_gib
+                if estimate.peak_mem_gib > centre_peak and state.predicted_peak_gib(
+                        state.index.get(centre.layout_only().key(), 0)) * estimate.peak_mem_gib / centre_peak > limit:
                     continue
                 score = mean + math.log(estimate.tokens_per_s_per_gpu) - base_log
                 if best is None or score > best[0]:

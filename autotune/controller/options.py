@@ -27,7 +27,7 @@ class StudyOptions:
     memory_headroom_gib: float | None = None  # None: derived from the GPU (recommend.default_headroom_gib)
     # share of the budget spent tuning performance knobs at the leading layouts (controller/knobs.py);
     # 0: layout only. Only where the model's space declares perf_knobs.
-    knob_share: float = 0.2
+    knob_share: float = 0.1  # benchmarks/knob_tuning.py: 0.1 beat layout-only on 3 of 5 seeds, 0.2 on 1
     # benchmark-only settings (megatron/benchmark_only.py): name -> value, added to every trial's overrides
     benchmark_settings: dict[str, bool] = dataclasses.field(default_factory=dict)
 

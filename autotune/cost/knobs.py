@@ -60,7 +60,7 @@ def applies(layout: LayoutConfig) -> bool:
     return bool(layout.perf())
 
 
-def adjust(workload: Workload, layout: LayoutConfig, base: "Estimate") -> "Estimate":
+def adjust(workload: Workload, layout: LayoutConfig, base: Estimate) -> Estimate:
     """The estimate of `layout` with its performance knobs, from `base`, the estimate of the same
     layout with the recipe's values (see the module docstring)."""
     from autotune.space.perf_values import effective

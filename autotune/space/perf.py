@@ -9,7 +9,8 @@ multiply the layout space blindly. What each knob's value is on a layout: `perf_
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
 from autotune.config import LayoutConfig, Workload
 from autotune.space.legality import violations
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["CUDA_GRAPHS", "effective", "exists", "variants"]
 
 
-def variants(config: LayoutConfig, space: "SearchSpace", workload: Workload,
+def variants(config: LayoutConfig, space: SearchSpace, workload: Workload,
              max_changed: int = 2) -> Iterator[LayoutConfig]:
     """Legal settings of the space's performance knobs on `config`'s layout that change at most
     `max_changed` knobs from the recipe's values (the layout itself with the recipe's values excluded).

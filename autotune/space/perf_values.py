@@ -10,7 +10,8 @@ TP >= 2 and sequence parallelism; the DP overlaps are off without the distribute
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from autotune.config import Workload
 
