@@ -22,7 +22,7 @@ import pprint
 from typing import Any
 
 from autotune import __version__
-from autotune.config import KNOBS, LayoutConfig
+from autotune.config import KNOBS, PERF_KNOBS, LayoutConfig
 from autotune.space import study_space_and_workload
 from autotune.errors import ConfigError, IllegalLayoutError, StudyError
 from autotune.megatron.overrides import TorchDtype, layout_fields, layout_overrides
@@ -202,13 +202,16 @@ def table_frame(repo: Repository, study: Study):
     import pandas as pd
 
     rows = []
-    for t in repo.trials(study.id, dispatched_only=True):
-        if t.status not in ("completed", "oom", "failed"):
-            continue  # pruned / timeout / lost say nothing a replay could answer with
-        row = {k: t.config.get(k) for k in KNOBS}
+    trials = [t for t in repo.trials(study.id, dispatched_only=True)
+              if t.status in ("completed", "oom", "failed")]  # pruned / timeout / lost answer nothing
+    # performance knobs a trial set get their own columns (empty = the recipe's value), so a variant
+    # replays as itself, not as its layout
+    perf = [k for k in PERF_KNOBS if any(t.config.get(k) is not None for t in trials)]
+    for t in trials:
+        row = {k: t.config.get(k) for k in (*KNOBS, *perf)}
         row.update({"status": t.status, **{k: getattr(t, k) for k in METRICS}, "error": t.message})
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*KNOBS, "status", *METRICS, "error"])
+    return pd.DataFrame(rows, columns=[*KNOBS, *perf, "status", *METRICS, "error"])
 
 
 def benchmark_settings(study: Study, allow: bool) -> dict[str, bool]:

@@ -312,3 +312,25 @@ def test_an_imported_log_is_a_measurement_even_in_a_simulate_study(tmp_path):
     trial = dataclasses.replace(repo.trial(study.id, 1), origin="imported")  # what import-log records
     assert export.metrics_note(study, trial) == ("measured", "an imported log")
     assert export.metrics_note(study, repo.trial(study.id, 1))[0] == "simulated"
+
+
+def test_a_knob_variant_replays_as_itself_not_as_its_layout(tmp_path):
+    """Performance knobs get their own table columns (issue 16): a variant and its layout stay apart."""
+    import threading
+
+    from autotune.backends import TrialStatus, create_backend
+    from tests.backends.backend_suite import make_spec
+
+    repo, study, layout = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True})
+    variant = layout.replace(ep_overlap=True, cuda_graph="none")
+    trial = repo.claim_dispatch(study.id, variant.to_dict(), variant.key(), 1, "c", 3)
+    repo.finish_trial(study.id, trial.number, "completed",
+                      metrics={"step_time_s": 20.0, "tokens_per_s_per_gpu": 12000.0, "peak_mem_gib": 70.0})
+    path = tmp_path / "table.csv"
+    path.write_text(export.render(repo, study, "table"))
+    frame = pd.read_csv(path)
+    assert {"ep_overlap", "cuda_graph"} <= set(frame.columns) and len(frame) == 2
+    backend = create_backend("replay", {"replay": str(path)})
+    for config, step_s in ((variant, 20.0), (layout, 30.0)):
+        outcome = backend.run(make_spec(config=config.to_dict()), lambda r: None, threading.Event())
+        assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == step_s

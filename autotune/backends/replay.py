@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.backends.base import Backend, Reporter, TrialOutcome, TrialSpec, TrialStatus
 from autotune.backends.validation import parse_result
-from autotune.config import KNOBS, LayoutConfig
+from autotune.config import ALL_KNOBS, LayoutConfig
 from autotune.errors import ConfigError
 
 RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "error")
@@ -50,7 +50,7 @@ def table_index(frame) -> dict[str, dict[str, Any]]:
     index: dict[str, dict[str, Any]] = {}
     for row in frame.to_dict(orient="records"):
         row = {k: _clean(v) for k, v in row.items()}
-        config = LayoutConfig.from_mapping({k: row[k] for k in KNOBS if k in row and row[k] is not None})
+        config = LayoutConfig.from_mapping({k: row[k] for k in ALL_KNOBS if k in row and row[k] is not None})
         index[config.key()] = {k: row.get(k) for k in RESULT_COLUMNS if k in row}
     return index
 
