@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from autotune.cli._checks import positive
-from autotune.config import KNOBS, LayoutConfig, Workload, coerce_knob
+from autotune.config import (ALL_KNOBS, KNOBS, PERF_CHOICES, PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload,
+                             coerce_knob)
 from autotune.errors import ConfigError
 
 
@@ -45,11 +46,30 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-num-layers", type=int,
                        help="full recompute: layers per recomputed group (uniform) or recomputed layers per "
                             "pipeline stage (block)")
+    add_perf_knob_flags(parser)
+
+
+def add_perf_knob_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("performance knobs (left out: the recipe's value; see README)")
+    group.add_argument("--dispatcher", choices=PERF_CHOICES["dispatcher"], help="MoE token dispatcher and flex backend")
+    group.add_argument("--dispatcher-sms", type=int, metavar="N", help="SMs of the flex dispatcher")
+    group.add_argument("--cuda-graph", choices=PERF_CHOICES["cuda_graph"], help="CUDA graphs: none, a TE scope, full iteration")
+    group.add_argument("--recompute-modules", metavar="M+M",
+                       help="selective recompute modules, '+'-joined: " + ", ".join(RECOMPUTE_MODULES))
+    group.add_argument("--cp-comm-type", choices=PERF_CHOICES["cp_comm_type"], help="context-parallel communication")
+    group.add_argument("--cpu-offload-layers", type=int, metavar="N", help="layers whose activations go to the CPU")
+    for name, meaning in (("ep_overlap", "expert-parallel communication overlap"),
+                          ("shared_expert_overlap", "shared-expert overlap"),
+                          ("tp_comm_overlap", "tensor-parallel communication overlap"),
+                          ("overlap_grad_reduce", "gradient reduce-scatter overlap"),
+                          ("overlap_param_gather", "parameter all-gather overlap")):
+        group.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=None,
+                           help=meaning)
 
 
 def knob_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The knob flags the user gave (those left unset are absent)."""
-    return {name: getattr(args, name) for name in KNOBS if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in ALL_KNOBS if getattr(args, name, None) is not None}
 
 
 def layout_from_flags(args: argparse.Namespace) -> LayoutConfig:
@@ -98,6 +118,9 @@ def parse_fixes(items: list[str]) -> dict[str, Any]:
         if not sep:
             raise ConfigError(f"--fix takes KNOB=VALUE, got {item!r}")
         name = name.strip().replace("-", "_")
+        if name in PERF_KNOBS:
+            raise ConfigError(f"--fix pins layout knobs; performance knob {name} is tuned by the knob phase "
+                              "(--knob-share 0 keeps every one at the recipe's value)")
         fixes[name] = coerce_knob(name, value.strip())
     return fixes
 

@@ -75,6 +75,7 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
      "--workdir"),  # where the trial specs go: refused before anything runs
+    ("fix-a-performance-knob", [*START, "--fix", "ep_overlap=true", "--storage", "{url}"], "knob phase"),
     ("benchmark-setting-unknown", [*START, "--benchmark-setting", "model.anything=true", "--storage", "{url}"],
      "--benchmark-setting"),  # only the named benchmark-only settings reach the overrides
     ("benchmark-setting-value", [*START, "--benchmark-setting", "moe_router_force_load_balancing=1; rm -rf",

@@ -47,3 +47,14 @@ def test_knobs_left_out_take_the_recipes_values_and_are_named(cli):
     tp2 = json.loads(cli("estimate", "--model", "llama3_70b", "--gpus", "32", "--tp", "8", "--pp", "2",
                          "--json").stdout)
     assert tp2["config"]["sp"] is True and tp2["filled_from_recipe"]["vpp"] == 1
+
+
+def test_performance_knob_flags_reach_the_cost_model(cli):
+    """--ep-overlap and friends (issue 16): the estimate changes as cost/knobs.py says; a knob without its
+    parent (TP overlap at TP1) is refused with its rule."""
+    base = json.loads(cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--json").stdout)
+    overlap = json.loads(cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--ep-overlap",
+                             "--json").stdout)
+    assert overlap["config"]["ep_overlap"] is True and overlap["step_time_s"] < base["step_time_s"]
+    refused = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--tp-comm-overlap")
+    assert refused.returncode == 2 and "perf_knob_needs_its_parent" in refused.stderr
