@@ -126,7 +126,7 @@ def main() -> None:
         ax.set_ylim(min(0.8, float(min(joint.min(), layout_only.min())) - 0.02), 1.0)
         ax.set_ylabel("true throughput / true optimum")
         ax.set_title(f"{args.model}@{args.gpus}, budget {args.budget}: joint vs layout-only")
-        ax.legend(loc="lower right")
+        ax.legend(loc="upper left")
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}")
