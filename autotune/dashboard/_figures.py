@@ -17,7 +17,7 @@ import math
 from typing import Any
 from urllib.parse import quote
 
-from autotune.config import LayoutConfig
+from autotune.config import PERF_KNOBS, PERF_LABELS, LayoutConfig
 
 Figure = dict[str, Any]
 
@@ -26,8 +26,8 @@ COLORS = {"completed": "#2a9d8f", "oom": "#e63946", "pruned": "#e9c46a", "failed
           "pareto": "#264653"}
 THROUGHPUT_AXIS = "throughput (tokens/s/GPU)"
 FONT = {"family": "system-ui, sans-serif", "size": 12, "color": "#222"}
-# knobs as parallel-coordinates axes, in the order a person reads a layout
-KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "recompute", "dist_opt")
+# knobs as parallel-categories axes, in the order a person reads a layout, then the performance knobs
+KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "recompute", "dist_opt", *PERF_KNOBS)
 
 
 def plain(text: str) -> str:
@@ -213,6 +213,10 @@ def _knob_value(config: dict[str, Any], knob: str) -> Any:
     if knob == "recompute":
         return ("full" if layout.recompute == "full" else layout.recompute)
     value = getattr(layout, knob)
+    if value is None:
+        return "recipe"  # a performance knob left at the recipe's value
+    if knob in PERF_KNOBS:
+        return str(value).lower()
     return int(value) if isinstance(value, bool) else value
 
 
@@ -240,7 +244,8 @@ def parallel_coordinates(rows: list[dict[str, Any]]) -> Figure:
             order = ["off", "on"]
         else:
             order = sorted(set(column), key=lambda c: (isinstance(c, str), c))
-        dimensions.append({"label": knob, "values": [str(c) for c in column],
+        # performance knobs by their short labels (the leaderboard's legend): full names overlap
+        dimensions.append({"label": PERF_LABELS.get(knob, knob), "values": [str(c) for c in column],
                            "categoryorder": "array", "categoryarray": [str(c) for c in order]})
     speeds = [r["tokens_per_s_per_gpu"] for r in done]
     data = []
