@@ -43,7 +43,8 @@ studies = sa.table("autotune_studies", sa.column("id", sa.Integer), sa.column("n
                    sa.column("optuna_study_name", sa.String), sa.column("backend", sa.String))
 trials = sa.table("autotune_trials", sa.column("study_id", sa.Integer), sa.column("optuna_trial_number", sa.Integer),
                   sa.column("status", sa.String), sa.column("reason", sa.Text), sa.column("message", sa.Text),
-                  sa.column("origin", sa.String), *(sa.column(m, sa.Float) for m in METRICS))
+                  sa.column("origin", sa.String), sa.column("strategy_note", sa.String),
+                  *(sa.column(m, sa.Float) for m in METRICS))
 # Optuna's own tables (present once an Optuna storage has used the database)
 optuna_studies = sa.table("studies", sa.column("study_id", sa.Integer), sa.column("study_name", sa.String))
 optuna_study_attrs = sa.table("study_system_attributes", sa.column("study_id", sa.Integer),
@@ -74,6 +75,8 @@ def _add_attrs(connection, table, owner_column: str, owner_id: int, attrs: dict)
 
 def _trial_attrs(row, backend: str) -> dict:
     attrs = {"backend": backend, "simulated": backend == "simulate", "origin": row.origin, "status": row.status}
+    if row.strategy_note:
+        attrs["strategy"] = row.strategy_note
     if row.reason:
         attrs["reason"] = row.reason
     if row.message and row.status != "completed":

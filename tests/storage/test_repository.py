@@ -190,10 +190,11 @@ def test_upgrade_to_0004_names_each_optuna_study_like_its_study(storage_url):
                                                              (2, 1, "completed", "NULL", "7400.0")):
             c.execute(text("INSERT INTO autotune_trials (study_id, number, optuna_trial_number, config, config_key, "
                            "dispatched, status, reason, tokens_per_s_per_gpu, peak_mem_gib, attempt, step_times_s, "
-                           f"gpu_seconds, artifacts, created_at) VALUES (1, {number}, {optuna_number}, '{{}}', "
+                           "gpu_seconds, artifacts, strategy_note, created_at) VALUES "
+                           f"(1, {number}, {optuna_number}, '{{}}', "
                            f"'k{number}', {'TRUE' if speed != 'NULL' else 'FALSE'}, '{status}', "
                            f"{reason if reason == 'NULL' else repr(reason)}, {speed}, 61.5, 1, '[]', 0, '{{}}', "
-                           "CURRENT_TIMESTAMP)"))
+                           "'refine', CURRENT_TIMESTAMP)"))
     upgrade(engine)
     repo = Repository.open(storage_url)
     studies = {s.name: s for s in repo.list_studies()}
@@ -203,8 +204,8 @@ def test_upgrade_to_0004_names_each_optuna_study_like_its_study(storage_url):
     assert renamed.metric_names == ["tokens_per_s_per_gpu"]
     rejected, completed = renamed.trials
     assert completed.user_attrs == {"autotune_reason": "x", "backend": "simulate", "simulated": True,
-                                    "origin": "study", "status": "completed", "tokens_per_s_per_gpu": 7400.0,
-                                    "peak_mem_gib": 61.5}
+                                    "origin": "study", "strategy": "refine", "status": "completed",
+                                    "tokens_per_s_per_gpu": 7400.0, "peak_mem_gib": 61.5}
     assert (rejected.user_attrs["status"], rejected.user_attrs["reason"]) == ("rejected", "predicted_oom")
     assert optuna.load_study(study_name="clash", storage=storage_url).metric_names is None  # not ours: untouched
     with pytest.raises(KeyError):
