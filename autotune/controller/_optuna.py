@@ -4,15 +4,15 @@ dispatched (study and validation runs) or imported, and nothing else.
 The Optuna study carries the autotune study's name, its objective is named `tokens_per_s_per_gpu`
 (`set_metric_names`, shown by optuna-dashboard) and a study system attribute (OWNER_KEY) marks it as
 autotune's. Each knob is a categorical parameter over its domain; recompute is one parameter whose
-choices are "none", "selective" and "full/<method>/<layers>". Strategies choose a layout (TPE and GP
+choices are "none", "selective" and "full/<method>/<layers>"; in the study of record each performance
+knob the space tunes is one too (the recipe's value when a run leaves it unset). Strategies choose a layout (TPE and GP
 sample in a private study of their own) and the controller asks for it here (`ask(config)`) only once
 screening let it through: a layout rejected before dispatch never becomes an Optuna trial. Outcomes
 are told by trial number, so a resumed controller can tell trials asked by the one that died:
 completed -> COMPLETE(value); OOM -> PRUNED with a positive constraint (never FAIL, which makes
 samplers propose the same layout again); slow -> PRUNED with its last value; failed / timeout / lost
-twice -> FAIL. Every trial's user attributes say what autotune knows of it: backend, `simulated`,
-origin and strategy when asked; status, reason, message and the five metrics when told
-(outcomes.optuna_attrs).
+twice -> FAIL. When it ends, a trial's user attributes say what autotune recorded of it: backend,
+`simulated`, origin, strategy, status, reason, message and the five metrics (outcomes.optuna_attrs).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, distribution_to_json
 from optuna.trial import TrialState
 
 from autotune.config import LayoutConfig
@@ -52,20 +52,27 @@ def recompute_choices(space: SearchSpace) -> list[str]:
             for g, m, n in _recompute_variants(space.domains)]
 
 
-def distributions(space: SearchSpace) -> dict[str, CategoricalDistribution]:
+def distributions(space: SearchSpace, perf: bool = False) -> dict[str, CategoricalDistribution]:
+    """The layout knobs' distributions, and with `perf` the tuned performance knobs' (space.perf_domains)."""
     dists = {k: CategoricalDistribution(list(space.domains[k])) for k in PLAIN_KNOBS}
     dists["recompute"] = CategoricalDistribution(recompute_choices(space))
+    if perf:
+        dists.update({k: CategoricalDistribution(list(values)) for k, values in space.perf_domains.items()})
     return dists
 
 
-def params_of(config: LayoutConfig) -> dict[str, Any]:
+def params_of(config: LayoutConfig, perf_domains: dict[str, tuple] | None = None) -> dict[str, Any]:
+    """Optuna parameters of `config`; with `perf_domains`, also each of those performance knobs (the
+    recipe's value, its domain's first, when the layout leaves it unset)."""
     values = config.to_dict()
     params = {k: values[k] for k in PLAIN_KNOBS}
     params["recompute"] = recompute_label(config)
+    set_ = config.perf()
+    params.update({k: set_.get(k, domain[0]) for k, domain in (perf_domains or {}).items()})
     return params
 
 
-def config_of(params: dict[str, Any]) -> LayoutConfig:
+def config_of(params: dict[str, Any], perf_domains: dict[str, tuple] | None = None) -> LayoutConfig:
     values = {k: params[k] for k in PLAIN_KNOBS}
     label = params["recompute"]
     if label.startswith("full/"):
@@ -73,9 +80,8 @@ def config_of(params: dict[str, Any]) -> LayoutConfig:
         values.update(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
     else:
         values["recompute"] = label
+    values.update({k: params[k] for k, domain in (perf_domains or {}).items() if params.get(k, domain[0]) != domain[0]})
     return LayoutConfig.from_mapping(values)
-
-
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -85,8 +91,9 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
 
 
 def _one_transaction_available() -> bool:
-    """Whether this Optuna's RDB storage has the internals `_end_in_one_transaction` uses (Optuna 5.0 has;
-    tests/controller/test_parts.py says when an upgrade takes them away)."""
+    """Whether this Optuna's RDB storage has the internals `_create_running_trial` and
+    `_end_in_one_transaction` use (Optuna 5.0 has; tests/controller/test_parts.py says when an upgrade
+    takes them away, and that the public API they stand in for writes the same trials)."""
     try:
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session  # noqa: F401
@@ -94,13 +101,17 @@ def _one_transaction_available() -> bool:
         return False
     internals = ("_create_new_trial", "_set_trial_attr_without_commit", "_set_trial_value_without_commit",
                  "_set_trial_intermediate_value_without_commit")
-    return all(hasattr(optuna.storages.RDBStorage, n) for n in internals) and hasattr(models.TrialModel,
-                                                                                      "find_or_raise_by_id")
+    columns = {"trial_id", "param_name", "param_value", "distribution_json"}
+    return (all(hasattr(optuna.storages.RDBStorage, n) for n in internals)
+            and all(hasattr(models.TrialModel, n) for n in ("find_or_raise_by_id", "count_past_trials"))
+            and hasattr(models.StudyModel, "find_or_raise_by_id")
+            and columns <= set(models.TrialParamModel.__table__.c.keys()))
 
 
-# A trial's start and end are one storage transaction each (creating a trial with its parameters and
-# attributes, ending it with its state, value, attributes and constraint); through Optuna's public
-# storage API the end takes one transaction per attribute, ~10 per trial.
+# A trial's start and end are one storage transaction each, of a few statements (creating a trial with
+# its parameters; ending it with its state, value, attributes and constraint). Through Optuna's public
+# storage API the end takes one transaction per attribute, and creating a trial takes three statements
+# per parameter (~40 per trial).
 ONE_TRANSACTION = _one_transaction_available()
 
 
@@ -121,7 +132,7 @@ class OptunaStudy:
     """Optuna's view of an autotune study, in the same database as autotune's tables.
 
     `create` makes the Optuna study (`_make_room` first); otherwise it is loaded (made if missing).
-    `backend` (the autotune study's) is written on every trial this object asks for or imports.
+    `backend` (the autotune study's) is written on every trial this object ends or imports.
     """
 
     def __init__(self, url: str, study_name: str, space: SearchSpace, sampler: str, seed: int | None,
@@ -137,35 +148,45 @@ class OptunaStudy:
             with warnings.catch_warnings():  # set_metric_names is experimental since Optuna 3.2
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 self.study.set_metric_names([OBJECTIVE])
-        self.distributions = distributions(space)
+        # the study of record also names the performance knobs a run set (strategies sample layouts only)
+        self.perf_domains = dict(space.perf_domains)
+        self.distributions = distributions(space, perf=True)
         self.trial_attrs = {"backend": backend, "simulated": backend == "simulate"} if backend else {}
         self._ids: dict[int, int] = {}  # trial number -> storage id, for the trials this process created
+        self._checked = False  # whether a trial created here had its distributions checked by Optuna
 
     def _create(self, template: optuna.trial.FrozenTrial) -> int:
-        """Create a trial from `template` in one storage transaction; its number."""
-        if ONE_TRANSACTION:
+        """Create a trial from `template` in one storage transaction; its number. The first trial this
+        process creates goes through Optuna's own path, which checks that each parameter's distribution
+        agrees with the study's earlier trials; the others, with the same distributions, skip the check."""
+        if ONE_TRANSACTION and self._checked and template.state == TrialState.RUNNING:  # ask's: no attributes
+            number, trial_id = _create_running_trial(self.storage, self.study_id, template)
+        elif ONE_TRANSACTION:
             created = self.storage._create_new_trial(self.study_id, template_trial=template)
             number, trial_id = created.number, created._trial_id
+            self._checked = True
         else:
             trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
             number = self.storage.get_trial_number_from_id(trial_id)
         self._ids[number] = trial_id
         return number
 
-    def ask(self, config: LayoutConfig, origin: str = "study", strategy: str | None = None) -> int:
+    def ask(self, config: LayoutConfig) -> int:
         """A RUNNING trial with `config` as its parameters (the effect of enqueue_trial + ask, in one
-        storage transaction); its number. Ask only for a layout that is about to be dispatched."""
-        attrs = {**self.trial_attrs, "origin": origin, **({"strategy": strategy} if strategy else {})}
-        return self._create(optuna.trial.create_trial(state=TrialState.RUNNING, params=params_of(config),
-                                                      distributions=self.distributions, user_attrs=attrs))
+        storage transaction); its number. Ask only for a layout that is about to be dispatched. Its
+        attributes are written when it ends (with the outcome, in the same transaction)."""
+        return self._create(optuna.trial.create_trial(state=TrialState.RUNNING,
+                                                      params=params_of(config, self.perf_domains),
+                                                      distributions=self.distributions))
 
     def add_measured(self, config: LayoutConfig, value: float | None, oom: bool, attrs: dict[str, Any]) -> int:
         """Record a run made outside the controller (an imported log) as a finished trial; its number."""
         state = TrialState.COMPLETE if value is not None and not oom else TrialState.PRUNED
         system_attrs = {"constraints:memory": 1.0} if oom else {}
-        user_attrs = {**self.trial_attrs, "origin": "imported", **_present(attrs)}
+        user_attrs = {**self.trial_attrs, **_present(attrs)}
         return self._create(optuna.trial.create_trial(
-            state=state, value=value if state == TrialState.COMPLETE else None, params=params_of(config),
+            state=state, value=value if state == TrialState.COMPLETE else None,
+            params=params_of(config, self.perf_domains),
             distributions=self.distributions, system_attrs=system_attrs, user_attrs=user_attrs))
 
     def tell_complete(self, number: int, value: float, attrs: dict[str, Any]) -> None:
@@ -190,15 +211,16 @@ class OptunaStudy:
         if trial_id is None:
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         system_attrs = {f"constraints:{constraint[0]}": constraint[1]} if constraint else {}
+        user_attrs = {**self.trial_attrs, **_present(attrs)}
         if ONE_TRANSACTION:
-            _end_in_one_transaction(self.storage, trial_id, state, value, _present(attrs), system_attrs, report)
+            _end_in_one_transaction(self.storage, trial_id, state, value, user_attrs, system_attrs, report)
             return
         if self.storage.get_trial(trial_id).state.is_finished():
             return
         try:
             for key, attr in system_attrs.items():
                 self.storage.set_trial_system_attr(trial_id, key, attr)
-            for key, attr in _present(attrs).items():
+            for key, attr in user_attrs.items():
                 self.storage.set_trial_user_attr(trial_id, key, attr)
             if report is not None:
                 self.storage.set_trial_intermediate_value(trial_id, *report)
@@ -212,22 +234,52 @@ def _present(attrs: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in attrs.items() if value is not None}
 
 
+def _create_running_trial(storage: optuna.storages.RDBStorage, study_id: int,
+                          template: optuna.trial.FrozenTrial) -> tuple[int, int]:
+    """(number, storage id) of a new RUNNING trial with the template's parameters: what RDBStorage's
+    _create_new_trial does (the study row locked while the trial is numbered), with its parameters
+    inserted in one statement and their distributions not checked again."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy import insert
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        trial = models.TrialModel(study_id=study_id, number=None, state=TrialState.RUNNING,
+                                  datetime_start=dt.datetime.now())
+        session.add(trial)
+        session.flush()
+        session.execute(insert(models.TrialParamModel), [
+            {"trial_id": trial.trial_id, "param_name": name, "distribution_json": distribution_to_json(dist),
+             "param_value": dist.to_internal_repr(template.params[name])}
+            for name, dist in template.distributions.items()])
+        trial.number = trial.count_past_trials(session)
+        return trial.number, trial.trial_id
+
+
 def _end_in_one_transaction(storage: optuna.storages.RDBStorage, trial_id: int, state: TrialState,
                             value: float | None, user_attrs: dict[str, Any], system_attrs: dict[str, Any],
                             report: tuple[int, float] | None) -> None:
     """What RDBStorage's set_trial_user_attr, set_trial_system_attr, set_trial_intermediate_value and
-    set_trial_state_values do, in one transaction (the trial row locked), through its internals."""
+    set_trial_state_values do, in one transaction (the trial row locked), through its internals; the
+    user attributes in two statements (set_trial_user_attr takes two per attribute)."""
+    import json
+
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy import delete, insert
 
+    table = models.TrialUserAttributeModel
     with _create_scoped_session(storage.scoped_session) as session:
         trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
         if trial.state.is_finished():
             return
         for key, attr in system_attrs.items():
             storage._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, attr)
-        for key, attr in user_attrs.items():
-            storage._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
+        if user_attrs:
+            session.execute(delete(table).where(table.trial_id == trial_id, table.key.in_(list(user_attrs))))
+            session.execute(insert(table), [{"trial_id": trial_id, "key": key, "value_json": json.dumps(attr)}
+                                            for key, attr in user_attrs.items()])
         if report is not None:
             storage._set_trial_intermediate_value_without_commit(session, trial_id, *report)
         if value is not None:

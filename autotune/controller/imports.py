@@ -48,7 +48,7 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
                          backend=study.backend)
     reason = "out_of_memory" if status == "oom" else None
     number = optuna.add_measured(layout, metrics.get("tokens_per_s_per_gpu"), oom=status == "oom",
-                                 attrs={**optuna_attrs(status, reason, None, metrics), "log": source})
+                                 attrs={**optuna_attrs(status, reason, None, metrics, "imported"), "log": source})
     # numbered like the study's other runs: with its Optuna trial number (models.TrialNumbering)
     return repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
                              [t for _, t in parsed.iterations], source,

@@ -223,7 +223,7 @@ class Controller:
             if rejection is not None:
                 self._reject(config, note, rejection)
                 continue
-            number = self.optuna.ask(config, TrialOrigin.STUDY.value, note)
+            number = self.optuna.ask(config)
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
                                                prediction(self.state, self.workload, config), note,
@@ -253,7 +253,7 @@ class Controller:
         trial = self.repo.add_rejected(self.study.id, config.to_dict(), config.key(), rejection.reason,
                                        rejection.message, optuna_number, rejection.implied_by, strategy_note=note)
         outcomes.tell(self.optuna, optuna_number, trial.status, {}, rejection.message, [], self.workload,
-                      self.pruner.warmup_steps, reason=rejection.reason)
+                      self.pruner.warmup_steps, reason=rejection.reason, origin=trial.origin, strategy=note)
 
     def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int = 0) -> None:
         if trial.attempt <= 1 and trial.origin == TrialOrigin.STUDY:
@@ -309,7 +309,8 @@ class Controller:
                                         tokens_per_s_per_gpu=metrics["tokens_per_s_per_gpu"],
                                         peak_mem_gib=metrics["peak_mem_gib"]))
         outcomes.tell(self.optuna, trial.optuna_trial_number, status, stored, outcome.error, run.steps,
-                      self.workload, self.pruner.warmup_steps, reason=reason)
+                      self.workload, self.pruner.warmup_steps, reason=reason, origin=trial.origin,
+                      strategy=trial.strategy_note)
 
     # --- after the budget: validation runs of the winner (--validate-steps) ---------------------
 
@@ -323,7 +324,7 @@ class Controller:
             dispatch_key = f"{config.key()}#validation"
             if self.repo.is_dispatched(self.study.id, dispatch_key):
                 continue  # validated before this controller resumed
-            number = self.optuna.ask(config, TrialOrigin.VALIDATION.value)
+            number = self.optuna.ask(config)
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
                                                prediction(self.state, self.workload, config),
@@ -345,7 +346,8 @@ class Controller:
         def tell_trial(number: int, trial: Trial) -> None:
             metrics = {key: getattr(trial, key) for key in METRIC_KEYS}
             outcomes.tell(self.optuna, number, trial.status, metrics, trial.message, list(trial.step_times_s),
-                          self.workload, self.pruner.warmup_steps, reason=trial.reason)
+                          self.workload, self.pruner.warmup_steps, reason=trial.reason, origin=trial.origin,
+                          strategy=trial.strategy_note)
 
         _recovery.reconcile(self.repo, self.study.id, self.optuna, STALE_AFTER_HEARTBEATS * HEARTBEAT_S, tell_trial)
 

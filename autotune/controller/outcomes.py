@@ -75,24 +75,27 @@ def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> 
     return failed, {key: None for key in metrics}
 
 
-def optuna_attrs(status: str, reason: str | None, message: str | None, metrics: dict) -> dict:
+def optuna_attrs(status: str, reason: str | None, message: str | None, metrics: dict, origin: str | None = None,
+                 strategy: str | None = None) -> dict:
     """The user attributes a finished trial's Optuna trial gets: what autotune recorded of it (a None is
-    left out by the adapter)."""
-    attrs = {"status": status, "reason": reason, **{key: metrics.get(key) for key in METRIC_KEYS}}
+    left out by the adapter, which adds the backend)."""
+    attrs = {"origin": origin, "strategy": strategy, "status": status, "reason": reason,
+             **{key: metrics.get(key) for key in METRIC_KEYS}}
     if message and status != "completed":
         attrs["message"] = message[:MESSAGE_CHARS]
     return attrs
 
 
 def tell(optuna, number: int | None, status: str, metrics: dict, error: str | None, step_times_s: list[float],
-         workload: Workload, warmup_steps: int, reason: str | None = None) -> None:
+         workload: Workload, warmup_steps: int, reason: str | None = None, origin: str | None = None,
+         strategy: str | None = None) -> None:
     """Tell Optuna (the study of record) how trial `number` ended, with `optuna_attrs` as its user
     attributes. OOMs (and a proposal refused in a race between controllers, or a stale one of a study
     numbered before revision 0004: "rejected") are infeasible (a constraint, never FAIL); a slow-branch
     prune is PRUNED with its measured throughput."""
     if number is None:
         return
-    attrs = optuna_attrs(status, reason, error, metrics)
+    attrs = optuna_attrs(status, reason, error, metrics, origin, strategy)
     if status == "rejected":
         optuna.tell_infeasible(number, constraint_kind(reason or "rejected"), 1.0, attrs)
     elif status == "completed" and metrics.get("tokens_per_s_per_gpu"):

@@ -93,11 +93,12 @@ def optuna_study(tmp_path, qwen16):
 ])
 def test_tell_maps_each_status_to_one_optuna_state(optuna_study, qwen16, status, metrics, steps, state, constraint):
     _, workload, legal = qwen16
-    number = optuna_study.ask(legal[0], "study", "explore")
-    outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, warmup_steps=3, reason="rule")
+    number = optuna_study.ask(legal[0])
+    outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, warmup_steps=3, reason="rule",
+                  origin="study", strategy="explore")
     trial = optuna_study.study.trials[number]
     assert trial.state == state
-    # what autotune recorded is there to read: backend and origin from the ask, the outcome from the tell
+    # what autotune recorded is there to read: the study's backend, the trial's origin, strategy and outcome
     assert {k: trial.user_attrs.get(k) for k in ("backend", "simulated", "origin", "strategy", "status", "reason")} \
         == {"backend": "simulate", "simulated": True, "origin": "study", "strategy": "explore", "status": status,
             "reason": "rule"}
@@ -118,22 +119,33 @@ def test_tell_maps_each_status_to_one_optuna_state(optuna_study, qwen16, status,
 
 
 def test_a_trial_is_one_storage_transaction_to_start_and_one_to_end(optuna_study, qwen16):
-    """The controller's overhead per trial: Optuna's public storage API ends a trial with one
-    transaction per attribute; the adapter writes the start and the end in one each."""
+    """The controller's overhead per trial: through Optuna's public storage API a trial's start takes
+    three statements per parameter and its end one transaction per attribute; the adapter writes each
+    in one transaction of a few statements."""
     from sqlalchemy import event
 
     from autotune.controller import _optuna
+    from autotune.controller._optuna import config_of
 
     _, workload, legal = qwen16
     assert _optuna.ONE_TRANSACTION, "this Optuna lacks the RDB internals the adapter uses: see _optuna.py"
-    commits = []
+    optuna_study.ask(legal[0])  # the first trial a process creates goes through Optuna's own checks
+    commits, statements = [], []
     event.listen(optuna_study.storage.engine, "commit", lambda _connection: commits.append(1))
-    number = optuna_study.ask(legal[0], "study", "refine")
-    assert len(commits) == 1
+    event.listen(optuna_study.storage.engine, "before_cursor_execute",
+                 lambda _c, _cursor, sql, *_: statements.append(sql.split()[0]))
+    number = optuna_study.ask(legal[1])
+    assert len(commits) == 1 and len(statements) <= 5, statements  # lock, trial, parameters, number (+ BEGIN)
+    frozen = optuna_study.study.trials[number]
+    assert number == 1 and frozen.state == TrialState.RUNNING and config_of(frozen.params) == legal[1]
+    assert frozen.distributions == optuna_study.distributions
+    commits.clear()  # reading the trial above was a transaction of its own
+    statements.clear()
     metrics = {"tokens_per_s_per_gpu": 7000.0, "tflops_per_gpu": 180.0, "mfu": 0.18, "step_time_s": 37.4,
                "peak_mem_gib": 60.0}
-    outcomes.tell(optuna_study, number, "completed", metrics, None, [], workload, 3)
-    assert len(commits) == 2
+    outcomes.tell(optuna_study, number, "completed", metrics, None, [], workload, 3, origin="study", strategy="refine")
+    assert len(commits) == 1 and len(statements) <= 7, statements  # lock, attributes (2), value, state
+    assert len(optuna_study.study.trials[number].user_attrs) == 10  # backend, simulated, origin, ... 5 metrics
 
 
 @pytest.mark.parametrize("status, metrics, steps", [
@@ -147,11 +159,12 @@ def test_without_optunas_internals_the_public_api_writes_the_same_trial(optuna_s
     from autotune.controller import _optuna
 
     _, workload, legal = qwen16
+    optuna_study.ask(legal[1])  # the first trial a process creates goes through Optuna's own checks
     ended = []
     for one_transaction in (True, False):
         monkeypatch.setattr(_optuna, "ONE_TRANSACTION", one_transaction)
-        number = optuna_study.ask(legal[0], "study", "refine")
-        outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, 3, reason="rule")
+        number = optuna_study.ask(legal[0])
+        outcomes.tell(optuna_study, number, status, metrics, "why", steps, workload, 3, reason="rule", origin="study")
         trial = optuna_study.study.trials[number]
         ended.append((trial.state, trial.value, trial.user_attrs, trial.system_attrs, trial.intermediate_values,
                       trial.params, trial.datetime_complete is not None))
@@ -166,7 +179,18 @@ def test_the_optuna_adapter_fixes_a_layout_and_round_trips_its_parameters(optuna
         number = optuna_study.ask(config)
         assert config_of(optuna_study.study.trials[number].params) == config
         assert optuna_study.study.trials[number].state == TrialState.RUNNING
-    imported = optuna_study.add_measured(legal[1], None, oom=True, attrs={"status": "oom", "log": "run.log"})
+    # a run that sets performance knobs says so in its parameters; one that leaves them has the recipe's
+    space, _, _ = qwen16
+    variant = legal[0].replace(cuda_graph="full_iteration", ep_overlap=True)
+    number = optuna_study.ask(variant)
+    params = optuna_study.study.trials[number].params
+    assert (params["cuda_graph"], params["ep_overlap"]) == ("full_iteration", True)
+    assert config_of(params, space.perf_domains) == variant
+    number = optuna_study.ask(legal[0])
+    plain = optuna_study.study.trials[number].params
+    assert plain["cuda_graph"] == space.perf_domains["cuda_graph"][0] and config_of(plain, space.perf_domains) == legal[0]
+    imported = optuna_study.add_measured(legal[1], None, oom=True,
+                                         attrs={"origin": "imported", "status": "oom", "log": "run.log"})
     frozen = optuna_study.study.trials[imported]
     assert frozen.state == TrialState.PRUNED and frozen.system_attrs["constraints:memory"] > 0
     assert frozen.user_attrs == {"backend": "simulate", "simulated": True, "origin": "imported", "status": "oom",
@@ -357,7 +381,8 @@ def test_two_slots_freed_at_once_never_run_the_same_remeasurement_twice(tmp_path
     space, workload, _ = qwen16
     repo = Repository.open(f"sqlite:///{tmp_path / 'two.db'}")
     study = create_study(repo, name="two", space=space, workload=workload, budget=10, sampler="auto",
-                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.05}, seed=0)
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.05}, seed=0,
+                         options={"knob_share": 0.0})  # the layout search alone: its last share remeasures
     summary = build_controller(repo, study, dispatcher=TwoSlots("simulate", study.backend_options)).run()
     trials = repo.trials(study.id)
     assert summary.stop_reason == "budget" and summary.counts["dispatched"] == 10
