@@ -48,9 +48,10 @@ class KnobPhase(Strategy):
             self.inner.remeasure = value
 
     def knob_slots(self) -> int:
+        """Trials of the knob phase: the share of the budget, rounded (none in a budget too small for it)."""
         if self.space is None or not self.space.perf_domains or self.share <= 0:
             return 0
-        return max(1, round(self.share * self.budget))
+        return round(self.share * self.budget)
 
     def in_window(self, state: SearchState) -> bool:
         """The budget's last knob_slots() trials."""
@@ -145,3 +146,10 @@ class KnobPhase(Strategy):
         if key not in self._estimates:
             self._estimates[key] = self._estimate(workload, config).tokens_per_s_per_gpu
         return self._estimates[key]
+
+
+def with_knob_phase(strategy: Strategy, share: float) -> Strategy:
+    """`strategy` with the knob phase when `share` > 0 and its space has performance knobs to tune."""
+    if share > 0 and strategy.space is not None and strategy.space.perf_domains and round(share * strategy.budget):
+        return KnobPhase(strategy, share)
+    return strategy

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from autotune.backends import ResourceRequest, backend_class
 from autotune.config import LayoutConfig, Workload
+from autotune.controller.knobs import with_knob_phase
 from autotune.controller.loop import Controller
 from autotune.controller.options import StudyOptions
 from autotune.controller.strategies import STRATEGIES, make_strategy
@@ -152,8 +153,8 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
         dispatcher.start()
     try:
         options = StudyOptions.from_stored(study.options)
-        strategy = make_strategy(study.sampler, study.budget, options.seed, recipe_baseline(space), space,
-                                 knob_share=options.knob_share)
+        strategy = with_knob_phase(make_strategy(study.sampler, study.budget, options.seed, recipe_baseline(space),
+                                                 space), options.knob_share)
         strategy.remeasure = not backend_class(study.backend).repeatable_results
         return Controller(repo, study, space, workload, strategy, dispatcher, baseline=recipe_baseline(space),
                           on_tick=on_tick)

@@ -335,15 +335,8 @@ STRATEGIES = {s.name: s for s in (AutoStrategy, RandomLegalStrategy, GridStrateg
 
 
 def make_strategy(name: str, budget: int, seed: int | None, baseline: LayoutConfig | None,
-                  space=None, knob_share: float = 0.0) -> Strategy:
-    """The strategy `name`; with `knob_share` > 0 and performance knobs in `space`, its last share of the
-    budget (before remeasurement) tunes the knobs at the leading layouts (controller/knobs.py)."""
+                  space=None) -> Strategy:
     try:
-        strategy = STRATEGIES[name](budget, seed, baseline, space)
+        return STRATEGIES[name](budget, seed, baseline, space)
     except KeyError:
         raise ConfigError(f"unknown sampler {name!r} (known: {', '.join(STRATEGIES)})") from None
-    if knob_share > 0 and space is not None and space.perf_domains:
-        from autotune.controller.knobs import KnobPhase
-
-        return KnobPhase(strategy, knob_share)
-    return strategy

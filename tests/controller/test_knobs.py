@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.config import LayoutConfig
-from autotune.controller.knobs import KNOB_NOTE, KnobPhase
+from autotune.controller.knobs import KNOB_NOTE, KnobPhase, with_knob_phase
 from autotune.controller.session import build_controller, create_study
 from autotune.controller.strategies import AutoStrategy, make_strategy
 from autotune.space import load_space, make_workload, violations
@@ -24,11 +24,15 @@ def _run(tmp_path, knob_share: float, budget: int = 12, seed: int = 0):
 
 def test_the_strategy_gets_a_knob_phase_only_where_there_are_knobs_to_tune():
     qwen = load_space("qwen3_30b")
-    wrapped = make_strategy("auto", 40, 0, None, qwen, knob_share=0.2)
+    def strategy(space, share, budget=40):
+        return with_knob_phase(make_strategy("auto", budget, 0, None, space), share)
+
+    wrapped = strategy(qwen, 0.2)
     assert isinstance(wrapped, KnobPhase) and wrapped.knob_slots() == 8 and wrapped.inner.budget == 32
-    assert isinstance(make_strategy("auto", 40, 0, None, qwen, knob_share=0.0), AutoStrategy)
-    assert isinstance(make_strategy("auto", 40, 0, None, qwen.without_perf(), knob_share=0.2), AutoStrategy)
-    assert isinstance(make_strategy("auto", 40, 0, None, load_space("llama3_70b"), knob_share=0.2), AutoStrategy)
+    assert isinstance(strategy(qwen, 0.0), AutoStrategy)
+    assert isinstance(strategy(qwen, 0.1, budget=4), AutoStrategy)  # too small a budget for a knob phase
+    assert isinstance(strategy(qwen.without_perf(), 0.2), AutoStrategy)
+    assert isinstance(strategy(load_space("llama3_70b"), 0.2), AutoStrategy)
 
 
 def test_the_last_share_of_the_budget_tunes_knobs_at_measured_layouts(tmp_path):
