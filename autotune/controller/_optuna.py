@@ -62,13 +62,16 @@ def distributions(space: SearchSpace, perf: bool = False) -> dict[str, Categoric
 
 
 def params_of(config: LayoutConfig, perf_domains: dict[str, tuple] | None = None) -> dict[str, Any]:
-    """Optuna parameters of `config`; with `perf_domains`, also each of those performance knobs (the
-    recipe's value, its domain's first, when the layout leaves it unset)."""
+    """Optuna parameters of `config`; with `perf_domains`, also those performance knobs the run sets.
+
+    Conditional parameters: a performance knob is a parameter only of the trials that change it, and a
+    run can change a child knob only where its parent makes it exist (the legality rules), so e.g.
+    `cp_comm_type` appears only on runs with CP > 1 and `dispatcher_sms` only under a flex dispatcher.
+    A trial without the parameter ran the recipe's value."""
     values = config.to_dict()
     params = {k: values[k] for k in PLAIN_KNOBS}
     params["recompute"] = recompute_label(config)
-    set_ = config.perf()
-    params.update({k: set_.get(k, domain[0]) for k, domain in (perf_domains or {}).items()})
+    params.update({k: v for k, v in config.perf().items() if k in (perf_domains or {})})
     return params
 
 
@@ -80,7 +83,7 @@ def config_of(params: dict[str, Any], perf_domains: dict[str, tuple] | None = No
         values.update(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
     else:
         values["recompute"] = label
-    values.update({k: params[k] for k, domain in (perf_domains or {}).items() if params.get(k, domain[0]) != domain[0]})
+    values.update({k: params[k] for k in (perf_domains or {}) if k in params})
     return LayoutConfig.from_mapping(values)
 
 
@@ -175,19 +178,23 @@ class OptunaStudy:
         """A RUNNING trial with `config` as its parameters (the effect of enqueue_trial + ask, in one
         storage transaction); its number. Ask only for a layout that is about to be dispatched. Its
         attributes are written when it ends (with the outcome, in the same transaction)."""
-        return self._create(optuna.trial.create_trial(state=TrialState.RUNNING,
-                                                      params=params_of(config, self.perf_domains),
-                                                      distributions=self.distributions))
+        params = params_of(config, self.perf_domains)
+        return self._create(optuna.trial.create_trial(state=TrialState.RUNNING, params=params,
+                                                      distributions=self._distributions_of(params)))
 
     def add_measured(self, config: LayoutConfig, value: float | None, oom: bool, attrs: dict[str, Any]) -> int:
         """Record a run made outside the controller (an imported log) as a finished trial; its number."""
         state = TrialState.COMPLETE if value is not None and not oom else TrialState.PRUNED
         system_attrs = {"constraints:memory": 1.0} if oom else {}
         user_attrs = {**self.trial_attrs, **_present(attrs)}
+        params = params_of(config, self.perf_domains)
         return self._create(optuna.trial.create_trial(
-            state=state, value=value if state == TrialState.COMPLETE else None,
-            params=params_of(config, self.perf_domains),
-            distributions=self.distributions, system_attrs=system_attrs, user_attrs=user_attrs))
+            state=state, value=value if state == TrialState.COMPLETE else None, params=params,
+            distributions=self._distributions_of(params), system_attrs=system_attrs, user_attrs=user_attrs))
+
+    def _distributions_of(self, params: dict[str, Any]) -> dict[str, CategoricalDistribution]:
+        """The distributions of the parameters a trial has (performance knobs are conditional)."""
+        return {k: self.distributions[k] for k in params}
 
     def tell_complete(self, number: int, value: float, attrs: dict[str, Any]) -> None:
         self._end(number, TrialState.COMPLETE, attrs, value=float(value))
