@@ -5,7 +5,7 @@ settings each, and their effects are nearly separable from the layout's (a dispa
 changes one step-time term; the cost model's ratio says how much). So the inner strategy searches layouts
 with every knob at the recipe's value, planning (and remeasuring its close contenders) for the budget
 less the knob share; in the last `knob_share` of the budget (default 10%) the knob phase takes over:
-coordinate ascent from the best measured configurations, one knob changed at a time (EP overlap brings the smallest VPP along where PP > 1 needs one), each candidate
+coordinate ascent from the best measured configurations that keep the memory headroom, one knob changed at a time (EP overlap brings the smallest VPP along where PP > 1 needs one), each candidate
 scored by the centre's posterior throughput times the cost model's predicted ratio (the calibrated measurement carries the layout, the model the knob), the
 best first. A variant is screened like any layout (legality incl. the knob rules, its layout's OOM frontier
 and fit). `benchmarks/search_quality.py --knobs` compares this with layout-only tuning on landscapes where
@@ -75,8 +75,19 @@ class KnobPhase(Strategy):
         if state.runs:
             measured = np.array(sorted(state.runs))
             mean, _ = state.posterior(measured)
-            rows += [(float(m), state.legal[int(i)]) for i, m in zip(measured, mean)]
-        rows += [(sum(r) / len(r), state.variants[k]) for k, r in state.variant_runs.items()]
+            # only layouts that keep the memory headroom: a faster setting of one that does not could not
+            # be recommended, so tuning its knobs would spend the budget on nothing
+            keeps = state.p_fit(state.headroom_gib)[measured] >= 0.5
+            # ...and, where a run measured its peak, that peak decides (the model's fit is for the unmeasured)
+            margin = state.workload.cluster.gpu.memory_gib - state.headroom_gib
+            peaks = {}
+            for i, log_ratio in state.memory.observations:
+                peaks[i] = max(peaks.get(i, 0.0), float(state.memory.predicted_gib[i] * np.exp(log_ratio)))
+            keeps &= np.array([peaks.get(int(i), 0.0) <= margin for i in measured])
+            rows += [(float(m), state.legal[int(i)]) for i, m, ok in zip(measured, mean, keeps) if ok]
+        layouts = {c.key() for _, c in rows}
+        rows += [(sum(r) / len(r), state.variants[k]) for k, r in state.variant_runs.items()
+                 if state.variants[k].layout_only().key() in layouts]
         return sorted(rows, key=lambda row: -row[0])
 
     def _knob_proposal(self, state: SearchState) -> Proposal | None:
@@ -101,11 +112,13 @@ class KnobPhase(Strategy):
                 if violations(candidate, workload):
                     continue
                 estimate = self._estimate(workload, candidate)
-                # a knob that adds memory (graphs, less recompute) must not push the centre over the GPU;
-                # judged from the centre's predicted peak, scaled by the model's ratio for the knob
+                # a knob that adds memory (graphs, less recompute, the VPP EP overlap needs) must keep the
+                # centre inside the headroom (else it could not be recommended); judged from the centre's
+                # calibrated peak, scaled by the model's ratio for the change
                 centre_peak = self._estimate(workload, centre).peak_mem_gib
                 if estimate.peak_mem_gib > centre_peak and state.predicted_peak_gib(
-                        state.index.get(centre.layout_only().key(), 0)) * estimate.peak_mem_gib / centre_peak > limit:
+                        state.index.get(centre.layout_only().key(), 0)) * estimate.peak_mem_gib / centre_peak \
+                        > limit - state.headroom_gib:
                     continue
                 score = mean + math.log(estimate.tokens_per_s_per_gpu) - base_log
                 if best is None or score > best[0]:
