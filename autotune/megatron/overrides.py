@@ -84,6 +84,18 @@ def layout_fields(config: LayoutConfig, workload: Workload) -> dict[str, Any]:
     return fields
 
 
+# performance knobs whose value is the Bridge field's value, as is
+DIRECT_FIELDS = {
+    "dispatcher_sms": "model.moe_flex_dispatcher_num_sms",
+    "ep_overlap": "comm_overlap.overlap_moe_expert_parallel_comm",
+    "shared_expert_overlap": "model.moe_shared_expert_overlap",
+    "tp_comm_overlap": "comm_overlap.tp_comm_overlap",
+    "overlap_grad_reduce": "comm_overlap.overlap_grad_reduce",
+    "overlap_param_gather": "comm_overlap.overlap_param_gather",
+    "cp_comm_type": "model.cp_comm_type",
+}
+
+
 def perf_fields(config: LayoutConfig) -> dict[str, Any]:
     """Bridge fields of the performance knobs `config` sets (a knob left at None emits nothing).
 
@@ -99,12 +111,8 @@ def perf_fields(config: LayoutConfig) -> dict[str, Any]:
         kind, _, backend = config.dispatcher.partition("_")
         fields["model.moe_token_dispatcher_type"] = kind
         fields["model.moe_flex_dispatcher_backend"] = backend or None
-    if config.dispatcher_sms is not None:
-        fields["model.moe_flex_dispatcher_num_sms"] = config.dispatcher_sms
-    if config.ep_overlap is not None:
-        fields["comm_overlap.overlap_moe_expert_parallel_comm"] = config.ep_overlap
-    if config.shared_expert_overlap is not None:
-        fields["model.moe_shared_expert_overlap"] = config.shared_expert_overlap
+    fields.update({path: getattr(config, knob) for knob, path in DIRECT_FIELDS.items()
+                   if getattr(config, knob) is not None})
     if config.cuda_graph is not None:
         impl, scope = CUDA_GRAPHS[config.cuda_graph]
         fields["model.cuda_graph_impl"] = impl
@@ -119,14 +127,6 @@ def perf_fields(config: LayoutConfig) -> dict[str, Any]:
             fields["rerun_state_machine.check_for_nan_in_loss"] = False
     if config.recompute_modules is not None:
         fields["model.recompute_modules"] = config.recompute_modules.split("+")
-    if config.tp_comm_overlap is not None:
-        fields["comm_overlap.tp_comm_overlap"] = config.tp_comm_overlap
-    if config.overlap_grad_reduce is not None:
-        fields["comm_overlap.overlap_grad_reduce"] = config.overlap_grad_reduce
-    if config.overlap_param_gather is not None:
-        fields["comm_overlap.overlap_param_gather"] = config.overlap_param_gather
-    if config.cp_comm_type is not None:
-        fields["model.cp_comm_type"] = config.cp_comm_type
     if config.cpu_offload_layers is not None:
         fields["model.cpu_offloading"] = config.cpu_offload_layers > 0
         if config.cpu_offload_layers > 0:

@@ -151,15 +151,10 @@ class _Reader:
         knobs = self.mapping(value, "perf_knobs", PERF_KNOBS)
         domains: dict[str, tuple[Any, ...]] = {}
         for name, values in knobs.items():
-            if not isinstance(values, list) or not values:
-                raise self.fail(f"perf_knobs.{name}", "must be a non-empty list of values, the recipe's first")
-            try:
-                coerced = [coerce_knob(name, v) for v in values]
-            except ConfigError as exc:
-                raise self.fail(f"perf_knobs.{name}", str(exc)) from None
-            if None in coerced:
+            domains[name] = self.domain("perf_knobs", name, values,
+                                        "must be a non-empty list of values, the recipe's first")
+            if None in domains[name]:
                 raise self.fail(f"perf_knobs.{name}", "takes values, not null: list the recipe's value first")
-            domains[name] = tuple(dict.fromkeys(coerced))
         return domains
 
     def python_name(self, value: Any, key: str, with_function: bool) -> str:
@@ -246,15 +241,18 @@ class _Reader:
         knobs = self.mapping(value, "knobs", KNOBS, KNOBS)
         domains: dict[str, tuple[Any, ...]] = {}
         for name in KNOBS:
-            values = knobs[name]
-            if not isinstance(values, list) or not values:
-                raise self.fail(f"knobs.{name}", "must be a non-empty list of values")
-            try:
-                coerced = [coerce_knob(name, v) for v in values]
-            except ConfigError as exc:
-                raise self.fail(f"knobs.{name}", str(exc)) from None
-            domains[name] = tuple(dict.fromkeys(coerced))
+            domains[name] = self.domain("knobs", name, knobs[name], "must be a non-empty list of values")
         return domains
+
+    def domain(self, section: str, name: str, values: Any, shape: str) -> tuple[Any, ...]:
+        """A knob's list of values, each coerced, duplicates dropped (order kept)."""
+        if not isinstance(values, list) or not values:
+            raise self.fail(f"{section}.{name}", shape)
+        try:
+            coerced = [coerce_knob(name, v) for v in values]
+        except ConfigError as exc:
+            raise self.fail(f"{section}.{name}", str(exc)) from None
+        return tuple(dict.fromkeys(coerced))
 
     def policy(self, value: Any) -> dict[str, bool]:
         policy = self.mapping(value, "policy", POLICY_NAMES)
