@@ -40,7 +40,9 @@ PERF_CHOICES: dict[str, tuple[str, ...]] = {
 }
 PERF_BOOL_KNOBS = ("ep_overlap", "shared_expert_overlap", "tp_comm_overlap", "overlap_grad_reduce",
                    "overlap_param_gather")
-PERF_INT_KNOBS = ("dispatcher_sms", "cpu_offload_layers")  # SMs of the flex dispatcher (>= 1); layers offloaded (>= 0)
+PERF_INT_KNOBS = ("dispatcher_sms", "cpu_offload_layers")
+# SMs of the flex dispatcher (no GPU has more than 256); layers offloaded (no model has 10,000)
+PERF_INT_RANGES = {"dispatcher_sms": (1, 256), "cpu_offload_layers": (0, 10_000)}
 # modules of selective recompute, in Megatron-Core's order; a value is a '+'-joined subset
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts", "mla_up_proj")
 PERF_KNOBS = ("dispatcher", "dispatcher_sms", "ep_overlap", "shared_expert_overlap", "cuda_graph", "recompute_modules",
@@ -196,8 +198,9 @@ def _coerce_perf(name: str, value: Any) -> Any:
         return _as_bool(name, value)
     if name in PERF_INT_KNOBS:
         number = _as_int(name, value)
-        if number < (1 if name == "dispatcher_sms" else 0):
-            raise ConfigError(f"knob {name} must be >= {1 if name == 'dispatcher_sms' else 0}, got {number}")
+        low, high = PERF_INT_RANGES[name]
+        if not low <= number <= high:
+            raise ConfigError(f"knob {name} must be between {low} and {high}, got {str(number)[:40]}")
         return number
     text = str(value).strip().lower()
     if name == "recompute_modules":

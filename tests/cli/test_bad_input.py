@@ -75,6 +75,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
      "--workdir"),  # where the trial specs go: refused before anything runs
+    ("estimate-huge-dispatcher-sms", ["estimate", "--model", "qwen3_30b", "--ep", "16", "--dispatcher-sms",
+                                      "99999999999999999999999"], "between 1 and 256"),
     ("fix-a-performance-knob", [*START, "--fix", "ep_overlap=true", "--storage", "{url}"], "knob phase"),
     ("benchmark-setting-unknown", [*START, "--benchmark-setting", "model.anything=true", "--storage", "{url}"],
      "--benchmark-setting"),  # only the named benchmark-only settings reach the overrides
