@@ -4,8 +4,9 @@ The cost model ranks every legal layout once (vectorised). Measurements then cor
 (controller/surrogate.py):
 - physics: the step-time model's terms are rescaled to the measured step times
   (controller/physics.py), which re-ranks every layout, interactions included;
-- speed: a Gaussian process on log(measured / calibrated prediction) over layout features, the
-  calibrated cost model as its mean; repeated runs of one layout are kept apart (they measure the noise);
+- speed: a Gaussian process on log(measured / calibrated prediction) over the knob values (one
+  measurement moves every layout sharing a knob value or a pair of values with it), the calibrated
+  cost model as its mean; repeated runs of one layout are kept apart (they measure the noise);
 - memory: the probability that each layout fits, from predicted and measured peaks and OOMs;
 - the OOM frontier: a measured OOM makes every layout that needs at least as much memory (same
   family or smaller TP/PP/CP/EP/ETP, equal VPP, larger micro-batch, weaker recompute, no
@@ -20,7 +21,7 @@ import numpy as np
 
 from autotune.config import RECOMPUTE_CODES, LayoutConfig, Workload
 from autotune.controller.physics import PhysicsCalibration
-from autotune.controller.surrogate import FAMILY, MemoryFeasibility, ResidualGP, layout_features
+from autotune.controller.surrogate import FAMILY, MemoryFeasibility, ResidualGP
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
 P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when it fits with this probability
@@ -59,7 +60,6 @@ class SearchState:
     physics: PhysicsCalibration = field(default_factory=PhysicsCalibration)
     _log_prior: np.ndarray | None = None
     _breakdown: np.ndarray | None = None
-    _features: np.ndarray | None = None
     _codes: np.ndarray | None = None
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
@@ -177,11 +177,6 @@ class SearchState:
             mask |= self._neighbourhoods[key]
         return mask
 
-    def features(self) -> np.ndarray:
-        if self._features is None:
-            self._features = layout_features(self.arrays, self.predicted, self.workload)
-        return self._features
-
     def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float) -> None:
         i = self.index.get(config.key())
         if i is not None and tokens_per_s_per_gpu > 0:
@@ -204,19 +199,19 @@ class SearchState:
         """The GP on log(measured / predicted), refitted when measurements arrived since the last fit."""
         n = self.n_runs
         if self._gp is None:
-            self._gp = ResidualGP(self.features().shape[1])
+            self._gp = ResidualGP()
         if n and n != self._gp_runs:
             self.calibrate()
             rows = [i for i, runs in self.runs.items() for _ in runs]
             residual = np.array([r for i, runs in self.runs.items() for r in runs]) - self.log_prior[rows]
             optimize = n <= OPTIMIZE_ALWAYS_UP_TO or n % OPTIMIZE_EVERY == 0
-            self._gp.fit(self.features()[rows], residual, optimize=optimize)
+            self._gp.fit(self.knob_codes()[rows], residual, optimize=optimize)
             self._gp_runs = n
         return self._gp
 
     def posterior(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and sd of log throughput (tokens/s/GPU) at layouts `rows`."""
-        mean, std = self.surrogate().predict(self.features()[rows])
+        mean, std = self.surrogate().predict(self.knob_codes()[rows])
         return self.log_prior[rows] + mean, std
 
     def measured_means(self) -> dict[int, tuple[float, int]]:

@@ -1,11 +1,23 @@
 """What the search learns from measurements: a throughput surrogate and a memory feasibility model.
 
-Throughput: a Gaussian process (scikit-learn) on the residual log(measured / predicted) over layout
-features that carry the physics the cost model may get wrong (per-GPU GEMM shape, tokens per local
-expert, groups that leave the NVLink domain, bubble, exposed communication, recompute, memory
-headroom), with a constant mean. The cost model (calibrated) is the GP's prior mean, so one
-measurement moves every similar layout, and far from any measurement the prior rules again with its
-stated uncertainty (PRIOR_LOG_STD). A white-noise term absorbs run-to-run noise.
+Throughput: a Gaussian process (scikit-learn) on the residual log(measured / predicted), with a
+constant mean, over the layouts' knob values (one integer code per knob: TP, PP, VPP, CP, EP, ETP,
+SP, MBS, recompute, distributed optimizer). Its kernel (KnobCellKernel) makes two layouts covary by
+how many knob values, and how many pairs of knob values, they share: a second-order additive model
+in the knobs (Duvenaud et al. 2011, "Additive Gaussian processes"). What a cluster does that the
+calibrated physics misses is mostly a knob value, or a combination of two (TP with EP, PP with VPP,
+MBS with recompute), being better or worse than predicted; one measurement then moves every layout
+that shares a value or a pair of values with it, and a layout that shares none keeps the prior's
+mean and uncertainty. The cost model (calibrated: controller/physics.py) is the GP's prior mean,
+so the physics (NVLink spans, GEMM shapes, bubbles) reaches every layout through it. A white-noise
+term absorbs run-to-run noise.
+
+Why not a smooth kernel on physics features (GEMM width, tokens per expert, NVLink spans, bubble
+share...): an ARD Matern over 17 such features was this module's first surrogate; with <= 40 runs
+its length scales overfit (features declared irrelevant on a handful of points, posteriors a few
+percent wide at layouts four knobs away), and on the tuning seeds of benchmarks/search_quality.py
+(seeds 5-14, qwen3_30b on 16 GPUs) it ended 2-8 points below the knob-cell kernel on every landscape
+family; adding it to the knob-cell kernel did not help either.
 
 Memory: log(measured peak / predicted peak) = global error + structural-family error + noise, a
 linear-Gaussian model with the memory model's stated error as its prior. A measured OOM is a
@@ -22,12 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autotune.config import Workload
-from autotune.cost import Estimates, LayoutArrays
 from autotune.cost import calibration as cost_calibration
 
 # Prior error of the (uncalibrated) throughput model between layouts of one study, log scale:
-# ~+-15% (1 sd), the GP's amplitude.
+# ~+-15% (1 sd), the GP's amplitude (split between knob values and pairs of knob values).
 PRIOR_LOG_STD = 0.15
 # Prior of the study-wide offset (the GP's constant mean): the cost model's error on a model or
 # system it was not fitted on, the sd of its 80% prediction interval (leave-one-model-out residuals).
@@ -42,35 +52,57 @@ MEMORY_GLOBAL_STD = cost_calibration.interval_log_std(cost_calibration.MEMORY_LO
 MEMORY_FAMILY_STD = 0.06
 MEMORY_WITHIN_STD = 0.02
 FAMILY = ("tp", "pp", "cp", "ep", "etp")
+VARIANCE_BOUNDS = (1e-4, 0.25)  # of each part of the kernel: 1% to 50% (1 sd, log)
 
 
-def _log2(v: np.ndarray) -> np.ndarray:
-    return np.log2(np.maximum(v, 1.0))
+def knob_cell_kernel(main: float, pair: float):
+    """A scikit-learn kernel over integer knob codes (one column per knob):
 
+        k(x, y) = main * (knobs equal) / D + pair * (pairs of knobs both equal) / (D choose 2)
 
-def layout_features(x: LayoutArrays, predicted: Estimates, w: Workload) -> np.ndarray:
-    """Features of every layout, each scaled to about [0, 1] (rows align with the layouts)."""
-    a = w.model.architecture
-    domain = w.cluster.nvlink_domain_gpus
-    step = predicted.step_time_s
-    b = predicted.breakdown_s
-    comm = sum(b[k] for k in ("tp", "cp", "ep", "pp", "dp") if k in b)
-    tokens = x.mbs * w.seq_length / x.cp
-    if a.num_moe_experts:
-        expert_tokens = tokens * a.moe_router_topk * x.ep / a.num_moe_experts
-        expert_span = (x.ep * x.etp > domain).astype(float)
-    else:
-        expert_tokens = tokens
-        expert_span = np.zeros(len(x))
-    layers_per_stage = a.num_layers / x.pp
-    columns = [
-        _log2(x.tp) / 3, _log2(x.pp) / 4, _log2(x.vpp) / 3, _log2(x.cp) / 2, _log2(x.ep) / 7, _log2(x.etp) / 3,
-        _log2(x.mbs) / 3, x.sp.astype(float), x.dist_opt.astype(float), x.recompute / 2.0,
-        np.where(x.recompute == 2, x.recompute_num_layers / np.maximum(layers_per_stage, 1), 0.0),
-        (x.tp * x.cp > domain).astype(float), expert_span, _log2(expert_tokens) / 16,
-        b.get("bubble", 0 * step) / step, comm / step, predicted.peak_mem_gib / predicted.memory_limit_gib,
-    ]
-    return np.stack(columns, axis=1).astype(np.float64)
+    `main` is the variance of the per-value effects, `pair` that of the per-pair-of-values effects
+    (both hyperparameters, fitted by the GP's marginal likelihood); k(x, x) = main + pair.
+    scikit-learn is imported here, late: the read side never builds a surrogate.
+    """
+    from sklearn.gaussian_process.kernels import Hyperparameter, Kernel
+
+    class KnobCellKernel(Kernel):
+        def __init__(self, main: float = 0.01, pair: float = 0.01) -> None:
+            self.main, self.pair = main, pair
+
+        @property
+        def hyperparameter_main(self):
+            return Hyperparameter("main", "numeric", VARIANCE_BOUNDS)
+
+        @property
+        def hyperparameter_pair(self):
+            return Hyperparameter("pair", "numeric", VARIANCE_BOUNDS)
+
+        def _shares(self, X, Y):
+            d = X.shape[1]
+            same = (X[:, None, :] == Y[None, :, :]).sum(axis=2).astype(np.float64)
+            return same / d, same * (same - 1) / max(1, d * (d - 1))
+
+        def __call__(self, X, Y=None, eval_gradient=False):
+            if eval_gradient and Y is not None:
+                raise ValueError("the gradient is only defined for Y=None")
+            main_share, pair_share = self._shares(X, X if Y is None else Y)
+            K = self.main * main_share + self.pair * pair_share
+            if not eval_gradient:
+                return K
+            # d K / d log(variance), the parametrisation scikit-learn optimises
+            return K, np.stack([self.main * main_share, self.pair * pair_share], axis=2)
+
+        def diag(self, X):
+            return np.full(X.shape[0], self.main + self.pair)
+
+        def is_stationary(self) -> bool:
+            return False
+
+        def __repr__(self) -> str:
+            return f"KnobCellKernel(main={math.sqrt(self.main):.3g}**2, pair={math.sqrt(self.pair):.3g}**2)"
+
+    return KnobCellKernel(main, pair)
 
 
 HYPER_MAX_ITERATIONS = 25  # warm-started from the last fit, a few iterations settle the hyperparameters
@@ -86,19 +118,21 @@ def _bounded_lbfgs(obj_func, initial_theta, bounds):
 
 
 class ResidualGP:
-    """GP regression of log(measured / prior) on layout features, with a constant mean."""
+    """GP regression of log(measured / prior) on integer knob codes (one column per knob), with a
+    constant mean and the knob-cell kernel (see the module docstring)."""
 
-    def __init__(self, dims: int, prior_std: float = PRIOR_LOG_STD, noise_std: float = NOISE_LOG_STD) -> None:
-        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+    def __init__(self, prior_std: float = PRIOR_LOG_STD, noise_std: float = NOISE_LOG_STD) -> None:
+        from sklearn.gaussian_process.kernels import WhiteKernel
 
-        self.kernel = (ConstantKernel(prior_std ** 2, (1e-4, 0.25))
-                       * Matern(length_scale=np.full(dims, 0.7), length_scale_bounds=(0.15, 20.0), nu=2.5)
-                       + WhiteKernel(noise_std ** 2, (1e-5, 0.01)))
+        # the prior's error split evenly between knob values and pairs of values until the data say otherwise
+        half = prior_std ** 2 / 2
+        self.kernel = knob_cell_kernel(half, half) + WhiteKernel(noise_std ** 2, (1e-5, 0.01))
         self.model = None
         self.offset = 0.0
         self.n = 0
+        self.prior_std = prior_std
 
-    def fit(self, features: np.ndarray, residual: np.ndarray, optimize: bool = True) -> None:
+    def fit(self, codes: np.ndarray, residual: np.ndarray, optimize: bool = True) -> None:
         from sklearn.gaussian_process import GaussianProcessRegressor
 
         self.n = len(residual)
@@ -108,8 +142,8 @@ class ResidualGP:
         gp = GaussianProcessRegressor(kernel, optimizer=_bounded_lbfgs if optimize and self.n >= 4 else None,
                                       normalize_y=False, copy_X_train=False)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # convergence warnings at the length-scale bounds are expected
-            gp.fit(features, residual - self.offset)
+            warnings.simplefilter("ignore")  # convergence warnings at the variance bounds are expected
+            gp.fit(codes, residual - self.offset)
         self.model = gp
 
     @property
@@ -118,11 +152,11 @@ class ResidualGP:
             return NOISE_LOG_STD ** 2
         return float(self.model.kernel_.k2.noise_level)
 
-    def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of the latent residual (noise excluded) at `features`."""
+    def predict(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the latent residual (noise excluded) at `codes`."""
         if self.model is None:
-            return np.full(len(features), self.offset), np.full(len(features), PRIOR_LOG_STD)
-        mean, std = self.model.predict(features, return_std=True)
+            return np.full(len(codes), self.offset), np.full(len(codes), self.prior_std)
+        mean, std = self.model.predict(codes, return_std=True)
         latent = np.sqrt(np.maximum(std ** 2 - self.noise_var, 1e-8))
         return mean + self.offset, latent
 

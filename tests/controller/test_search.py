@@ -30,17 +30,54 @@ def qwen16():
     return space, workload, enumerate_legal(space, workload).configs
 
 
-def test_residual_gp_learns_a_smooth_residual_and_reverts_to_the_prior_far_away():
+def _codes(rng, n, values=(1, 2, 4), knobs=6):
+    return rng.choice(values, size=(n, knobs)).astype(np.float64)
+
+
+def test_residual_gp_learns_a_pair_of_knob_values_at_layouts_it_never_measured():
     rng = np.random.default_rng(0)
-    x = rng.random((30, 3))
-    y = 0.2 * np.sin(3 * x[:, 0])  # what the prior misses, along one feature only
-    gp = ResidualGP(3)
+    x = _codes(rng, 40)
+
+    def truth(codes):  # what the prior misses: a combination of two knobs' values, plus one value alone
+        return 0.2 * ((codes[:, 0] == 2) & (codes[:, 1] == 4)) - 0.1 * (codes[:, 2] == 4)
+
+    y = truth(x) + rng.normal(0, 0.01, len(x))
+    gp = ResidualGP()
     gp.fit(x, y)
-    test = rng.random((50, 3))
+    test = _codes(np.random.default_rng(1), 300)
+    test = test[~(test[:, None, :] == x[None, :, :]).all(axis=2).any(axis=1)]  # unmeasured layouts only
     mean, std = gp.predict(test)
-    assert np.abs(mean - 0.2 * np.sin(3 * test[:, 0])).mean() < 0.03
-    far_mean, far_std = gp.predict(np.full((1, 3), 25.0))
-    assert abs(far_mean[0] - gp.offset) < 0.02 and far_std[0] > 5 * std.mean()
+    cell = (test[:, 0] == 2) & (test[:, 1] == 4)
+    assert cell.any() and (~cell).any()
+    # the pair's +0.2, learnt (shrunk toward the prior) where it was never measured
+    assert mean[cell].mean() - mean[~cell].mean() > 0.08
+    truth_test = truth(test)
+    assert np.abs(mean - truth_test).mean() < 0.75 * np.abs(truth_test - truth_test.mean()).mean()
+
+
+def test_residual_gp_keeps_the_prior_at_a_layout_sharing_no_knob_value():
+    rng = np.random.default_rng(0)
+    x = _codes(rng, 20)
+    gp = ResidualGP()
+    gp.fit(x, 0.1 * (x[:, 0] == 4) + rng.normal(0, 0.01, len(x)))
+    near_mean, near_std = gp.predict(x[:3])
+    far_mean, far_std = gp.predict(np.full((1, x.shape[1]), 16.0))  # a value no run had, on every knob
+    assert abs(far_mean[0] - gp.offset) < 1e-6
+    assert far_std[0] > 3 * near_std.max()
+
+
+def test_knob_cell_kernel_gradient_matches_finite_differences():
+    from autotune.controller.surrogate import knob_cell_kernel
+
+    x = _codes(np.random.default_rng(2), 7)
+    kernel = knob_cell_kernel(0.02, 0.03)
+    _, grad = kernel(x, eval_gradient=True)
+    for j in range(2):
+        theta = kernel.theta.copy()
+        theta[j] += 1e-6
+        numeric = (kernel.clone_with_theta(theta)(x) - kernel(x)) / 1e-6
+        assert np.allclose(numeric, grad[:, :, j], atol=1e-6)
+    assert np.allclose(np.diag(kernel(x)), kernel.diag(x))
 
 
 def test_memory_feasibility_learns_a_family_error_and_treats_oom_as_censored():
