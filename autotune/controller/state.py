@@ -61,6 +61,7 @@ class SearchState:
     _log_prior: np.ndarray | None = None
     _breakdown: np.ndarray | None = None
     _codes: np.ndarray | None = None
+    _gp_codes: np.ndarray | None = None
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
@@ -158,10 +159,12 @@ class SearchState:
         self._log_prior = np.log(self.predicted.tokens_per_s_per_gpu * self.predicted.step_time_s / calibrated_step_s)
 
     def knob_codes(self) -> np.ndarray:
-        """One integer column per knob (recompute's three fields as one), for neighbourhoods."""
+        """One integer column per knob (recompute's three fields as one), for neighbourhoods and the GP."""
         if self._codes is None:
             x = self.arrays
-            variant = x.recompute * 100 + x.recompute_block * 10 + x.recompute_num_layers
+            # recompute's kind, method and depth as one code; depth below 1000 keeps them distinct
+            variant = (x.recompute.astype(np.int64) * 1_000_000 + x.recompute_block.astype(np.int64) * 1000
+                       + x.recompute_num_layers)
             self._codes = np.stack([x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp, x.mbs, variant, x.dist_opt],
                                    axis=1).astype(np.int32)
         return self._codes
@@ -176,6 +179,16 @@ class SearchState:
                 self._neighbourhoods[key] = (codes != codes[i]).sum(axis=1) <= max_changes
             mask |= self._neighbourhoods[key]
         return mask
+
+    def gp_codes(self) -> np.ndarray:
+        """The knob codes of the knobs that vary over the legal set (the GP's inputs): a knob with one
+        value (EP on a dense model) would make every two layouts share it, a constant part of the
+        kernel that the GP's offset already is."""
+        if self._gp_codes is None:
+            codes = self.knob_codes()
+            varying = (codes != codes[:1]).any(axis=0) if len(codes) else np.zeros(codes.shape[1], dtype=bool)
+            self._gp_codes = codes[:, varying]
+        return self._gp_codes
 
     def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float) -> None:
         i = self.index.get(config.key())
@@ -205,13 +218,13 @@ class SearchState:
             rows = [i for i, runs in self.runs.items() for _ in runs]
             residual = np.array([r for i, runs in self.runs.items() for r in runs]) - self.log_prior[rows]
             optimize = n <= OPTIMIZE_ALWAYS_UP_TO or n % OPTIMIZE_EVERY == 0
-            self._gp.fit(self.knob_codes()[rows], residual, optimize=optimize)
+            self._gp.fit(self.gp_codes()[rows], residual, optimize=optimize)
             self._gp_runs = n
         return self._gp
 
     def posterior(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and sd of log throughput (tokens/s/GPU) at layouts `rows`."""
-        mean, std = self.surrogate().predict(self.knob_codes()[rows])
+        mean, std = self.surrogate().predict(self.gp_codes()[rows])
         return self.log_prior[rows] + mean, std
 
     def measured_means(self) -> dict[int, tuple[float, int]]:

@@ -8,16 +8,18 @@ in the knobs (Duvenaud et al. 2011, "Additive Gaussian processes"). What a clust
 calibrated physics misses is mostly a knob value, or a combination of two (TP with EP, PP with VPP,
 MBS with recompute), being better or worse than predicted; one measurement then moves every layout
 that shares a value or a pair of values with it, and a layout that shares none keeps the prior's
-mean and uncertainty. The cost model (calibrated: controller/physics.py) is the GP's prior mean,
-so the physics (NVLink spans, GEMM shapes, bubbles) reaches every layout through it. A white-noise
-term absorbs run-to-run noise.
+mean and uncertainty (only the knobs that vary over the legal set are inputs: SearchState.gp_codes).
+The cost model (calibrated: controller/physics.py) is the GP's prior mean, so the physics (NVLink
+spans, GEMM shapes, bubbles) reaches every layout through it. A white-noise term absorbs run-to-run
+noise.
 
 Why not a smooth kernel on physics features (GEMM width, tokens per expert, NVLink spans, bubble
 share...): an ARD Matern over 17 such features was this module's first surrogate; with <= 40 runs
-its length scales overfit (features declared irrelevant on a handful of points, posteriors a few
-percent wide at layouts four knobs away), and on the tuning seeds of benchmarks/search_quality.py
-(seeds 5-14, qwen3_30b on 16 GPUs) it ended 2-8 points below the knob-cell kernel on every landscape
-family; adding it to the knob-cell kernel did not help either.
+its length scales overfit (features declared irrelevant on a handful of points, posteriors 1-2% wide
+at layouts four knobs away). On the tuning seeds of benchmarks/search_quality.py (seeds 5-14,
+qwen3_30b on 16 GPUs; figures in search_quality.last.txt) it ended 2-8 points below the knob-cell
+kernel by median on three of the four landscape families and 0.7 points above it on `regime`; the
+two kernels summed did not do better than the knob cells alone.
 
 Memory: log(measured peak / predicted peak) = global error + structural-family error + noise, a
 linear-Gaussian model with the memory model's stated error as its prior. A measured OOM is a

@@ -132,6 +132,20 @@ def test_search_state_trust_region_neighbours(qwen16):
     assert near[centre] and np.all((codes[near] != codes[centre]).sum(axis=1) <= 1) and 1 < near.sum() < 200
 
 
+def test_gp_reads_only_the_knobs_that_vary_and_recompute_depths_stay_distinct():
+    space = load_space("llama3_70b")  # dense: EP and ETP have one value
+    workload = make_workload(space, gpus=64)
+    state = SearchState.build(workload, enumerate_legal(space, workload).configs)
+    codes, gp = state.knob_codes(), state.gp_codes()
+    assert gp.shape[1] == codes.shape[1] - 2
+    assert all(len(np.unique(gp[:, j])) > 1 for j in range(gp.shape[1]))
+    # full recompute, uniform over 12 layers vs block with 2: two codes (the old 100/10 code gave 212 to both)
+    deep = LayoutConfig(tp=8, pp=4, recompute="full", recompute_method="uniform", recompute_num_layers=12)
+    block = LayoutConfig(tp=8, pp=4, recompute="full", recompute_method="block", recompute_num_layers=2)
+    two = SearchState.build(workload, [deep, block])
+    assert two.gp_codes().shape[1] == 1 and two.gp_codes()[0, 0] != two.gp_codes()[1, 0]
+
+
 def _study(tmp_path, sampler, budget, family="mixed", seed=0, model="qwen3_30b", gpus=16, knob_share=0.0):
     repo = Repository.open(f"sqlite:///{tmp_path / (sampler + str(seed) + '.db')}")
     space = load_space(model)
