@@ -189,10 +189,12 @@ def main() -> None:
     parser.add_argument("--public-samplers", nargs="*", default=PUBLIC_SAMPLERS)
     parser.add_argument("--save-curves", metavar="JSON",
                         help="also write the top budget's regret curves to this file (to merge runs made in parallel)")
-    parser.add_argument("--plot-curves", nargs="*", metavar="JSON",
+    parser.add_argument("--plot-curves", nargs="+", metavar="JSON",
                         help="only draw the regret plot from curves saved by earlier runs, one PNG per case")
     args = parser.parse_args()
     if args.plot_curves:
+        if not args.plot:
+            parser.error("--plot-curves needs --plot PATH (each case's PNG is named after it)")
         plot_saved(args.plot_curves, args.plot)
         return
     args.public = [p for p in args.public if p]
