@@ -343,7 +343,9 @@ class _LiveView:
         if self._live is not None:
             from rich.spinner import Spinner
 
-            self._live.update(Spinner("dots", text=text))
+            # drawn now, not at the next refresh: the first trial's table can replace it within 1/8 s
+            # (a fast simulated study), and then the user (and the terminal test) never saw it
+            self._live.update(Spinner("dots", text=text), refresh=True)
         else:
             print(f"{text} ...", flush=True)
 
