@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from autotune.cli._checks import positive
-from autotune.config import (ALL_KNOBS, KNOBS, PERF_CHOICES, PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload,
-                             coerce_knob)
+from autotune.config import (ALL_KNOBS, KNOBS, PERF_BOOL_KNOBS, PERF_CHOICES, PERF_KNOBS, RECOMPUTE_MODULES,
+                             LayoutConfig, Workload, coerce_knob)
 from autotune.errors import ConfigError
 
 
@@ -49,6 +49,12 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
     add_perf_knob_flags(parser)
 
 
+BOOL_KNOB_HELP = {"ep_overlap": "expert-parallel communication overlap", "shared_expert_overlap": "shared-expert overlap",
+                  "tp_comm_overlap": "tensor-parallel communication overlap",
+                  "overlap_grad_reduce": "gradient reduce-scatter overlap",
+                  "overlap_param_gather": "parameter all-gather overlap"}
+
+
 def add_perf_knob_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("performance knobs (left out: the recipe's value; see README)")
     group.add_argument("--dispatcher", choices=PERF_CHOICES["dispatcher"], help="MoE token dispatcher and flex backend")
@@ -58,13 +64,9 @@ def add_perf_knob_flags(parser: argparse.ArgumentParser) -> None:
                        help="selective recompute modules, '+'-joined: " + ", ".join(RECOMPUTE_MODULES))
     group.add_argument("--cp-comm-type", choices=PERF_CHOICES["cp_comm_type"], help="context-parallel communication")
     group.add_argument("--cpu-offload-layers", type=int, metavar="N", help="layers whose activations go to the CPU")
-    for name, meaning in (("ep_overlap", "expert-parallel communication overlap"),
-                          ("shared_expert_overlap", "shared-expert overlap"),
-                          ("tp_comm_overlap", "tensor-parallel communication overlap"),
-                          ("overlap_grad_reduce", "gradient reduce-scatter overlap"),
-                          ("overlap_param_gather", "parameter all-gather overlap")):
+    for name in PERF_BOOL_KNOBS:  # every on/off knob config declares gets its --X / --no-X pair
         group.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=None,
-                           help=meaning)
+                           help=BOOL_KNOB_HELP[name])
 
 
 def knob_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,6 +15,7 @@ knob effects are drawn independently of the cost model.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from autotune.config import LayoutConfig
 from autotune.controller.state import SearchState
@@ -33,7 +34,7 @@ class KnobPhase(Strategy):
         self.inner = inner
         self.name = inner.name
         self.share = share
-        self._estimates: dict[str, float] = {}
+        self._estimates: dict[str, Any] = {}  # config key -> the cost model's Estimate
         # the layout search (its remeasurement of close contenders included) plans for the budget
         # before the knob window, so the knob phase starts from well-measured layouts
         inner.budget = max(1, self.budget - self.knob_slots())
@@ -48,10 +49,7 @@ class KnobPhase(Strategy):
             self.inner.remeasure = value
 
     def knob_slots(self) -> int:
-        """Trials of the knob phase: the share of the budget, rounded (none in a budget too small for it)."""
-        if self.space is None or not self.space.perf_domains or self.share <= 0:
-            return 0
-        return round(self.share * self.budget)
+        return knob_slots(self.space, self.share, self.budget)
 
     def in_window(self, state: SearchState) -> bool:
         """The budget's last knob_slots() trials."""
@@ -104,7 +102,10 @@ class KnobPhase(Strategy):
             seen_layouts.add(layout_key)
             if len(seen_layouts) > CENTRES:
                 break
-            base_log = math.log(self._tokens(workload, centre))
+            centre_estimate = self._cached(workload, centre)
+            base_log = math.log(centre_estimate.tokens_per_s_per_gpu)
+            # the centre's calibrated peak (its layout's; a variant's layout is always a measured one)
+            centre_calibrated_gib = state.predicted_peak_gib(state.index[layout_key])
             for candidate in self._neighbours(centre, state):
                 key = candidate.key()
                 if key in state.variant_tried or state.index.get(key, -1) >= 0 and state.tried[state.index[key]]:
@@ -115,10 +116,9 @@ class KnobPhase(Strategy):
                 # a knob that adds memory (graphs, less recompute, the VPP EP overlap needs) must keep the
                 # centre inside the headroom (else it could not be recommended); judged from the centre's
                 # calibrated peak, scaled by the model's ratio for the change
-                centre_peak = self._estimate(workload, centre).peak_mem_gib
-                if estimate.peak_mem_gib > centre_peak and state.predicted_peak_gib(
-                        state.index.get(centre.layout_only().key(), 0)) * estimate.peak_mem_gib / centre_peak \
-                        > limit - state.headroom_gib:
+                centre_peak = centre_estimate.peak_mem_gib
+                if estimate.peak_mem_gib > centre_peak and \
+                        centre_calibrated_gib * estimate.peak_mem_gib / centre_peak > limit - state.headroom_gib:
                     continue
                 score = mean + math.log(estimate.tokens_per_s_per_gpu) - base_log
                 if best is None or score > best[0]:
@@ -154,15 +154,24 @@ class KnobPhase(Strategy):
 
         return estimate(workload, config)
 
-    def _tokens(self, workload, config: LayoutConfig) -> float:
+    def _cached(self, workload, config: LayoutConfig):
+        """The estimate of a centre, computed once (centres repeat from one proposal to the next)."""
         key = config.key()
         if key not in self._estimates:
-            self._estimates[key] = self._estimate(workload, config).tokens_per_s_per_gpu
+            self._estimates[key] = self._estimate(workload, config)
         return self._estimates[key]
 
 
+def knob_slots(space, share: float, budget: int) -> int:
+    """Trials of the knob phase: the share of the budget, rounded (none in a budget too small for it, or
+    where the space has no performance knobs to tune)."""
+    if space is None or not space.perf_domains or share <= 0:
+        return 0
+    return round(share * budget)
+
+
 def with_knob_phase(strategy: Strategy, share: float) -> Strategy:
-    """`strategy` with the knob phase when `share` > 0 and its space has performance knobs to tune."""
-    if share > 0 and strategy.space is not None and strategy.space.perf_domains and round(share * strategy.budget):
+    """`strategy` with the knob phase when the phase would get trials of the budget (knob_slots)."""
+    if knob_slots(strategy.space, share, strategy.budget):
         return KnobPhase(strategy, share)
     return strategy
