@@ -34,8 +34,8 @@ MASTER_PORT = 29500
 
 
 def recommendation(repo: Repository, study: Study):
-    """What `autotune start` recommends for the study: the best mean over runs that keeps the study's
-    memory headroom (controller/recommend.py), or None without a completed run."""
+    """What `autotune start` recommends for the study: the best pooled estimate over the layouts that ran,
+    keeping the study's memory headroom (controller/recommend.py), or None without a completed run."""
     from autotune.controller.recommend import study_recommendation
 
     return study_recommendation(repo.trials(study.id, dispatched_only=True), study)

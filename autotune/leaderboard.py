@@ -66,7 +66,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         rows = rows[:top]
     pinned = [_row(baseline, baseline_speed)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
     counts = repo.counts(study.id)
-    # the study's answer: the best mean over runs that keeps the memory headroom, not the luckiest run
+    # the study's answer: the best pooled estimate over the layouts that ran that keeps the memory headroom,
+    # not the luckiest run (controller/recommend.py)
     pick = study_recommendation(dispatched, study)
     best = pick.trial if pick else None
     best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
@@ -84,6 +85,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "best_config": best.config if best else None,
         "best_tokens_per_s_per_gpu": best_speed,
         "best_runs": pick.best.runs if pick else 0,
+        # what the study judged it by: its runs pooled with the runs of layouts sharing its knob values
+        "best_estimated_tokens_per_s_per_gpu": pick.best.estimate_tokens_per_s_per_gpu if pick else None,
         "best_peak_mem_gib": pick.best.peak_mem_gib if pick else None,
         "memory_headroom_gib": pick.headroom_gib if pick else None,
         # faster layouts that ran inside the memory margin: measured, but not recommended

@@ -9,7 +9,7 @@ gives two values). The tuner never sees them: they live in the simulate backend'
 Every study runs through the real controller (SQLite file, the in-process reference dispatcher: no
 Ray, so the figures are the controller's own). Per case, family, sampler and budget it prints over
 the seeds:
-  median / worst ratio   true throughput of the layout the study RECOMMENDS (best mean over its
+  median / worst ratio   true throughput of the layout the study RECOMMENDS (best pooled estimate over its
                          runs, keeping the default memory headroom, as `autotune start` reports it) /
                          true throughput of the best layout of the whole legal set that truly fits
                          with that headroom
@@ -149,7 +149,8 @@ def run_public_study(truth: PublicTruth, seed: int, sampler: str, budget: int, d
     controller = build_controller(repo, study, dispatcher="inprocess")
     summary = controller.run()
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
-    pick = recommend(trials, truth.workload.cluster.gpu.memory_gib, controller.headroom_gib)
+    pick = recommend(trials, truth.workload.cluster.gpu.memory_gib, controller.headroom_gib,
+                     pooled_estimate=False)  # replay: every run of a layout gives the same value
     ratio = truth.speed.get(pick.trial.config_key, 0.0) / truth.best if pick else 0.0
     ooms = sum(t.status == "oom" for t in trials)
     repo.close()

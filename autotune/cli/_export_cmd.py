@@ -14,8 +14,8 @@ def register(sub) -> None:
     p = sub.add_parser("export", help="export a completed trial (default: the best) for Megatron-Bridge")
     p.add_argument("study", help="the study's name (see `autotune status`)")
     p.add_argument("--trial", type=trial_number,
-                   help="trial number (default: the study's recommendation: the best mean over runs that keeps "
-                        "the memory headroom)")
+                   help="trial number (default: the study's recommendation: the best pooled estimate over the "
+                        "layouts that ran, keeping the memory headroom)")
     p.add_argument("--format", required=True, choices=("recipe", "overrides", "yaml", "json", "table"),
                    help="recipe (a Python module building the trials' Megatron-Bridge recipe with the tuned layout), "
                         "overrides (run_recipe.py overrides and the torchrun line), yaml or json (layout, workload, "

@@ -35,7 +35,8 @@ from autotune.controller._optuna import OptunaStudy
 from autotune.controller._spec import prediction, trial_spec
 from autotune.controller.options import StudyOptions
 from autotune.controller.pruning import SlowBranchPruner
-from autotune.controller.recommend import Recommendation, default_headroom_gib, recommend, validation_choices
+from autotune.controller.recommend import (Recommendation, backend_repeats_exactly, default_headroom_gib, recommend,
+                                          validation_choices)
 from autotune.controller.screening import DUPLICATE, Rejection, frontier_skips, screen
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import REMEASURE, Strategy, run_noise_std
@@ -161,7 +162,8 @@ class Controller:
 
     def summary(self, elapsed_s: float, stop_reason: str) -> RunSummary:
         trials = self.repo.trials(self.study.id, dispatched_only=True)
-        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib)
+        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
+                         pooled_estimate=not backend_repeats_exactly(self.study.backend))
         baseline = next((t for t in trials if t.strategy_note == "baseline"), None)
         counts = self.repo.counts(self.study.id)
         per_trial = self.controller_seconds / max(1, counts["dispatched"])
@@ -318,7 +320,8 @@ class Controller:
         """Run the recommended layout (and the runner-up when the screening runs cannot tell them
         apart) once more with `measured_steps` steps, outside the budget."""
         trials = self.repo.trials(self.study.id, dispatched_only=True)
-        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib)
+        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
+                         pooled_estimate=not backend_repeats_exactly(self.study.backend))
         for result in validation_choices(pick, run_noise_std(self.state)):
             config = LayoutConfig.from_mapping(result.trial.config)
             dispatch_key = f"{config.key()}#validation"

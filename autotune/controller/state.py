@@ -40,6 +40,14 @@ def _codes(columns: list[np.ndarray]) -> tuple[np.ndarray, int]:
     return ids, int(ids.max()) + 1 if ids.size else 0
 
 
+def knob_codes_of(x: LayoutArrays) -> np.ndarray:
+    """One integer column per layout knob (recompute's kind, method and depth as one code)."""
+    # depth below 1000 keeps the recompute codes distinct
+    variant = (x.recompute.astype(np.int64) * 1_000_000 + x.recompute_block.astype(np.int64) * 1000
+               + x.recompute_num_layers)
+    return np.stack([x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp, x.mbs, variant, x.dist_opt], axis=1).astype(np.int32)
+
+
 @dataclass
 class SearchState:
     workload: Workload
@@ -161,12 +169,7 @@ class SearchState:
     def knob_codes(self) -> np.ndarray:
         """One integer column per knob (recompute's three fields as one), for neighbourhoods and the GP."""
         if self._codes is None:
-            x = self.arrays
-            # recompute's kind, method and depth as one code; depth below 1000 keeps them distinct
-            variant = (x.recompute.astype(np.int64) * 1_000_000 + x.recompute_block.astype(np.int64) * 1000
-                       + x.recompute_num_layers)
-            self._codes = np.stack([x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp, x.mbs, variant, x.dist_opt],
-                                   axis=1).astype(np.int32)
+            self._codes = knob_codes_of(self.arrays)
         return self._codes
 
     def neighbours(self, centres: list[int], max_changes: int) -> np.ndarray:

@@ -64,7 +64,7 @@ def knob_cell_kernel(main: float, pair: float):
 
     `main` is the variance of the per-value effects, `pair` that of the per-pair-of-values effects
     (both hyperparameters, fitted by the GP's marginal likelihood); k(x, x) = main + pair.
-    scikit-learn is imported here, late: the read side never builds a surrogate.
+    scikit-learn is imported here, late: the read side builds one only to pool a study's runs (recommend.py).
     """
     from sklearn.gaussian_process.kernels import Hyperparameter, Kernel
 

@@ -3,6 +3,7 @@ in-process dispatcher, and the sampler inside a plain Optuna study."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -121,6 +122,49 @@ def test_recommendation_is_the_best_mean_over_runs_and_keeps_the_headroom():
     assert pick.best.trial.config_key == "b"  # a's mean is 100 over two runs; c is inside the headroom
     assert [r.trial.config_key for r in pick.risky] == ["c"]
     assert recommend(trials, 80.0, 0.0).best.trial.config_key == "c"
+
+
+def _layout_run(number, tokens, predicted=100.0, **knobs):
+    config = LayoutConfig(**knobs)
+    return Trial(study_id=1, number=number, optuna_trial_number=None, config=config.to_dict(), config_key=config.key(),
+                 dispatched=True, status="completed", tokens_per_s_per_gpu=tokens, peak_mem_gib=60.0,
+                 predicted=None if predicted is None else {"tokens_per_s_per_gpu": predicted})
+
+
+def _lucky_and_confirmed(predicted=100.0):
+    """Every layout of a TP x MBS x PP grid ran once; throughput adds up from its knob values (TP4, MBS2,
+    PP2 best: 107) except one lucky run, TP2 MBS1 PP1 at 110, although everything sharing its values
+    ran slow (its knobs add up to 96)."""
+    tp, mbs, pp = {1: 0.0, 2: -2.0, 4: 3.0}, {1: -1.0, 2: 2.0}, {1: -1.0, 2: 2.0}
+    runs = []
+    for a in tp:
+        for b in mbs:
+            for c in pp:
+                tokens = 110.0 if (a, b, c) == (2, 1, 1) else 100.0 + tp[a] + mbs[b] + pp[c]
+                runs.append(_layout_run(len(runs), tokens, predicted, tp=a, mbs=b, pp=c))
+    return runs
+
+
+def test_recommendation_pools_a_lucky_run_with_the_layouts_that_share_its_knobs():
+    from autotune.controller.recommend import backend_repeats_exactly, layout_results, pooled
+
+    lucky, confirmed = LayoutConfig(tp=2, mbs=1).key(), LayoutConfig(tp=4, mbs=2, pp=2).key()
+    trials = _lucky_and_confirmed()
+    pick = recommend(trials, 80.0, 3.0)
+    assert pick.best.trial.config_key == confirmed
+    estimates = {r.trial.config_key: r.estimate_tokens_per_s_per_gpu for r in pooled(layout_results(trials))}
+    assert estimates[lucky] < estimates[confirmed] < 107.0  # both shrunk toward what their neighbours say
+    assert pick.best.mean_tokens_per_s_per_gpu == 107.0  # what is shown as measured stays the measurement
+    # no noise to pool (replay), or a run without a stored prediction: each layout by its own runs
+    assert recommend(trials, 80.0, 3.0, pooled_estimate=False).best.trial.config_key == lucky
+    assert recommend(_lucky_and_confirmed(None), 80.0, 3.0).best.trial.config_key == lucky
+    for hostile in (float("nan"), float("inf"), -1.0, "100"):  # a stored prediction no model made: no pooling
+        assert recommend(_lucky_and_confirmed(hostile), 80.0, 3.0).best.trial.config_key == lucky
+    unreadable = _lucky_and_confirmed()
+    unreadable[0] = dataclasses.replace(unreadable[0], config={"tp": "many"})
+    assert recommend(unreadable, 80.0, 3.0).best.mean_tokens_per_s_per_gpu == 110.0
+    assert backend_repeats_exactly("replay") and not backend_repeats_exactly("simulate")
+    assert backend_repeats_exactly("a-backend-of-a-newer-autotune")
 
 
 def test_search_state_trust_region_neighbours(qwen16):
