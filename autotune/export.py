@@ -64,8 +64,10 @@ def risk_warning(repo: Repository, study: Study) -> str | None:
     fastest = pick.risky[0]
     source = metrics_note(study, fastest.trial)[0]
     return (f"note: trial {fastest.trial.number} {source} {fastest.mean_tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
+            f"(estimated {fastest.estimate_tokens_per_s_per_gpu:,.0f} with the runs of layouts sharing its knob values) "
             f"but peaked at {fastest.peak_mem_gib:.1f} GiB, inside the {pick.headroom_gib:g} GiB memory margin; "
-            f"exported the safe trial {trial.number} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}). "
+            f"exported the safe trial {trial.number} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}, estimated "
+            f"{pick.best.estimate_tokens_per_s_per_gpu:,.0f}). "
             f"Export it with --trial {fastest.trial.number} to take the risk.")
 
 

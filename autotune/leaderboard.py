@@ -98,6 +98,15 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     return Board(study, rows, summary, pinned)
 
 
+def estimate_note(summary: dict) -> str:
+    """`; estimated N with the runs of layouts sharing its knob values` when the recommendation's pooled
+    estimate differs from its measured mean by more than half a percent, else ''."""
+    estimate, mean = summary.get("best_estimated_tokens_per_s_per_gpu"), summary.get("best_tokens_per_s_per_gpu")
+    if not estimate or not mean or abs(estimate / mean - 1) <= 0.005:
+        return ""
+    return f"; estimated {estimate:,.0f} with the runs of layouts sharing its knob values"
+
+
 def benchmark_label(study: Study) -> str:
     """`benchmark-only: ...` when the study's runs used settings that are never part of a tuned result."""
     from autotune.megatron import benchmark_only

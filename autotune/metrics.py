@@ -26,7 +26,7 @@ class StudyCollector:
         families = {name: CounterMetricFamily(f"autotune_trials_{name}", text, labels=["study", "model"])
                     for name, text in COUNTERS}
         running = GaugeMetricFamily("autotune_trials_running", "trials running now", labels=["study", "model"])
-        best = GaugeMetricFamily("autotune_best_tokens_per_s_per_gpu", "best measured throughput",
+        best = GaugeMetricFamily("autotune_best_tokens_per_s_per_gpu", "throughput of the recommended layout (mean of its runs)",
                                  labels=["study", "model"])
         gpu = CounterMetricFamily("autotune_gpu_seconds", "GPU-seconds spent by dispatched trials",
                                   labels=["study", "model"])

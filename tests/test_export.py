@@ -175,7 +175,7 @@ def test_export_cli_writes_a_file(cli, tmp_path):
 
 
 def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_the_memory_margin(tmp_path, cli):
-    """The default export is what `autotune start` recommends: the best mean that keeps the headroom;
+    """The default export is what `autotune start` recommends: the best estimate that keeps the headroom;
     a faster run that peaked inside the margin is named on stderr, and --trial still exports it."""
     repo, study, safe = _study_with_trial(tmp_path, FULL)  # trial 1: 8,000 tokens/s at 70.5 GiB
     risky = LayoutConfig.from_mapping({**FULL, "mbs": 1})

@@ -298,10 +298,9 @@ def _print_final(board, summary) -> None:
         return
     best = LayoutConfig.from_mapping(s["best_config"])
     speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""
-    runs = f" (mean of {s['best_runs']} runs)" if s["best_runs"] > 1 else ""
-    estimate = s["best_estimated_tokens_per_s_per_gpu"]
-    if estimate and abs(estimate / s["best_tokens_per_s_per_gpu"] - 1) > 0.005:
-        runs += f" (estimated {estimate:,.0f} with the runs of layouts sharing its knob values)"
+    runs = f"mean of {s['best_runs']} runs" if s["best_runs"] > 1 else ""
+    runs = f"{runs}{leaderboard.estimate_note(s)}".lstrip("; ")
+    runs = f" ({runs})" if runs else ""
     source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
                   f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{source}{runs}{speedup}, peak "

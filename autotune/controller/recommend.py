@@ -9,8 +9,10 @@ similar layouts measured. Chosen on landscape seeds 5-14 of benchmarks/search_qu
 reported 0-4), auto at budget 40: mean ratio over the 12 case/landscape rows 0.966 -> 0.968, better on
 5 rows (qwen3_30b@16 regime 0.984 -> 0.992, prior_wrong 0.956 -> 0.965), worse on 4 (at most 0.3
 points, llama3_70b@64): a small gain. Where pooling cannot apply (a backend whose results repeat
-exactly, such as replay; fewer than POOL_MIN_LAYOUTS layouts; a run without a stored prediction) the
-estimate is the plain mean of the layout's runs. Only layouts that ran can be recommended.
+exactly, such as replay; fewer than POOL_MIN_LAYOUTS layouts; a layout none of whose runs stored a
+usable prediction, such as an imported log) the estimate is the plain mean of the layout's runs. The estimate never leaves two standard errors of
+the run noise around the layout's measured mean (a prediction cannot outvote the measurements), and
+only layouts that ran can be recommended.
 
 The uncertainty shown is the standard error of the mean of its runs (or, for a single run, the
 spread of its measured steps). The recommended layout keeps `headroom_gib` below the GPU's memory:
@@ -37,7 +39,10 @@ MEASURED_PEAK_REL_STD = 0.02
 POOL_MIN_LAYOUTS = 3  # fewer layouts that ran: each is judged by its own runs
 # above this many runs the pooling GP keeps its starting hyperparameters: fitting them costs O(runs^3) per
 # step of the optimiser, and the leaderboard and dashboard recompute the recommendation on every refresh
-POOL_OPTIMIZE_UP_TO = 300
+POOL_OPTIMIZE_UP_TO = 150
+# how far pooling may move a layout's estimate from its measured mean, in standard errors of that mean
+POOL_SHIFT_SE = 1.0
+PRIOR_RATIO_BOUND = 10.0  # a stored prediction 10x off what its run measured is no cost model's prediction
 
 
 def default_headroom_gib(workload: "Workload") -> float:
@@ -95,9 +100,10 @@ class LayoutResult:
 @dataclass(frozen=True)
 class Recommendation:
     best: LayoutResult
-    risky: tuple[LayoutResult, ...] = field(default_factory=tuple)  # faster, but inside the headroom
+    # would have been recommended (a better estimate) but peaked inside the headroom
+    risky: tuple[LayoutResult, ...] = field(default_factory=tuple)
     headroom_gib: float = 0.0
-    runner_up: LayoutResult | None = None  # the next safe layout by screening mean
+    runner_up: LayoutResult | None = None  # the next safe layout by estimate (screening runs)
     validation: dict[str, LayoutResult] = field(default_factory=dict)  # config_key -> its validation run(s)
 
     @property
@@ -140,28 +146,69 @@ def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[
     return sorted(results, key=lambda r: -r.mean_tokens_per_s_per_gpu)
 
 
+def _log_prior(trial: "Trial") -> float | None:
+    """log of the cost model's prediction stored with a run, when it is one a cost model could have made
+    for it (a finite positive number within PRIOR_RATIO_BOUND of what the run measured); None otherwise
+    (an imported log stores none; a record of another version or a tampered one may hold anything)."""
+    stored = trial.predicted.get("tokens_per_s_per_gpu") if isinstance(trial.predicted, dict) else None
+    if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not math.isfinite(stored) or stored <= 0:
+        return None
+    ratio = trial.tokens_per_s_per_gpu / stored
+    return math.log(stored) if 1 / PRIOR_RATIO_BOUND <= ratio <= PRIOR_RATIO_BOUND else None
+
+
+_POOLED: dict[tuple, dict[str, float]] = {}  # the last few pooled fits: the live view rebuilds every 0.25 s
+
+
 def pooled(results: list[LayoutResult]) -> list[LayoutResult]:
-    """`results` with each layout's pooled estimate (module doc), best estimate first; unchanged when
-    pooling cannot apply."""
+    """`results` with each layout's pooled estimate (module doc), best estimate first.
+
+    The estimate is a shrinkage of the layout's measured mean: the GP's posterior mean at the layout,
+    kept within two standard errors of that mean (run noise pooled from the layouts run more than once,
+    shrunk toward the stated NOISE_LOG_STD: surrogate.run_noise_log_std), so a prediction can never outvote the measurements. Runs without a usable stored
+    prediction (`_log_prior`) are left out of the fit and their layouts keep their plain means; with
+    fewer than POOL_MIN_LAYOUTS layouts to pool, `results` come back unchanged."""
     import dataclasses
 
+    key = tuple((t.number, t.config_key, t.tokens_per_s_per_gpu, repr(t.predicted))
+                for r in results for t in r.trials)
+    if key not in _POOLED:
+        if len(_POOLED) >= 16:
+            _POOLED.pop(next(iter(_POOLED)))
+        _POOLED[key] = _pooled_estimates(results)
+    estimates = _POOLED[key]
+    if not estimates:
+        return results
+    out = [dataclasses.replace(r, estimate_tokens_per_s_per_gpu=estimates.get(r.trial.config_key,
+                                                                               r.mean_tokens_per_s_per_gpu))
+           for r in results]
+    return sorted(out, key=lambda r: -r.estimate_tokens_per_s_per_gpu)
+
+
+def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
+    """config_key -> pooled estimate (tokens/s/GPU) of the layouts that can be pooled; {} when too few."""
     import numpy as np
 
     from autotune.config import LayoutConfig
     from autotune.controller.state import knob_codes_of
-    from autotune.controller.surrogate import ResidualGP
+    from autotune.controller.surrogate import ResidualGP, run_noise_log_std
     from autotune.cost import LayoutArrays
     from autotune.errors import ConfigError
 
-    runs = [(r, t) for r in results for t in r.trials]
-    predicted = [(t.predicted or {}).get("tokens_per_s_per_gpu") for _, t in runs]
-    if len(results) < POOL_MIN_LAYOUTS or not all(isinstance(p, (int, float)) and math.isfinite(p) and p > 0
-                                                  for p in predicted):
-        return results
-    try:
-        configs = [LayoutConfig.from_mapping(r.trial.config) for r in results]
-    except (ConfigError, TypeError, ValueError, KeyError):  # a record an older or newer autotune wrote
-        return results
+    layouts, configs, priors = [], [], []
+    for r in results:
+        logs = [lp for lp in map(_log_prior, r.trials) if lp is not None]
+        if not logs:
+            continue
+        try:
+            config = LayoutConfig.from_mapping(r.trial.config)
+        except (ConfigError, TypeError, ValueError, KeyError):  # a record an older or newer autotune wrote
+            continue
+        layouts.append(r)
+        configs.append(config)
+        priors.append(float(np.mean(logs)))  # runs of one layout under different model versions: their mean
+    if len(layouts) < POOL_MIN_LAYOUTS:
+        return {}
     codes = knob_codes_of(LayoutArrays.from_configs(configs))
     # performance-knob variants of one layout are different configurations: one column per knob they set
     perf_names = sorted({name for c in configs for name in c.perf()})
@@ -169,21 +216,20 @@ def pooled(results: list[LayoutResult]) -> list[LayoutResult]:
             for c in configs]
     codes = np.hstack([codes, np.array(perf, dtype=np.int32).reshape(len(configs), len(perf_names))])
     codes = codes[:, (codes != codes[:1]).any(axis=0)]  # knobs with one value here tell nothing apart
-    row = {id(r): k for k, r in enumerate(results)}
-    rows = np.array([row[id(r)] for r, _ in runs])
-    log_prior = np.log(np.array(predicted, dtype=float))
-    residual = np.log([t.tokens_per_s_per_gpu for _, t in runs]) - log_prior
-    prior_of_layout = np.zeros(len(results))
-    prior_of_layout[rows] = log_prior  # one prediction per layout (every run of it stored the same)
+    rows = np.array([k for k, r in enumerate(layouts) for t in r.trials if _log_prior(t) is not None])
+    measured = np.log([t.tokens_per_s_per_gpu for r in layouts for t in r.trials if _log_prior(t) is not None])
+    prior = np.array(priors)
     gp = ResidualGP()
     try:
-        gp.fit(codes[rows], residual, optimize=len(residual) <= POOL_OPTIMIZE_UP_TO)
+        gp.fit(codes[rows], measured - prior[rows], optimize=len(rows) <= POOL_OPTIMIZE_UP_TO)
         mean, _ = gp.predict(codes)
     except (np.linalg.LinAlgError, ValueError):
-        return results
-    estimates = np.exp(prior_of_layout + mean)
-    out = [dataclasses.replace(r, estimate_tokens_per_s_per_gpu=float(e)) for r, e in zip(results, estimates)]
-    return sorted(out, key=lambda r: -r.estimate_tokens_per_s_per_gpu)
+        return {}
+    log_mean = np.log([r.mean_tokens_per_s_per_gpu for r in layouts])
+    noise = run_noise_log_std([np.log([t.tokens_per_s_per_gpu for t in r.trials]) for r in results])
+    bound = POOL_SHIFT_SE * noise / np.sqrt([r.runs for r in layouts])
+    estimate = np.clip(prior + mean, log_mean - bound, log_mean + bound)
+    return {r.trial.config_key: float(e) for r, e in zip(layouts, np.exp(estimate))}
 
 
 def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: float,
@@ -222,7 +268,7 @@ def validation_choices(pick: Recommendation | None, noise_log_std: float) -> lis
     chosen = [pick.best]
     runner_up = pick.runner_up
     if runner_up is not None:
-        gap = math.log(pick.best.mean_tokens_per_s_per_gpu / runner_up.mean_tokens_per_s_per_gpu)
+        gap = math.log(pick.best.estimate_tokens_per_s_per_gpu / runner_up.estimate_tokens_per_s_per_gpu)
         if gap <= 2 * noise_log_std * math.sqrt(1 / pick.best.runs + 1 / runner_up.runs):
             chosen.append(runner_up)
     return chosen

@@ -172,15 +172,9 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, incumbent: float) ->
 
 def run_noise_std(state: SearchState) -> float:
     """Run-to-run noise (log sd): pooled from repeated layouts, shrunk toward the stated prior."""
-    from autotune.controller.surrogate import NOISE_LOG_STD
+    from autotune.controller.surrogate import run_noise_log_std
 
-    squares, dof = 0.0, 0
-    for runs in state.runs.values():
-        if len(runs) > 1:
-            squares += float(np.sum((np.array(runs) - np.mean(runs)) ** 2))
-            dof += len(runs) - 1
-    prior_dof = 3
-    return math.sqrt((squares + prior_dof * NOISE_LOG_STD ** 2) / (dof + prior_dof))
+    return run_noise_log_std(state.runs.values())
 
 
 def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float) -> int | None:

@@ -107,6 +107,18 @@ def knob_cell_kernel(main: float, pair: float):
     return KnobCellKernel(main, pair)
 
 
+def run_noise_log_std(runs_per_layout) -> float:
+    """Run-to-run noise (log sd) pooled over the layouts measured more than once (each item: the log
+    throughputs of one layout's runs), shrunk toward NOISE_LOG_STD as if it were three repeats."""
+    squares, dof = 0.0, 0
+    for runs in runs_per_layout:
+        if len(runs) > 1:
+            squares += float(np.sum((np.asarray(runs) - np.mean(runs)) ** 2))
+            dof += len(runs) - 1
+    prior_dof = 3
+    return math.sqrt((squares + prior_dof * NOISE_LOG_STD ** 2) / (dof + prior_dof))
+
+
 HYPER_MAX_ITERATIONS = 25  # warm-started from the last fit, a few iterations settle the hyperparameters
 
 

@@ -197,9 +197,7 @@ class DashboardApp:
                   + ", ".join(f"<a href='{fig.trial_url(name, n)}'>{n}</a>" for n in risky)) if risky else ""
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, {num(s['best_tokens_per_s_per_gpu'], ',.0f')} "
-                f"tokens/s/GPU (mean of {s['best_runs']} run(s); estimated "
-                f"{num(s.get('best_estimated_tokens_per_s_per_gpu'), ',.0f')} with the runs of layouts sharing its "
-                f"knob values), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
+                f"tokens/s/GPU (mean of {s['best_runs']} run(s){escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
                 f"{versus}{margin}</p>")
 
     def _table(self, name: str, rows: list[dict[str, Any]], s: dict[str, Any], sort: str, order: str) -> str:

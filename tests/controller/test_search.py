@@ -131,17 +131,20 @@ def _layout_run(number, tokens, predicted=100.0, **knobs):
                  predicted=None if predicted is None else {"tokens_per_s_per_gpu": predicted})
 
 
-def _lucky_and_confirmed(predicted=100.0):
+def _lucky_and_confirmed(predicted="model"):
     """Every layout of a TP x MBS x PP grid ran once; throughput adds up from its knob values (TP4, MBS2,
-    PP2 best: 107) except one lucky run, TP2 MBS1 PP1 at 110, although everything sharing its values
-    ran slow (its knobs add up to 96)."""
+    PP2 best: 107), and the cost model predicted just that ("model"), except one lucky run: TP2 MBS1 PP1
+    ran at 108 where its knobs add up to 96 and everything sharing its values ran slow. `predicted`
+    other than "model": the value stored as every run's prediction."""
     tp, mbs, pp = {1: 0.0, 2: -2.0, 4: 3.0}, {1: -1.0, 2: 2.0}, {1: -1.0, 2: 2.0}
     runs = []
     for a in tp:
         for b in mbs:
             for c in pp:
-                tokens = 110.0 if (a, b, c) == (2, 1, 1) else 100.0 + tp[a] + mbs[b] + pp[c]
-                runs.append(_layout_run(len(runs), tokens, predicted, tp=a, mbs=b, pp=c))
+                additive = 100.0 + tp[a] + mbs[b] + pp[c]
+                tokens = 108.0 if (a, b, c) == (2, 1, 1) else additive
+                runs.append(_layout_run(len(runs), tokens, additive if predicted == "model" else predicted,
+                                        tp=a, mbs=b, pp=c))
     return runs
 
 
@@ -153,18 +156,54 @@ def test_recommendation_pools_a_lucky_run_with_the_layouts_that_share_its_knobs(
     pick = recommend(trials, 80.0, 3.0)
     assert pick.best.trial.config_key == confirmed
     estimates = {r.trial.config_key: r.estimate_tokens_per_s_per_gpu for r in pooled(layout_results(trials))}
-    assert estimates[lucky] < estimates[confirmed] < 107.0  # both shrunk toward what their neighbours say
+    assert estimates[lucky] < 108.0 and estimates[lucky] < estimates[confirmed]
     assert pick.best.mean_tokens_per_s_per_gpu == 107.0  # what is shown as measured stays the measurement
     # no noise to pool (replay), or a run without a stored prediction: each layout by its own runs
     assert recommend(trials, 80.0, 3.0, pooled_estimate=False).best.trial.config_key == lucky
     assert recommend(_lucky_and_confirmed(None), 80.0, 3.0).best.trial.config_key == lucky
-    for hostile in (float("nan"), float("inf"), -1.0, "100"):  # a stored prediction no model made: no pooling
+    for hostile in (float("nan"), float("inf"), -1.0, "100", True, 1e300):  # a prediction no model made: no pooling
         assert recommend(_lucky_and_confirmed(hostile), 80.0, 3.0).best.trial.config_key == lucky
-    unreadable = _lucky_and_confirmed()
-    unreadable[0] = dataclasses.replace(unreadable[0], config={"tp": "many"})
-    assert recommend(unreadable, 80.0, 3.0).best.mean_tokens_per_s_per_gpu == 110.0
+    for odd in ([100.0], "100", 7):  # `predicted` not even a mapping (another version, a tampered row)
+        trials = [dataclasses.replace(t, predicted=odd) for t in _lucky_and_confirmed()]
+        assert recommend(trials, 80.0, 3.0).best.trial.config_key == lucky
+    # a layout whose record is unreadable, or whose run stored no prediction (an imported log), keeps its
+    # plain mean; the others are still pooled
+    for broken in ({"config": {"tp": "many"}}, {"predicted": None}):
+        trials = _lucky_and_confirmed()
+        trials[0] = dataclasses.replace(trials[0], **broken)  # tp1 mbs1 pp1, not a contender
+        assert recommend(trials, 80.0, 3.0).best.trial.config_key == confirmed
     assert backend_repeats_exactly("replay") and not backend_repeats_exactly("simulate")
     assert backend_repeats_exactly("a-backend-of-a-newer-autotune")
+
+
+def test_pooling_never_lets_a_prediction_outvote_the_measurements():
+    """A layout predicted 40% faster than it ran stays below one that measured 8% faster; every
+    estimate stays within one standard error of the run noise around its layout's measured mean."""
+    from autotune.controller.recommend import layout_results, pooled
+    from autotune.controller.surrogate import NOISE_LOG_STD
+
+    trials = [_layout_run(1, 105.0, 100.0, tp=1), _layout_run(2, 100.0, 100.0, tp=2, mbs=2),
+              _layout_run(3, 97.0, 140.0, tp=4, pp=2), _layout_run(4, 100.0, 100.0, tp=1, pp=2)]
+    assert recommend(trials, 80.0, 3.0).best.trial.number == 1
+    for trials in (trials, _lucky_and_confirmed()):
+        for r in pooled(layout_results(trials)):
+            # no layout ran twice here: the noise is the stated prior's
+            assert abs(math.log(r.estimate_tokens_per_s_per_gpu / r.mean_tokens_per_s_per_gpu)) <= NOISE_LOG_STD + 1e-9
+
+
+def test_validation_and_risk_follow_the_estimates():
+    from autotune.controller.recommend import validation_choices
+
+    trials = _lucky_and_confirmed()
+    confirmed = LayoutConfig(tp=4, mbs=2, pp=2).key()
+    pick = recommend(trials, 80.0, 3.0)
+    # the runner-up is the next estimate, and the gap that decides its validation run is >= 0
+    assert pick.runner_up.estimate_tokens_per_s_per_gpu <= pick.best.estimate_tokens_per_s_per_gpu
+    assert [r.trial.config_key for r in validation_choices(pick, 0.03)][0] == confirmed
+    # the confirmed layout inside the memory margin: it is the risky one, the next estimate is recommended
+    trials = [dataclasses.replace(t, peak_mem_gib=79.0) if t.config_key == confirmed else t for t in trials]
+    pick = recommend(trials, 80.0, 3.0)
+    assert [r.trial.config_key for r in pick.risky] == [confirmed] and pick.best.trial.config_key != confirmed
 
 
 def test_search_state_trust_region_neighbours(qwen16):
