@@ -1,23 +1,29 @@
 """Which layout a study recommends: the best estimate over the layouts that ran, with a memory margin.
 
 A layout is judged by an estimate that pools its own runs with the runs of the layouts that share
-knob values with it, not by its luckiest run: the same knob-cell Gaussian process the search uses
+knob values with it, not by its luckiest run: a Gaussian process with the search's knob-cell kernel
 (controller/surrogate.py), fitted to log(measured / predicted) with the cost model's prediction
-stored with each trial as the prior. With +-5% run-to-run noise and thirty-odd layouts run once,
-the highest single measurement is mostly the luckiest draw; the pooled estimate shrinks it by what
-similar layouts measured. Chosen on landscape seeds 5-14 of benchmarks/search_quality.py (not the
-reported 0-4), auto at budget 40: mean ratio over the 12 case/landscape rows 0.966 -> 0.968, better on
-5 rows (qwen3_30b@16 regime 0.984 -> 0.992, prior_wrong 0.956 -> 0.965), worse on 4 (at most 0.3
-points, llama3_70b@64): a small gain. Where pooling cannot apply (a backend whose results repeat
-exactly, such as replay; fewer than POOL_MIN_LAYOUTS layouts; a layout none of whose runs stored a
-usable prediction, such as an imported log) the estimate is the plain mean of the layout's runs. The estimate never leaves two standard errors of
-the run noise around the layout's measured mean (a prediction cannot outvote the measurements), and
-only layouts that ran can be recommended.
+stored with each trial as the prior (the uncalibrated one: the search's own prior is recalibrated
+during the study and is not stored). With +-5% run-to-run noise and thirty-odd layouts run once, the
+highest single measurement is mostly the luckiest draw; the pooled estimate shrinks it by what
+similar layouts measured, but never further than one standard error of the run noise from the
+layout's measured mean (POOL_SHIFT_SE), so a prediction cannot outvote the measurements.
+
+Chosen on landscape seeds 5-14 of benchmarks/search_quality.py (not the reported 0-4), auto at budget
+40: mean ratio over the 12 case/landscape rows 0.966 -> 0.968, better on 5 rows (qwen3_30b@16 regime
+0.984 -> 0.992, prior_wrong 0.956 -> 0.965), worse on 4 (three llama3_70b@64 rows by at most 0.3
+points, qwen3_30b@64 regime by 0.01): a small gain. The one-standard-error bound changed no ratio
+there on qwen3_30b@16 and llama3_70b@64 and moved two qwen3_30b@64 rows (regime +0.3, prior_wrong
+-0.1 points); the reported seeds are in search_quality.last.txt.
+
+Where pooling cannot apply (a backend whose results repeat exactly, such as replay; fewer than
+POOL_MIN_LAYOUTS layouts; a layout none of whose runs stored a usable prediction, such as an imported
+log) the estimate is the plain mean of the layout's runs. Only layouts that ran can be recommended.
 
 The uncertainty shown is the standard error of the mean of its runs (or, for a single run, the
 spread of its measured steps). The recommended layout keeps `headroom_gib` below the GPU's memory:
-a faster layout whose measured peak is inside that margin is reported as risky (it ran, but a longer
-run, another node or a fragmentation spike may push it over), not chosen.
+a layout with a better estimate whose measured peak is inside that margin is reported as risky (it
+ran, but a longer run, another node or a fragmentation spike may push it over), not chosen.
 
 Imports neither Optuna nor Ray: the read side (leaderboard, export, dashboard) uses it too.
 """
