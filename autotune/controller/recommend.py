@@ -170,10 +170,11 @@ def pooled(results: list[LayoutResult]) -> list[LayoutResult]:
     """`results` with each layout's pooled estimate (module doc), best estimate first.
 
     The estimate is a shrinkage of the layout's measured mean: the GP's posterior mean at the layout,
-    kept within two standard errors of that mean (run noise pooled from the layouts run more than once,
-    shrunk toward the stated NOISE_LOG_STD: surrogate.run_noise_log_std), so a prediction can never outvote the measurements. Runs without a usable stored
-    prediction (`_log_prior`) are left out of the fit and their layouts keep their plain means; with
-    fewer than POOL_MIN_LAYOUTS layouts to pool, `results` come back unchanged."""
+    kept within POOL_SHIFT_SE standard errors of that mean (run noise pooled from the layouts run more
+    than once, shrunk toward the stated NOISE_LOG_STD: surrogate.run_noise_log_std), so a prediction can
+    never outvote the measurements. Runs without a usable stored prediction (`_log_prior`) are left out
+    of the fit and their layouts keep their plain means; with fewer than POOL_MIN_LAYOUTS layouts to
+    pool, `results` come back unchanged."""
     import dataclasses
 
     key = tuple((t.number, t.config_key, t.tokens_per_s_per_gpu, repr(t.predicted))
@@ -196,34 +197,38 @@ def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
     import numpy as np
 
     from autotune.config import LayoutConfig
-    from autotune.controller.state import knob_codes_of
+    from autotune.controller.state import knob_codes_of, varying_columns
     from autotune.controller.surrogate import ResidualGP, run_noise_log_std
     from autotune.cost import LayoutArrays
     from autotune.errors import ConfigError
 
     layouts, configs, priors = [], [], []
+    rows, measured = [], []  # per usable run: its layout's row and its log throughput
     for r in results:
-        logs = [lp for lp in map(_log_prior, r.trials) if lp is not None]
-        if not logs:
+        usable = [(t, lp) for t, lp in zip(r.trials, map(_log_prior, r.trials)) if lp is not None]
+        if not usable:
             continue
         try:
             config = LayoutConfig.from_mapping(r.trial.config)
         except (ConfigError, TypeError, ValueError, KeyError):  # a record an older or newer autotune wrote
             continue
+        rows += [len(layouts)] * len(usable)
+        measured += [math.log(t.tokens_per_s_per_gpu) for t, _ in usable]
         layouts.append(r)
         configs.append(config)
-        priors.append(float(np.mean(logs)))  # runs of one layout under different model versions: their mean
+        # runs of one layout under different model versions: the mean of their predictions
+        priors.append(float(np.mean([lp for _, lp in usable])))
     if len(layouts) < POOL_MIN_LAYOUTS:
         return {}
     codes = knob_codes_of(LayoutArrays.from_configs(configs))
     # performance-knob variants of one layout are different configurations: one column per knob they set
-    perf_names = sorted({name for c in configs for name in c.perf()})
-    perf = [[sorted({repr(c.perf().get(n)) for c in configs}).index(repr(c.perf().get(n))) for n in perf_names]
-            for c in configs]
-    codes = np.hstack([codes, np.array(perf, dtype=np.int32).reshape(len(configs), len(perf_names))])
-    codes = codes[:, (codes != codes[:1]).any(axis=0)]  # knobs with one value here tell nothing apart
-    rows = np.array([k for k, r in enumerate(layouts) for t in r.trials if _log_prior(t) is not None])
-    measured = np.log([t.tokens_per_s_per_gpu for r in layouts for t in r.trials if _log_prior(t) is not None])
+    perf = [c.perf() for c in configs]
+    for name in sorted({name for p in perf for name in p}):
+        values = [repr(p.get(name)) for p in perf]
+        code = {v: k for k, v in enumerate(sorted(set(values)))}
+        codes = np.hstack([codes, np.array([[code[v]] for v in values], dtype=np.int32)])
+    codes = varying_columns(codes)
+    rows, measured = np.array(rows), np.array(measured)
     prior = np.array(priors)
     gp = ResidualGP()
     try:

@@ -48,6 +48,12 @@ def knob_codes_of(x: LayoutArrays) -> np.ndarray:
     return np.stack([x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp, x.mbs, variant, x.dist_opt], axis=1).astype(np.int32)
 
 
+def varying_columns(codes: np.ndarray) -> np.ndarray:
+    """`codes` without the columns that hold one value in every row: a knob every layout shares tells
+    no two layouts apart (in the knob-cell kernel it would be a constant part the GP's offset already is)."""
+    return codes[:, (codes != codes[:1]).any(axis=0)]
+
+
 @dataclass
 class SearchState:
     workload: Workload
@@ -188,9 +194,7 @@ class SearchState:
         value (EP on a dense model) would make every two layouts share it, a constant part of the
         kernel that the GP's offset already is."""
         if self._gp_codes is None:
-            codes = self.knob_codes()
-            varying = (codes != codes[:1]).any(axis=0) if len(codes) else np.zeros(codes.shape[1], dtype=bool)
-            self._gp_codes = codes[:, varying]
+            self._gp_codes = varying_columns(self.knob_codes())
         return self._gp_codes
 
     def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float) -> None:
