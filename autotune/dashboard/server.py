@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 from autotune.dashboard._pages import DashboardApp, page
-from autotune.errors import StudyError
+from autotune.errors import StorageError, StudyError
 from autotune.storage import Repository
 
 __all__ = ["DashboardApp", "make_server", "serve_in_background"]
@@ -93,6 +93,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, page("not found", "<h1>not found</h1>"))
         except StudyError as exc:
             self._send(404, page("not found", f"<h1>{escape(str(exc))}</h1>"))
+        except StorageError as exc:  # unreachable, or a row edited by hand: say so, escaped, and live on
+            self._send(503, page("store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>"))
         except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
             import sys
 

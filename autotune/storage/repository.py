@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
+from autotune.storage._records import check_study_values, check_trial_values
 from autotune.storage.migrations import current_revision, ensure_schema
 from autotune.storage.models import (REJECTED_BASE, TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus,
                                      TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
@@ -110,11 +111,11 @@ def _next_number(session: Session, study_id: int, rejected: bool = False) -> int
 
 
 def _study(row: StudyRow) -> Study:
-    return Study(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Study)})
+    return Study(**check_study_values({f.name: getattr(row, f.name) for f in dataclasses.fields(Study)}))
 
 
 def _trial(row: TrialRow) -> Trial:
-    return Trial(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Trial)})
+    return Trial(**check_trial_values({f.name: getattr(row, f.name) for f in dataclasses.fields(Trial)}))
 
 
 class Repository:
@@ -153,16 +154,25 @@ class Repository:
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
         """One committed transaction. A unique-key clash (IntegrityError) reaches the caller, which
-        treats it as a lost race; any other database error becomes a one-line StorageError."""
+        treats it as a lost race; any other database error becomes a one-line StorageError, and so does
+        a stored value the column type cannot decode (a hand-edited SQLite file: text that is no JSON in
+        a JSON column, no date in a DateTime column; SQLAlchemy raises ValueError or TypeError for those
+        while it loads the row)."""
+        where = self.engine.url.render_as_string(hide_password=True)
         try:
             with self._sessions.begin() as session:
                 yield session
         except IntegrityError:
             raise
         except SQLAlchemyError as exc:
-            where = self.engine.url.render_as_string(hide_password=True)
             first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [exc.__class__.__name__])[0]
             raise StorageError(f"the store {where} failed: {first[:200]}") from None
+        except StorageError as exc:  # a row that breaks _records' rules: say which store
+            raise StorageError(f"the store {where}: {exc}") from None
+        except (ValueError, TypeError) as exc:
+            first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+            raise StorageError(f"the store {where} holds a value autotune cannot read ({first[:120]}): "
+                               f"was the database edited by hand?") from None
 
     def _numbered(self, study_id: int, write: Callable[[Session], T]) -> T:
         """Run `write(session)` (which numbers its rows with `_next_number`) in a transaction, again when a

@@ -117,6 +117,38 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_database_alone(cli, finishe
     assert _table_counts(url) == before
 
 
+@pytest.mark.parametrize("assignment,needle", [
+    ("peak_mem_gib = 'abc'", "peak_mem_gib = 'abc', not a positive finite number"),
+    ("tokens_per_s_per_gpu = -5", "tokens_per_s_per_gpu = -5"),
+    ("artifacts = 'not json'", "cannot read"),
+])
+def test_a_hand_edited_store_is_one_line_exit_2_for_every_reader(cli, finished_study, tmp_path, assignment, needle):
+    """Found in issue 15's final read: text in a Float column ended `leaderboard` in a TypeError traceback."""
+    import shutil
+
+    url, _ = finished_study
+    edited = tmp_path / "edited.db"
+    shutil.copy(url.removeprefix("sqlite:///"), edited)
+    with sqlite3.connect(edited) as db:
+        db.execute(f"UPDATE autotune_trials SET {assignment} WHERE number = 2")
+    before = _dump(edited)
+    for args in (["leaderboard", "demo"], ["export", "demo", "--format", "overrides"], ["show", "demo", "2"]):
+        result = cli(*args, "--storage", f"sqlite:///{edited}", env=ENV)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert needle in result.stderr and "edited.db" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert _dump(edited) == before
+
+
+def _dump(path) -> list[str]:
+    """The database's content as SQL (its bytes move when SQLite checkpoints the WAL on close)."""
+    db = sqlite3.connect(path)
+    try:
+        return list(db.iterdump())
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize("url,needle", [
     ("postgresql+psycopg://nobody@127.0.0.1:1/nowhere", "cannot reach storage"),
     ("mysql://x@localhost/db", "unsupported database"),

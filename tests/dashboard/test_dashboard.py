@@ -334,3 +334,27 @@ def test_in_a_real_headless_chromium(repo, tmp_path):
     finally:
         driver.quit()
         server.shutdown()
+
+
+def test_a_hand_edited_store_gets_an_escaped_503_page_and_the_server_lives_on(repo):
+    """A row autotune never wrote (here a script in a Float column) is a store error the page names,
+    escaped; the server keeps answering."""
+    from urllib.parse import quote
+
+    from sqlalchemy import text
+
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET peak_mem_gib = :v WHERE number = 1"), {"v": HOSTILE})
+    server = serve_in_background(repo)
+    try:
+        host, port = server.server_address[:2]
+        base = f"http://{host}:{port}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{base}/study/{quote('demo' + HOSTILE, safe='')}")
+        body = refused.value.read().decode()
+        assert refused.value.code == 503 and "peak_mem_gib" in body and "edited by hand" in body
+        assert HOSTILE not in body and "&lt;script&gt;" in body
+        with urllib.request.urlopen(f"{base}/static/dashboard.js") as response:
+            assert response.status == 200
+    finally:
+        server.shutdown()

@@ -275,3 +275,81 @@ def test_states_are_enums_and_a_misspelt_study_status_is_refused(storage_url):
     assert not isinstance(repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget), ClaimRefused)
     assert repo.claim_dispatch(study.id, {"tp": 2}, "k2", 1, "c1", study.budget) is ClaimRefused.BUDGET
     repo.close()
+
+
+def _finished_trial(repo: Repository, name: str):
+    study = new_study(repo, name=name, budget=2)
+    repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget, number=0)
+    repo.finish_trial(study.id, 0, "completed", metrics={"step_time_s": 2.0, "tokens_per_s_per_gpu": 9000.0,
+                                                          "tflops_per_gpu": 400.0, "mfu": 0.4, "peak_mem_gib": 61.5},
+                      step_times_s=[2.1, 2.0], gpu_seconds=32.0)
+    return study
+
+
+def _raw_rows(repo: Repository) -> list:
+    """Every stored row as text (a NaN is not equal to itself)."""
+    with repo.engine.connect() as c:
+        return [repr(tuple(r)) for table in ("autotune_trials", "autotune_studies")
+                for r in c.execute(text(f"SELECT * FROM {table} ORDER BY id"))]
+
+
+# Values a person (or a broken tool) can put into columns that autotune only ever writes checked values
+# into. PostgreSQL's types refuse text in a number column, so those cases are SQLite's only.
+TAMPERED_ON_BOTH = [
+    ("autotune_trials", "tokens_per_s_per_gpu = -5", "tokens_per_s_per_gpu = -5"),
+    ("autotune_trials", "step_time_s = 'NaN'", "step_time_s = "),
+    ("autotune_trials", "peak_mem_gib = 'Infinity'", "peak_mem_gib = "),
+    ("autotune_trials", "mfu = 0", "mfu = 0"),
+    ("autotune_trials", "status = 'weird'", "status = 'weird'"),
+    ("autotune_trials", "origin = 'elsewhere'", "origin = 'elsewhere'"),
+    ("autotune_trials", "config = '[1]'", "config = [1]"),
+    ("autotune_trials", "artifacts = '\"text\"'", "artifacts = 'text'"),
+    ("autotune_trials", "step_times_s = '[\"a\", 1]'", "step_times_s = ['a', 1]"),
+    ("autotune_trials", "worker_losses = -1", "worker_losses = -1"),
+    ("autotune_trials", "gpu_seconds = -3", "gpu_seconds = -3"),
+    ("autotune_studies", "workload = '[]'", "workload = []"),
+    ("autotune_studies", "budget = -1", "budget = -1"),
+    ("autotune_studies", "status = 'zz'", "status = 'zz'"),
+]
+TAMPERED_ON_SQLITE = [
+    ("autotune_trials", "peak_mem_gib = 'abc'", "peak_mem_gib = 'abc'"),
+    ("autotune_trials", "mfu = X'00'", "mfu = b'\\x00'"),
+    ("autotune_trials", "optuna_trial_number = 'x'", "optuna_trial_number = 'x'"),
+    ("autotune_trials", "attempt = 1e30", "attempt = 1e+30"),
+    ("autotune_trials", "artifacts = 'not json'", "cannot read"),
+    ("autotune_trials", "created_at = 'garbage'", "cannot read"),
+    ("autotune_studies", "budget = 'x'", "budget = 'x'"),
+]
+
+
+@pytest.mark.parametrize("table,assignment,needle", TAMPERED_ON_BOTH, ids=[a for _, a, _ in TAMPERED_ON_BOTH])
+def test_a_hand_edited_row_is_one_line_storage_error_and_nothing_changes(storage_url, table, assignment, needle):
+    """The storage boundary refuses a row autotune would never have written (issue 15's review: a text in
+    a Float column ended in a TypeError deep in the ranking), naming the column and its value."""
+    _hand_edited_row_is_refused(storage_url, table, assignment, needle)
+
+
+@pytest.mark.parametrize("table,assignment,needle", TAMPERED_ON_SQLITE, ids=[a for _, a, _ in TAMPERED_ON_SQLITE])
+def test_a_hand_edited_sqlite_row_of_the_wrong_type_is_refused(tmp_path, table, assignment, needle):
+    _hand_edited_row_is_refused(f"sqlite:///{tmp_path / 'edited.db'}", table, assignment, needle)
+
+
+def _hand_edited_row_is_refused(url: str, table: str, assignment: str, needle: str) -> None:
+    repo = Repository.open(url)
+    study = _finished_trial(repo, "edited")
+    assert repo.trials(study.id)[0].tokens_per_s_per_gpu == 9000.0  # readable before the edit
+    with repo.engine.begin() as c:
+        c.execute(text(f"UPDATE {table} SET {assignment}"))
+    before = _raw_rows(repo)
+    if table == "autotune_trials":
+        reads = [lambda: repo.trials(study.id), lambda: repo.trial(study.id, 0)]
+    else:
+        reads = [lambda: repo.get_study("edited"), repo.list_studies]
+    for read in reads:
+        with pytest.raises(StorageError) as raised:
+            read()
+        message = str(raised.value)
+        assert "\n" not in message and needle in message, message
+        assert repo.engine.url.database in message  # which store
+    assert _raw_rows(repo) == before  # reading refused; nothing rewritten
+    repo.close()

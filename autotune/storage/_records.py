@@ -1,0 +1,130 @@
+"""What a stored row may hold, checked where rows become records (the storage boundary).
+
+autotune writes only checked values (launcher numbers are finite and positive, statuses are enum
+values, configs are JSON objects), but SQLite is dynamically typed and a store is a file a person
+can edit: a text in a Float column, a negative throughput or an unknown status would otherwise
+surface far away as a TypeError in the ranking or a KeyError in a count. Every row read is checked
+here against the same rules the writers follow, and a row that breaks one is a one-line
+StorageError naming the row, the column and the value, never a traceback and never a silent guess.
+
+`predicted` (the cost model's advisory prediction stored with a trial) is not checked here: it is
+validated where it is used, run by run, and a run whose prediction is unusable is left out of the
+pooling rather than making the whole study unreadable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from autotune.errors import StorageError
+from autotune.storage.models import StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus
+
+Check = Callable[[Any], bool]
+
+
+def _number(value: Any) -> bool:
+    # bool is an int subclass, and a stored True is no measurement
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return _integer(value) and value >= 0
+
+
+def _positive(value: Any) -> bool:
+    return _number(value) and value > 0
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _mapping(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _one_of(values: type) -> Check:
+    allowed = frozenset(v.value for v in values)
+    return lambda value: isinstance(value, str) and value in allowed
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def _step_times(value: Any) -> bool:
+    return isinstance(value, list) and all(_positive(t) for t in value)
+
+
+# Columns of a trial row and what autotune writes into them. Metrics are positive when present, the
+# rule the backends' outcome validation applies before anything is stored (backends/validation.py).
+TRIAL_RULES: dict[str, tuple[Check, str]] = {
+    "number": (_integer, "an integer"),
+    "optuna_trial_number": (_optional(_integer), "an integer"),
+    "config": (_mapping, "a JSON object"),
+    "config_key": (_text, "a text"),
+    "dispatched": (lambda v: isinstance(v, bool), "true or false"),
+    "status": (_one_of(TrialRecordStatus), "a trial status"),
+    "reason": (_optional(_text), "a text"),
+    "message": (_optional(_text), "a text"),
+    "implied_by_trial": (_optional(_integer), "an integer"),
+    "strategy_note": (_optional(_text), "a text"),
+    "origin": (_one_of(TrialOrigin), "a trial origin"),
+    "worker_losses": (_count, "a count"),
+    "attempt": (_count, "a count"),
+    "step_time_s": (_optional(_positive), "a positive finite number"),
+    "tokens_per_s_per_gpu": (_optional(_positive), "a positive finite number"),
+    "tflops_per_gpu": (_optional(_positive), "a positive finite number"),
+    "mfu": (_optional(_positive), "a positive finite number"),
+    "peak_mem_gib": (_optional(_positive), "a positive finite number"),
+    "step_times_s": (_step_times, "a list of positive finite numbers"),
+    "gpu_seconds": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
+    "artifacts": (_mapping, "a JSON object"),
+    "controller_id": (_optional(_text), "a text"),
+}
+
+STUDY_RULES: dict[str, tuple[Check, str]] = {
+    "name": (_text, "a text"),
+    "model": (_text, "a text"),
+    "workload": (_mapping, "a JSON object"),
+    "space": (_mapping, "a JSON object"),
+    "budget": (_count, "a count"),
+    "sampler": (_text, "a text"),
+    "backend": (_text, "a text"),
+    "backend_options": (_mapping, "a JSON object"),
+    "options": (_mapping, "a JSON object"),
+    "optuna_study_name": (_text, "a text"),
+    "status": (_one_of(StudyStatus), "a study status"),
+    "controller_id": (_optional(_text), "a text"),
+    "numbering": (_one_of(TrialNumbering), "a numbering"),
+}
+
+
+def _refuse(what: str, column: str, value: Any, expected: str) -> StorageError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return StorageError(f"{what} holds {column} = {shown}, not {expected}: autotune never writes that "
+                        f"(was the database edited by hand?); nothing was changed")
+
+
+def check_trial_values(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a trial row's columns by name), unchanged when every column holds what autotune writes;
+    otherwise a StorageError naming the row, the first offending column and its value."""
+    for column, (check, expected) in TRIAL_RULES.items():
+        if column in values and not check(values[column]):
+            where = f"trial {values.get('number')!r} of study {values.get('study_id')!r}"
+            raise _refuse(where, column, values[column], expected)
+    return values
+
+
+def check_study_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The same for a study row."""
+    for column, (check, expected) in STUDY_RULES.items():
+        if column in values and not check(values[column]):
+            raise _refuse(f"study {values.get('name')!r}", column, values[column], expected)
+    return values
