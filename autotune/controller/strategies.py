@@ -78,8 +78,10 @@ class AutoStrategy(Strategy):
     3. constrained expected improvement: the GP posterior of log throughput (cost model as mean,
        controller/surrogate.py) gives EI over the best posterior mean measured so far, times the
        probability that the layout fits; layouts fitting with probability < P_FIT_MIN are skipped;
-    4. in the last REMEASURE_SHARE of the budget, close contenders are measured again (their gap is
-       within the run-to-run noise), so the winner is not the luckiest run.
+    4. in the last REMEASURE_SHARE of the budget, a close contender (its gap within the run-to-run
+       noise) is measured again when that run is worth more than a new layout: its knowledge gradient
+       (remeasure_value) against the best new layout's constrained EI. A search still far from the
+       optimum keeps searching; one that has settled makes sure the winner is not the luckiest run.
     """
 
     name = "auto"
@@ -89,11 +91,9 @@ class AutoStrategy(Strategy):
         if first is not None:
             return first
         again = self._remeasure(state)
-        if again is not None:
-            return again
         open_ = state.candidates(P_FIT_MIN)
         if not open_.any():
-            return None
+            return None if again is None else Proposal(state.legal[again[0]], REMEASURE)
         p_fit = state.p_fit()
         if state.dispatched < self._initial_design_size():
             i = self._best_new_family(state, open_ & (p_fit >= P_FIT_EXPLORE))
@@ -102,7 +102,16 @@ class AutoStrategy(Strategy):
         # EI is weighted by the chance the layout keeps the headroom (only such a layout can be
         # recommended); the candidate threshold above is about running out of memory at all
         recommendable = state.p_fit(state.headroom_gib)
-        return Proposal(state.legal[self._expected_improvement(state, open_, recommendable)], "refine")
+        i, gain = self._expected_improvement(state, open_, recommendable)
+        # A run spent again on a contender is a run not spent on a new layout: measure again only when
+        # that is worth more (both values are knowledge gradients: the expected gain in the true log
+        # throughput of the layout chosen in the end). With the search still far from the optimum, new
+        # layouts win; once it has settled, the contenders do. Until one layout has run twice the run
+        # noise is only the prior's guess (NOISE_LOG_STD), so the first contender runs again regardless.
+        noise_known = any(len(runs) > 1 for runs in state.runs.values())
+        if again is not None and (not noise_known or again[1] >= gain):
+            return Proposal(state.legal[again[0]], REMEASURE)
+        return Proposal(state.legal[i], "refine")
 
     def _initial_design_size(self) -> int:
         return 1 + min(INIT_MAX, max(INIT_MIN, round(INIT_SHARE * self.budget)))
@@ -134,7 +143,10 @@ class AutoStrategy(Strategy):
 
     _kept: np.ndarray | None = None
 
-    def _expected_improvement(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray) -> int:
+    def _expected_improvement(self, state: SearchState, open_: np.ndarray,
+                              p_fit: np.ndarray) -> tuple[int, float]:
+        """The open layout with the best constrained EI, and what one run of the best new layout is
+        worth (its knowledge gradient, to weigh against measuring a contender again)."""
         pool, local = self._pool(state, open_)
         mean, std = state.posterior(pool)
         measured = np.array(list(state.runs), dtype=np.int64)
@@ -145,20 +157,30 @@ class AutoStrategy(Strategy):
         score = expected_improvement(mean, std, incumbent) * p_fit[pool]
         # Far from every good layout, only candidates whose mean is close to the incumbent are worth
         # a run: with 40 runs, a bet on a region the posterior expects to be much slower rarely pays.
-        score[~local & (mean < incumbent - GLOBAL_GAP)] = 0.0
+        far = ~local & (mean < incumbent - GLOBAL_GAP)
+        score[far] = 0.0
         order = np.argsort(-score)
         self._kept = pool[order[:POOL_KEEP]]
-        return int(pool[order[0]])
+        # what one (noisy) run of a new layout is worth, on the same footing as remeasure_value: its
+        # knowledge gradient, the posterior mean moving by sd std**2 / sqrt(std**2 + noise**2) (Frazier et
+        # al. 2008); EI assumes the run reveals the layout's value exactly and overrates a near-known one
+        noise = run_noise_std(state)
+        moved = std ** 2 / np.sqrt(std ** 2 + noise ** 2)
+        value = expected_improvement(mean, moved, incumbent) * p_fit[pool]
+        value[far] = 0.0
+        return int(pool[order[0]]), float(value.max())
 
-    def _remeasure(self, state: SearchState) -> Proposal | None:
-        """A close contender measured again, in the budget's last REMEASURE_SHARE (None otherwise)."""
+    def _remeasure(self, state: SearchState) -> tuple[int, float] | None:
+        """A close contender to measure again in the budget's last REMEASURE_SHARE, with the value of
+        that run (remeasure_value); None outside that share or when no contender is close."""
         if self.budget < REMEASURE_MIN_BUDGET or not self.remeasure:
             return None
         remaining = self.budget - state.dispatched
         if remaining <= 0 or remaining > max(1, round(REMEASURE_SHARE * self.budget)):
             return None
-        i = remeasure_choice(state.measured_means(), run_noise_std(state))
-        return None if i is None else Proposal(state.legal[i], REMEASURE)
+        means, noise = state.measured_means(), run_noise_std(state)
+        i = remeasure_choice(means, noise)
+        return None if i is None else (i, remeasure_value(means, i, noise))
 
 
 def expected_improvement(mean: np.ndarray, std: np.ndarray, incumbent: float) -> np.ndarray:
@@ -191,6 +213,21 @@ def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float) -> i
         return None
     pick = min(contenders, key=lambda i: (means[i][1], -means[i][0]))
     return None if means[pick][1] >= REMEASURE_MAX_RUNS else pick
+
+
+def remeasure_value(means: dict[int, tuple[float, int]], pick: int, noise_std: float) -> float:
+    """The knowledge gradient of one more run of `pick`: how much that run is expected to raise the
+    true log throughput of the layout chosen by mean, against its closest rival (the best layout, or
+    the runner-up when `pick` is the best). The run moves pick's mean by a normal of sd
+    noise / sqrt(n (n + 1)) (n: its runs so far); the choice changes when it crosses the rival's:
+    EI(-gap, that sd) (Frazier, Powell and Dayanik 2008, for independent arms)."""
+    mean, n = means[pick]
+    others = sorted((m for j, (m, _) in means.items() if j != pick), reverse=True)
+    if not others:
+        return 0.0
+    gap = abs(mean - others[0])  # the best other layout: the chosen one, or the runner-up when pick leads
+    move = noise_std / math.sqrt(n * (n + 1))
+    return float(expected_improvement(np.array([-gap]), np.array([move]), 0.0)[0])
 
 
 class RandomLegalStrategy(Strategy):

@@ -17,7 +17,8 @@ from autotune.controller.recommend import default_headroom_gib, recommend
 from autotune.controller.sampler import AutotuneSampler
 from autotune.controller.session import build_controller, create_study, replay_coverage
 from autotune.controller.state import SearchState
-from autotune.controller.strategies import AutoStrategy, expected_improvement, remeasure_choice
+from autotune.controller.strategies import (REMEASURE, AutoStrategy, expected_improvement, remeasure_choice,
+                                            remeasure_value)
 from autotune.controller.surrogate import MemoryFeasibility, ResidualGP
 from autotune.cost import estimate, estimate_many
 from autotune.space import enumerate_legal, load_space, make_workload
@@ -108,6 +109,46 @@ def test_expected_improvement_prefers_a_better_mean_and_more_uncertainty():
 ])
 def test_remeasure_rule(means, expected):
     assert remeasure_choice(means, noise_std=0.03) == expected
+
+
+def test_remeasure_value_is_the_knowledge_gradient_of_one_more_run():
+    close = {1: (math.log(100), 1), 2: (math.log(99), 1)}
+    far = {1: (math.log(100), 1), 2: (math.log(90), 1)}
+    twice = {1: (math.log(100), 1), 2: (math.log(99), 2)}
+    value = remeasure_value(close, 2, noise_std=0.05)
+    # one run moves layout 2's mean by sd 0.05 / sqrt(2): EI(-gap, that sd) by the closed form
+    move, gap = 0.05 / math.sqrt(2), math.log(100 / 99)
+    assert value == pytest.approx(float(expected_improvement(np.array([-gap]), np.array([move]), 0.0)[0]))
+    assert 0 < remeasure_value(far, 2, 0.05) < value  # a larger gap is less likely to be crossed
+    assert remeasure_value(twice, 2, 0.05) < value  # a third run moves a mean of two runs less
+    assert remeasure_value(close, 2, 0.10) > value  # noisier runs: more to learn
+    # the leader measured again is judged against the runner-up, symmetric in the gap
+    assert remeasure_value(close, 1, 0.05) == pytest.approx(value)
+    assert remeasure_value({1: (0.0, 1)}, 1, 0.05) == 0.0
+
+
+@pytest.mark.parametrize("new_layout_gain, noise_known, expected", [
+    (1.0, True, "refine"),  # a new layout is worth more: keep searching
+    (0.0, True, REMEASURE),  # the search has settled: make sure of the winner
+    (1.0, False, REMEASURE),  # no layout ran twice yet: the run noise is a guess until one does
+])
+def test_a_contender_runs_again_only_when_that_is_worth_more_than_a_new_layout(qwen16, new_layout_gain, noise_known,
+                                                                               expected):
+    """In the budget's last share, a close contender is measured again when its knowledge gradient beats
+    that of the best new layout (a search far from the optimum keeps searching), or to learn the run noise."""
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal[:200])
+    runs = [(0, 1000.0), (1, 995.0), (2, 700.0)] + ([(2, 707.0)] if noise_known else [])
+    for i, tokens in runs:
+        state.mark_tried(legal[i].key())
+        state.record_speed(legal[i], tokens)
+    strategy = AutoStrategy(budget=10, seed=0)
+    state.dispatched = 9  # the last run of the budget: inside the re-measurement share
+    assert strategy._remeasure(state) is not None and strategy._remeasure(state)[1] > 0
+    strategy._expected_improvement = lambda *args: (5, new_layout_gain)
+    proposal = strategy.propose(state)
+    assert proposal.note == expected
+    assert proposal.config == legal[5] if expected == "refine" else proposal.config in (legal[0], legal[1])
 
 
 def _trial(number, key, tokens, peak, status="completed"):
