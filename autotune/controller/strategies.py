@@ -80,8 +80,13 @@ class AutoStrategy(Strategy):
        probability that the layout fits; layouts fitting with probability < P_FIT_MIN are skipped;
     4. in the last REMEASURE_SHARE of the budget, a close contender (its gap within the run-to-run
        noise) is measured again when that run is worth more than a new layout: its knowledge gradient
-       (remeasure_value) against the best new layout's constrained EI. A search still far from the
+       (remeasure_value) against the largest knowledge gradient of one noisy run of a scored new
+       layout (weighted like the EI by the chance it keeps the headroom), and the first contender
+       always (the run noise is a guess until a layout has run twice). A search still far from the
        optimum keeps searching; one that has settled makes sure the winner is not the luckiest run.
+       Not yet: contenders that cannot be recommended (their measured peak inside the headroom) are
+       not left out of the re-measurement, and the new layout weighed is the best by knowledge
+       gradient while the one proposed is the best by EI.
     """
 
     name = "auto"

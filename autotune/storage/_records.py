@@ -36,8 +36,12 @@ def _count(value: Any) -> bool:
     return _integer(value) and value >= 0
 
 
-def _positive(value: Any) -> bool:
+def positive_number(value: Any) -> bool:
+    """A finite number > 0 (not a bool): what a measurement is."""
     return _number(value) and value > 0
+
+
+_positive = positive_number
 
 
 def _text(value: Any) -> bool:
@@ -59,6 +63,29 @@ def _optional(check: Check) -> Check:
 
 def _step_times(value: Any) -> bool:
     return isinstance(value, list) and all(_positive(t) for t in value)
+
+
+def _positive_count(value: Any) -> bool:
+    return _integer(value) and value > 0
+
+
+# What a study's workload holds (space._workload.study_space_and_workload and the read side use each).
+WORKLOAD_KEYS: dict[str, Check] = {"gpus": _positive_count, "gpus_per_node": _positive_count, "gpu": _text,
+                                   "global_batch_size": _positive_count, "seq_length": _positive_count,
+                                   "precision": _text}
+
+
+def _workload(value: Any) -> bool:
+    return isinstance(value, dict) and all(key in value and check(value[key]) for key, check in WORKLOAD_KEYS.items())
+
+
+def _domains(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, list) for k, v in value.items())
+
+
+def _space(value: Any) -> bool:
+    return (isinstance(value, dict) and _domains(value.get("domains"))
+            and _domains(value.get("perf_domains", {})) and isinstance(value.get("policy", {}), dict))
 
 
 # Columns of a trial row and what autotune writes into them. Metrics are positive when present, the
@@ -91,8 +118,8 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
 STUDY_RULES: dict[str, tuple[Check, str]] = {
     "name": (_text, "a text"),
     "model": (_text, "a text"),
-    "workload": (_mapping, "a JSON object"),
-    "space": (_mapping, "a JSON object"),
+    "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision)"),
+    "space": (_space, "a space (knob domains as lists)"),
     "budget": (_count, "a count"),
     "sampler": (_text, "a text"),
     "backend": (_text, "a text"),
@@ -108,8 +135,9 @@ STUDY_RULES: dict[str, tuple[Check, str]] = {
 def _refuse(what: str, column: str, value: Any, expected: str) -> StorageError:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return StorageError(f"{what} holds {column} = {shown}, not {expected}: autotune never writes that "
-                        f"(was the database edited by hand?); nothing was changed")
+    return StorageError(f"{what} holds {column} = {shown}, not {expected}: autotune does not write that "
+                        f"(was the database edited by hand, or written by a version that did not yet "
+                        f"validate launcher results?); nothing was changed")
 
 
 def check_trial_values(values: dict[str, Any]) -> dict[str, Any]:

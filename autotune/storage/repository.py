@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
-from autotune.storage._records import check_study_values, check_trial_values
+from autotune.storage._records import check_study_values, check_trial_values, positive_number
 from autotune.storage.migrations import current_revision, ensure_schema
 from autotune.storage.models import (REJECTED_BASE, TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus,
                                      TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
@@ -155,9 +155,7 @@ class Repository:
     def session(self) -> Iterator[Session]:
         """One committed transaction. A unique-key clash (IntegrityError) reaches the caller, which
         treats it as a lost race; any other database error becomes a one-line StorageError, and so does
-        a stored value the column type cannot decode (a hand-edited SQLite file: text that is no JSON in
-        a JSON column, no date in a DateTime column; SQLAlchemy raises ValueError or TypeError for those
-        while it loads the row)."""
+        a stored row that `_reading()` refuses (it names the store)."""
         where = self.engine.url.render_as_string(hide_password=True)
         try:
             with self._sessions.begin() as session:
@@ -167,12 +165,22 @@ class Repository:
         except SQLAlchemyError as exc:
             first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [exc.__class__.__name__])[0]
             raise StorageError(f"the store {where} failed: {first[:200]}") from None
-        except StorageError as exc:  # a row that breaks _records' rules: say which store
+        except StorageError as exc:  # a row that breaks _records' rules or does not decode: say which store
             raise StorageError(f"the store {where}: {exc}") from None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _reading() -> Iterator[None]:
+        """Around fetching stored rows and turning them into records (only there: a ValueError or
+        TypeError elsewhere is a bug and keeps its traceback). A value the column type cannot decode,
+        in a hand-edited SQLite file (text that is no JSON in a JSON column, no date in a DateTime
+        column), makes SQLAlchemy raise one of those while it loads the row."""
+        try:
+            yield
         except (ValueError, TypeError) as exc:
             first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-            raise StorageError(f"the store {where} holds a value autotune cannot read ({first[:120]}): "
-                               f"was the database edited by hand?") from None
+            raise StorageError(f"a stored value cannot be read ({first[:120]}): was the database edited by "
+                               f"hand?") from None
 
     def _numbered(self, study_id: int, write: Callable[[Session], T]) -> T:
         """Run `write(session)` (which numbers its rows with `_next_number`) in a transaction, again when a
@@ -202,19 +210,19 @@ class Repository:
                              f"`autotune resume {values['name']}` or choose another --study") from None
 
     def get_study(self, name: str) -> Study:
-        with self.session() as s:
+        with self.session() as s, self._reading():
             row = s.scalar(select(StudyRow).where(StudyRow.name == name))
             if row is None:
                 raise StudyError(f"no study named {name!r} (see `autotune status`)")
             return _study(row)
 
     def find_study(self, name: str) -> Study | None:
-        with self.session() as s:
+        with self.session() as s, self._reading():
             row = s.scalar(select(StudyRow).where(StudyRow.name == name))
             return _study(row) if row else None
 
     def list_studies(self) -> list[Study]:
-        with self.session() as s:
+        with self.session() as s, self._reading():
             return [_study(r) for r in s.scalars(select(StudyRow).order_by(StudyRow.created_at))]
 
     def set_study_status(self, study_id: int, status: StudyStatus | str) -> None:
@@ -316,13 +324,14 @@ class Repository:
         values = {k: metrics.get(k) for k in METRIC_FIELDS}
         return self._insert_trial(study_id, number, config=config, config_key=config_key, dispatched=True, status=status,
                                   optuna_trial_number=optuna_trial_number, origin=TrialOrigin.IMPORTED.value,
-                                  step_times_s=step_times_s, artifacts={"log": source}, finished_at=utcnow(),
+                                  step_times_s=[float(t) for t in step_times_s if positive_number(t)],
+                                  artifacts={"log": source}, finished_at=utcnow(),
                                   reason="out_of_memory" if status == "oom" else None, **values)
 
     def stale_trials(self, study_id: int, older_than_s: float, exclude_controller: str) -> list[Trial]:
         """Dispatched, unfinished trials of other controllers whose heartbeat stopped."""
         cutoff = utcnow() - dt.timedelta(seconds=older_than_s)
-        with self.session() as s:
+        with self.session() as s, self._reading():
             rows = s.scalars(select(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 (TrialRow.controller_id.is_(None)) | (TrialRow.controller_id != exclude_controller),
@@ -355,7 +364,10 @@ class Repository:
             if metrics and metrics.get(key) is not None:
                 values[key] = float(metrics[key])
         if step_times_s is not None:
-            values["step_times_s"] = list(step_times_s)
+            # a failed, pruned or timed-out run's step times reach here as the launcher reported them
+            # (only completed and OOM results are validated whole): keep the plausible ones, so the store
+            # holds nothing its read side (_records) would refuse
+            values["step_times_s"] = [float(t) for t in step_times_s if positive_number(t)]
         with self.session() as s:
             if artifacts:  # merge: keep what earlier attempts recorded (e.g. the messages of lost attempts)
                 current = s.scalar(select(TrialRow.artifacts).where(TrialRow.study_id == study_id,
@@ -386,14 +398,14 @@ class Repository:
         return self.trial(study_id, number).worker_losses
 
     def trials(self, study_id: int, dispatched_only: bool = False) -> list[Trial]:
-        with self.session() as s:
+        with self.session() as s, self._reading():
             query = select(TrialRow).where(TrialRow.study_id == study_id)
             if dispatched_only:
                 query = query.where(TrialRow.dispatched.is_(True))
             return [_trial(r) for r in s.scalars(query.order_by(TrialRow.number))]
 
     def trial(self, study_id: int, number: int) -> Trial:
-        with self.session() as s:
+        with self.session() as s, self._reading():
             row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
             if row is None:
                 raise StudyError(f"study has no trial {number}")

@@ -103,6 +103,19 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("line", ['{"status": "failed", "step_times_s": [0, 2.5]}',
+                                  '{"status": "failed", "step_times_s": [NaN, -1, 2.5]}',
+                                  '{"status": "failed", "step_times_s": "abc"}'])
+def test_a_failed_runs_step_times_never_make_the_study_unreadable(tmp_path, line):
+    """Found by review: only completed and OOM results are validated whole, so a failed run's step times were
+    stored as the launcher sent them, and the read side (storage/_records.py) then refused the whole study."""
+    repo, study, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "result", "HOSTILE_RESULT": line})
+    assert study.status == "finished" and trial.status == "failed"
+    assert all(math.isfinite(t) and t > 0 for t in trial.step_times_s)
+    leaderboard.build(repo, study)  # the study stays readable
+
+
 def test_an_invalid_utf8_byte_before_the_result_line_is_harmless(tmp_path):
     _, _, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "result", "HOSTILE_PREFIX": "ff0a",
                                               "HOSTILE_RESULT": json.dumps(GOOD)})

@@ -120,7 +120,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_database_alone(cli, finishe
 @pytest.mark.parametrize("assignment,needle", [
     ("peak_mem_gib = 'abc'", "peak_mem_gib = 'abc', not a positive finite number"),
     ("tokens_per_s_per_gpu = -5", "tokens_per_s_per_gpu = -5"),
-    ("artifacts = 'not json'", "cannot read"),
+    ("artifacts = 'not json'", "cannot be read"),
 ])
 def test_a_hand_edited_store_is_one_line_exit_2_for_every_reader(cli, finished_study, tmp_path, assignment, needle):
     """Found in issue 15's final read: text in a Float column ended `leaderboard` in a TypeError traceback."""

@@ -151,6 +151,20 @@ def test_a_contender_runs_again_only_when_that_is_worth_more_than_a_new_layout(q
     assert proposal.config == legal[5] if expected == "refine" else proposal.config in (legal[0], legal[1])
 
 
+def test_with_no_open_layout_left_a_close_contender_still_runs_again(qwen16):
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal[:3])
+    for i, tokens in ((0, 1000.0), (1, 995.0), (2, 700.0)):
+        state.mark_tried(legal[i].key())
+        state.record_speed(legal[i], tokens)
+    strategy = AutoStrategy(budget=10, seed=0)
+    state.dispatched = 9
+    proposal = strategy.propose(state)
+    assert proposal.note == REMEASURE and proposal.config in (legal[0], legal[1])
+    state.dispatched = 5  # outside the budget's last share: nothing left to propose
+    assert strategy.propose(state) is None
+
+
 def _trial(number, key, tokens, peak, status="completed"):
     return Trial(study_id=1, number=number, optuna_trial_number=None, config={}, config_key=key, dispatched=True,
                  status=status, tokens_per_s_per_gpu=tokens, peak_mem_gib=peak)

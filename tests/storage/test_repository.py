@@ -12,8 +12,16 @@ from autotune.storage import REJECTED_BASE, Repository, current_revision, head_r
 from autotune.storage.migrations import VERSION_TABLE, downgrade
 
 
+WORKLOAD = {"gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024, "seq_length": 4096,
+            "precision": "bf16"}
+
+
+# a study row as revision 0001 stored it (the workload and space every version wrote)
+OLD_STUDY = {"workload": json.dumps(WORKLOAD), "space": json.dumps({"domains": {"tp": [1, 2]}})}
+
+
 def new_study(repo: Repository, name: str = "s", budget: int = 3, **values):
-    return repo.create_study(name=name, model="qwen3_30b", workload={"gpus": 16}, space={"domains": {}},
+    return repo.create_study(name=name, model="qwen3_30b", workload=WORKLOAD, space={"domains": {}},
                              budget=budget, sampler="auto", backend="simulate", backend_options={}, options={},
                              optuna_study_name=name, status="created", **values)
 
@@ -121,8 +129,8 @@ def test_upgrade_from_the_first_released_schema(storage_url):
     with engine.begin() as c:
         c.execute(text("INSERT INTO autotune_studies (name, model, workload, space, budget, sampler, backend, "
                        "backend_options, options, optuna_study_name, status, created_at, updated_at) VALUES "
-                       "('old', 'qwen3_30b', '{}', '{}', 5, 'auto', 'simulate', '{}', '{}', 'autotune:old', "
-                       "'finished', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+                       "('old', 'qwen3_30b', :workload, :space, 5, 'auto', 'simulate', '{}', '{}', 'autotune:old', "
+                       "'finished', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"), OLD_STUDY)
     with pytest.raises(StorageError, match="autotune db upgrade"):
         Repository.open(storage_url)
     upgrade(engine)
@@ -141,8 +149,8 @@ def test_upgrade_to_0003_moves_origin_and_worker_losses_out_of_other_fields(stor
     with engine.begin() as c:
         c.execute(text("INSERT INTO autotune_studies (id, name, model, workload, space, budget, sampler, backend, "
                        "backend_options, options, optuna_study_name, status, created_at, updated_at) VALUES "
-                       "(1, 'old', 'qwen3_30b', '{}', '{}', 5, 'auto', 'simulate', '{}', '{}', 'autotune:old', "
-                       "'finished', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+                       "(1, 'old', 'qwen3_30b', :workload, :space, 5, 'auto', 'simulate', '{}', '{}', 'autotune:old', "
+                       "'finished', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"), OLD_STUDY)
         for number, note, artifacts in ((1, "baseline", '{"worker_losses": 1, "losses": ["node died"]}'),
                                         (2, "imported", '{"log": "run.log"}'), (3, "validation", '{}')):
             c.execute(text("INSERT INTO autotune_trials (study_id, number, config, config_key, dispatched, status, "
@@ -184,8 +192,8 @@ def test_upgrade_to_0004_names_each_optuna_study_like_its_study(storage_url):
         for study_id, name in ((1, "old"), (2, "clash")):
             c.execute(text("INSERT INTO autotune_studies (id, name, model, workload, space, budget, sampler, backend, "
                            "backend_options, options, optuna_study_name, status, created_at, updated_at) VALUES "
-                           f"({study_id}, '{name}', 'qwen3_30b', '{{}}', '{{}}', 5, 'auto', 'simulate', '{{}}', "
-                           f"'{{}}', 'autotune:{name}', 'interrupted', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+                           f"({study_id}, '{name}', 'qwen3_30b', :workload, :space, 5, 'auto', 'simulate', '{{}}', "
+                           f"'{{}}', 'autotune:{name}', 'interrupted', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"), OLD_STUDY)
         for number, optuna_number, status, reason, speed in ((1, 0, "rejected", "predicted_oom", "NULL"),
                                                              (2, 1, "completed", "NULL", "7400.0")):
             c.execute(text("INSERT INTO autotune_trials (study_id, number, optuna_trial_number, config, config_key, "
@@ -308,6 +316,8 @@ TAMPERED_ON_BOTH = [
     ("autotune_trials", "worker_losses = -1", "worker_losses = -1"),
     ("autotune_trials", "gpu_seconds = -3", "gpu_seconds = -3"),
     ("autotune_studies", "workload = '[]'", "workload = []"),
+    ("autotune_studies", "workload = '{}'", "workload = {}"),
+    ("autotune_studies", "space = '{\"domains\": {\"tp\": 5}}'", "not a space"),
     ("autotune_studies", "budget = -1", "budget = -1"),
     ("autotune_studies", "status = 'zz'", "status = 'zz'"),
 ]
@@ -316,8 +326,8 @@ TAMPERED_ON_SQLITE = [
     ("autotune_trials", "mfu = X'00'", "mfu = b'\\x00'"),
     ("autotune_trials", "optuna_trial_number = 'x'", "optuna_trial_number = 'x'"),
     ("autotune_trials", "attempt = 1e30", "attempt = 1e+30"),
-    ("autotune_trials", "artifacts = 'not json'", "cannot read"),
-    ("autotune_trials", "created_at = 'garbage'", "cannot read"),
+    ("autotune_trials", "artifacts = 'not json'", "cannot be read"),
+    ("autotune_trials", "created_at = 'garbage'", "cannot be read"),
     ("autotune_studies", "budget = 'x'", "budget = 'x'"),
 ]
 
@@ -352,4 +362,16 @@ def _hand_edited_row_is_refused(url: str, table: str, assignment: str, needle: s
         assert "\n" not in message and needle in message, message
         assert repo.engine.url.database in message  # which store
     assert _raw_rows(repo) == before  # reading refused; nothing rewritten
+    repo.close()
+
+
+def test_a_failed_runs_implausible_step_times_are_not_stored(storage_url):
+    """Only completed and OOM results are validated whole; a failed run's step times arrive as the launcher
+    sent them. Stored as sent, a 0 made the study unreadable (the read side refuses it): keep the plausible."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo, name="failed", budget=2)
+    repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget, number=0)
+    repo.finish_trial(study.id, 0, "failed", reason="invalid_result", step_times_s=[0, float("nan"), -1.0, "abc", True,
+                                                                                    2.5, 1e400])
+    assert repo.trial(study.id, 0).step_times_s == [2.5]
     repo.close()
