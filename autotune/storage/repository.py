@@ -361,7 +361,9 @@ class Repository:
         values: dict[str, Any] = {"status": status, "reason": reason, "message": message,
                                   "finished_at": utcnow(), "gpu_seconds": TrialRow.gpu_seconds + gpu_seconds}
         for key in METRIC_FIELDS:
-            if metrics and metrics.get(key) is not None:
+            # completed and OOM results were validated whole; a failed run's figures may be anything:
+            # the store keeps only measurements its read side (_records) accepts
+            if metrics and positive_number(metrics.get(key)):
                 values[key] = float(metrics[key])
         if step_times_s is not None:
             # a failed, pruned or timed-out run's step times reach here as the launcher reported them

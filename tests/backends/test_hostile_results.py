@@ -106,13 +106,16 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("line", ['{"status": "failed", "step_times_s": [0, 2.5]}',
                                   '{"status": "failed", "step_times_s": [NaN, -1, 2.5]}',
-                                  '{"status": "failed", "step_times_s": "abc"}'])
+                                  '{"status": "failed", "step_times_s": "abc"}',
+                                  '{"status": "failed", "peak_mem_gib": -3, "step_time_s": NaN, "mfu": "x"}'])
 def test_a_failed_runs_step_times_never_make_the_study_unreadable(tmp_path, line):
     """Found by review: only completed and OOM results are validated whole, so a failed run's step times were
     stored as the launcher sent them, and the read side (storage/_records.py) then refused the whole study."""
     repo, study, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "result", "HOSTILE_RESULT": line})
     assert study.status == "finished" and trial.status == "failed"
     assert all(math.isfinite(t) and t > 0 for t in trial.step_times_s)
+    for value in (trial.step_time_s, trial.mfu, trial.peak_mem_gib):
+        assert value is None or (math.isfinite(value) and value > 0)
     leaderboard.build(repo, study)  # the study stays readable
 
 
