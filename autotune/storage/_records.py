@@ -41,9 +41,6 @@ def positive_number(value: Any) -> bool:
     return _number(value) and value > 0
 
 
-_positive = positive_number
-
-
 def _text(value: Any) -> bool:
     return isinstance(value, str)
 
@@ -62,14 +59,15 @@ def _optional(check: Check) -> Check:
 
 
 def _step_times(value: Any) -> bool:
-    return isinstance(value, list) and all(_positive(t) for t in value)
+    return isinstance(value, list) and all(positive_number(t) for t in value)
 
 
 def _positive_count(value: Any) -> bool:
     return _integer(value) and value > 0
 
 
-# What a study's workload holds (space._workload.study_space_and_workload and the read side use each).
+# What a study's workload holds (space._workload.study_space_and_workload reads every key; so does the
+# read side, e.g. recommend's GPU memory): checked here, so no reader meets a missing key.
 WORKLOAD_KEYS: dict[str, Check] = {"gpus": _positive_count, "gpus_per_node": _positive_count, "gpu": _text,
                                    "global_batch_size": _positive_count, "seq_length": _positive_count,
                                    "precision": _text}
@@ -85,7 +83,8 @@ def _domains(value: Any) -> bool:
 
 def _space(value: Any) -> bool:
     return (isinstance(value, dict) and _domains(value.get("domains"))
-            and _domains(value.get("perf_domains", {})) and isinstance(value.get("policy", {}), dict))
+            and _domains(value.get("perf_domains", {})) and isinstance(value.get("policy", {}), dict)
+            and _optional(_text)(value.get("source")))
 
 
 # Columns of a trial row and what autotune writes into them. Metrics are positive when present, the
@@ -104,11 +103,11 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
     "origin": (_one_of(TrialOrigin), "a trial origin"),
     "worker_losses": (_count, "a count"),
     "attempt": (_count, "a count"),
-    "step_time_s": (_optional(_positive), "a positive finite number"),
-    "tokens_per_s_per_gpu": (_optional(_positive), "a positive finite number"),
-    "tflops_per_gpu": (_optional(_positive), "a positive finite number"),
-    "mfu": (_optional(_positive), "a positive finite number"),
-    "peak_mem_gib": (_optional(_positive), "a positive finite number"),
+    "step_time_s": (_optional(positive_number), "a positive finite number"),
+    "tokens_per_s_per_gpu": (_optional(positive_number), "a positive finite number"),
+    "tflops_per_gpu": (_optional(positive_number), "a positive finite number"),
+    "mfu": (_optional(positive_number), "a positive finite number"),
+    "peak_mem_gib": (_optional(positive_number), "a positive finite number"),
     "step_times_s": (_step_times, "a list of positive finite numbers"),
     "gpu_seconds": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
     "artifacts": (_mapping, "a JSON object"),
@@ -140,19 +139,19 @@ def _refuse(what: str, column: str, value: Any, expected: str) -> StorageError:
                         f"validate launcher results?); nothing was changed")
 
 
+def _check(rules: dict[str, tuple[Check, str]], values: dict[str, Any], what: str) -> dict[str, Any]:
+    for column, (check, expected) in rules.items():
+        if column in values and not check(values[column]):
+            raise _refuse(what, column, values[column], expected)
+    return values
+
+
 def check_trial_values(values: dict[str, Any]) -> dict[str, Any]:
     """`values` (a trial row's columns by name), unchanged when every column holds what autotune writes;
     otherwise a StorageError naming the row, the first offending column and its value."""
-    for column, (check, expected) in TRIAL_RULES.items():
-        if column in values and not check(values[column]):
-            where = f"trial {values.get('number')!r} of study {values.get('study_id')!r}"
-            raise _refuse(where, column, values[column], expected)
-    return values
+    return _check(TRIAL_RULES, values, f"trial {values.get('number')!r} of study {values.get('study_id')!r}")
 
 
 def check_study_values(values: dict[str, Any]) -> dict[str, Any]:
     """The same for a study row."""
-    for column, (check, expected) in STUDY_RULES.items():
-        if column in values and not check(values[column]):
-            raise _refuse(f"study {values.get('name')!r}", column, values[column], expected)
-    return values
+    return _check(STUDY_RULES, values, f"study {values.get('name')!r}")

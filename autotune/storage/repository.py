@@ -155,7 +155,7 @@ class Repository:
     def session(self) -> Iterator[Session]:
         """One committed transaction. A unique-key clash (IntegrityError) reaches the caller, which
         treats it as a lost race; any other database error becomes a one-line StorageError, and so does
-        a stored row that `_reading()` refuses (it names the store)."""
+        a stored row that `_read()` or `_records` refuses (it names the store)."""
         where = self.engine.url.render_as_string(hide_password=True)
         try:
             with self._sessions.begin() as session:
@@ -168,19 +168,19 @@ class Repository:
         except StorageError as exc:  # a row that breaks _records' rules or does not decode: say which store
             raise StorageError(f"the store {where}: {exc}") from None
 
-    @staticmethod
     @contextlib.contextmanager
-    def _reading() -> Iterator[None]:
-        """Around fetching stored rows and turning them into records (only there: a ValueError or
-        TypeError elsewhere is a bug and keeps its traceback). A value the column type cannot decode,
-        in a hand-edited SQLite file (text that is no JSON in a JSON column, no date in a DateTime
-        column), makes SQLAlchemy raise one of those while it loads the row."""
-        try:
-            yield
-        except (ValueError, TypeError) as exc:
-            first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-            raise StorageError(f"a stored value cannot be read ({first[:120]}): was the database edited by "
-                               f"hand?") from None
+    def _read(self) -> Iterator[Session]:
+        """A session for fetching stored rows and turning them into records. A value the column type
+        cannot decode, in a hand-edited SQLite file (text that is no JSON in a JSON column, no date in a
+        DateTime column), makes SQLAlchemy raise ValueError or TypeError while it loads the row: a
+        StorageError here, and only here (elsewhere those are bugs and keep their traceback)."""
+        with self.session() as session:
+            try:
+                yield session
+            except (ValueError, TypeError) as exc:
+                first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+                raise StorageError(f"a stored value cannot be read ({first[:120]}): was the database edited "
+                                   f"by hand?") from None
 
     def _numbered(self, study_id: int, write: Callable[[Session], T]) -> T:
         """Run `write(session)` (which numbers its rows with `_next_number`) in a transaction, again when a
@@ -210,19 +210,19 @@ class Repository:
                              f"`autotune resume {values['name']}` or choose another --study") from None
 
     def get_study(self, name: str) -> Study:
-        with self.session() as s, self._reading():
+        with self._read() as s:
             row = s.scalar(select(StudyRow).where(StudyRow.name == name))
             if row is None:
                 raise StudyError(f"no study named {name!r} (see `autotune status`)")
             return _study(row)
 
     def find_study(self, name: str) -> Study | None:
-        with self.session() as s, self._reading():
+        with self._read() as s:
             row = s.scalar(select(StudyRow).where(StudyRow.name == name))
             return _study(row) if row else None
 
     def list_studies(self) -> list[Study]:
-        with self.session() as s, self._reading():
+        with self._read() as s:
             return [_study(r) for r in s.scalars(select(StudyRow).order_by(StudyRow.created_at))]
 
     def set_study_status(self, study_id: int, status: StudyStatus | str) -> None:
@@ -331,7 +331,7 @@ class Repository:
     def stale_trials(self, study_id: int, older_than_s: float, exclude_controller: str) -> list[Trial]:
         """Dispatched, unfinished trials of other controllers whose heartbeat stopped."""
         cutoff = utcnow() - dt.timedelta(seconds=older_than_s)
-        with self.session() as s, self._reading():
+        with self._read() as s:
             rows = s.scalars(select(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 (TrialRow.controller_id.is_(None)) | (TrialRow.controller_id != exclude_controller),
@@ -400,14 +400,14 @@ class Repository:
         return self.trial(study_id, number).worker_losses
 
     def trials(self, study_id: int, dispatched_only: bool = False) -> list[Trial]:
-        with self.session() as s, self._reading():
+        with self._read() as s:
             query = select(TrialRow).where(TrialRow.study_id == study_id)
             if dispatched_only:
                 query = query.where(TrialRow.dispatched.is_(True))
             return [_trial(r) for r in s.scalars(query.order_by(TrialRow.number))]
 
     def trial(self, study_id: int, number: int) -> Trial:
-        with self.session() as s, self._reading():
+        with self._read() as s:
             row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
             if row is None:
                 raise StudyError(f"study has no trial {number}")
