@@ -107,13 +107,16 @@ class AutoStrategy(Strategy):
         # EI is weighted by the chance the layout keeps the headroom (only such a layout can be
         # recommended); the candidate threshold above is about running out of memory at all
         recommendable = state.p_fit(state.headroom_gib)
-        i, gain = self._expected_improvement(state, open_, recommendable)
         # A run spent again on a contender is a run not spent on a new layout: measure again only when
         # that is worth more (both values are knowledge gradients: the expected gain in the true log
         # throughput of the layout chosen in the end). With the search still far from the optimum, new
         # layouts win; once it has settled, the contenders do. Until one layout has run twice the run
         # noise is only the prior's guess (NOISE_LOG_STD), so the first contender runs again regardless.
         noise_known = any(len(runs) > 1 for runs in state.runs.values())
+        # the scoring runs every time (it keeps the pool's state and draws from the rng); the new layouts'
+        # value is weighed only when a contender competes for the run with a known noise
+        weigh = again is not None and noise_known
+        i, gain = self._expected_improvement(state, open_, recommendable, weigh=weigh)
         if again is not None and (not noise_known or again[1] >= gain):
             return Proposal(state.legal[again[0]], REMEASURE)
         return Proposal(state.legal[i], "refine")
@@ -148,10 +151,10 @@ class AutoStrategy(Strategy):
 
     _kept: np.ndarray | None = None
 
-    def _expected_improvement(self, state: SearchState, open_: np.ndarray,
-                              p_fit: np.ndarray) -> tuple[int, float]:
-        """The open layout with the best constrained EI, and what one run of the best new layout is
-        worth (its knowledge gradient, to weigh against measuring a contender again)."""
+    def _expected_improvement(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray,
+                              weigh: bool = True) -> tuple[int, float]:
+        """The open layout with the best constrained EI, and (with `weigh`; 0.0 without) what one run of
+        the best new layout is worth: its knowledge gradient, to weigh against measuring a contender again."""
         pool, local = self._pool(state, open_)
         mean, std = state.posterior(pool)
         measured = np.array(list(state.runs), dtype=np.int64)
@@ -166,6 +169,8 @@ class AutoStrategy(Strategy):
         score[far] = 0.0
         order = np.argsort(-score)
         self._kept = pool[order[:POOL_KEEP]]
+        if not weigh:
+            return int(pool[order[0]]), 0.0
         # what one (noisy) run of a new layout is worth, on the same footing as remeasure_value: its
         # knowledge gradient, the posterior mean moving by sd std**2 / sqrt(std**2 + noise**2) (Frazier et
         # al. 2008); EI assumes the run reveals the layout's value exactly and overrates a near-known one

@@ -145,7 +145,7 @@ def test_a_contender_runs_again_only_when_that_is_worth_more_than_a_new_layout(q
     strategy = AutoStrategy(budget=10, seed=0)
     state.dispatched = 9  # the last run of the budget: inside the re-measurement share
     assert strategy._remeasure(state) is not None and strategy._remeasure(state)[1] > 0
-    strategy._expected_improvement = lambda *args: (5, new_layout_gain)
+    strategy._expected_improvement = lambda *args, **kwargs: (5, new_layout_gain)
     proposal = strategy.propose(state)
     assert proposal.note == expected
     assert proposal.config == legal[5] if expected == "refine" else proposal.config in (legal[0], legal[1])
