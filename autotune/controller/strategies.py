@@ -84,9 +84,9 @@ class AutoStrategy(Strategy):
        layout (weighted like the EI by the chance it keeps the headroom), and the first contender
        always (the run noise is a guess until a layout has run twice). A search still far from the
        optimum keeps searching; one that has settled makes sure the winner is not the luckiest run.
-       Not yet: contenders that cannot be recommended (their measured peak inside the headroom) are
-       not left out of the re-measurement, and the new layout weighed is the best by knowledge
-       gradient while the one proposed is the best by EI.
+       A layout whose measured peak is inside the headroom is no contender: it is never recommended.
+       The new layout weighed is the best by knowledge gradient, the one proposed the best by EI
+       (proposing the former measured the same on the tuning seeds: 0.9711 against 0.9712).
     """
 
     name = "auto"
@@ -188,7 +188,9 @@ class AutoStrategy(Strategy):
         remaining = self.budget - state.dispatched
         if remaining <= 0 or remaining > max(1, round(REMEASURE_SHARE * self.budget)):
             return None
-        means, noise = state.measured_means(), run_noise_std(state)
+        noise = run_noise_std(state)
+        # a layout that peaked inside the headroom is never recommended: ranking it better is worth nothing
+        means = {i: m for i, m in state.measured_means().items() if state.recommendable(i)}
         i = remeasure_choice(means, noise)
         return None if i is None else (i, remeasure_value(means, i, noise))
 

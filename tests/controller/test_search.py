@@ -68,6 +68,26 @@ def test_residual_gp_keeps_the_prior_at_a_layout_sharing_no_knob_value():
     assert far_std[0] > 3 * near_std.max()
 
 
+def test_search_gp_keeps_doubt_about_a_knob_value_no_run_has_tried():
+    """Thirty runs that agree with the prior make the fitted GP sure of every layout; the search's GP
+    still gives a knob value no run had at least KNOB_VALUE_MIN_LOG_STD of doubt (the prior may be
+    wrong about one value alone: a recompute mode, a micro-batch size), the pooling GP does not."""
+    from autotune.controller.surrogate import KNOB_VALUE_MIN_LOG_STD
+
+    rng = np.random.default_rng(3)
+    x = _codes(rng, 30)
+    y = rng.normal(0, 0.005, len(x))
+    new_value = x[:1].copy()
+    new_value[0, 0] = 8.0  # one knob at a value no run had; every other knob as a measured layout
+    search, pooling = ResidualGP(value_min_std=KNOB_VALUE_MIN_LOG_STD), ResidualGP()
+    search.fit(x, y)
+    pooling.fit(x, y)
+    assert search.predict(new_value)[1][0] >= 0.95 * KNOB_VALUE_MIN_LOG_STD
+    assert pooling.predict(new_value)[1][0] < 0.5 * KNOB_VALUE_MIN_LOG_STD
+    # a measured layout stays known: the floor is on what an unseen value may do, not on the noise
+    assert search.predict(x[:1])[1][0] < 0.5 * KNOB_VALUE_MIN_LOG_STD
+
+
 def test_knob_cell_kernel_gradient_matches_finite_differences():
     from autotune.controller.surrogate import knob_cell_kernel
 
@@ -149,6 +169,26 @@ def test_a_contender_runs_again_only_when_that_is_worth_more_than_a_new_layout(q
     proposal = strategy.propose(state)
     assert proposal.note == expected
     assert proposal.config == legal[5] if expected == "refine" else proposal.config in (legal[0], legal[1])
+
+
+def test_a_contender_that_peaked_inside_the_headroom_is_not_measured_again(qwen16):
+    """The study never recommends a layout whose measured peak is inside the headroom, so a run spent on
+    ranking it better is wasted: the re-measurement goes to the close contenders that can win."""
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal[:200])
+    state.headroom_gib = 4.0
+    limit = workload.cluster.gpu.memory_gib
+    for i, tokens, peak in ((0, 1000.0, limit - 1.0), (1, 996.0, limit - 20.0), (2, 994.0, limit - 20.0),
+                            (3, 700.0, limit - 20.0)):
+        state.mark_tried(legal[i].key())
+        state.record_speed(legal[i], tokens)
+        state.record_memory(legal[i], peak, oom=False)
+    assert not state.recommendable(0) and state.recommendable(1)
+    strategy = AutoStrategy(budget=10, seed=0)
+    state.dispatched = 9
+    assert strategy._remeasure(state)[0] == 1  # without the margin, layout 0 (fastest, fewest runs) would be
+    state.headroom_gib = 0.0
+    assert strategy._remeasure(state)[0] == 0
 
 
 def test_with_no_open_layout_left_a_close_contender_still_runs_again(qwen16):
