@@ -28,10 +28,12 @@ recompute mode, a micro-batch size) gets too little doubt for expected improveme
 although the prior can be wrong about one value alone by 25% and more. The pooling GP of the
 recommendation (recommend.py) has no floor: it judges layouts that ran, it does not explore.
 Chosen on the tuning seeds 5-14 of benchmarks/search_quality.py (mean ratio over the 12 rows at
-budget 40; the table in search_quality.last.txt): no floor 0.971, 0.05 0.975 (with the pooling GP
-floored too), 0.07 0.976, 0.10 0.976; 0.07 is kept because 0.10 costs the `interact` landscape on
-qwen3_30b@16 four points (0.962 -> 0.921) against 1.5 for 0.07 (more exploration of single values
-leaves fewer runs for pairs of values).
+budget 40; the table in search_quality.last.txt): no floor 0.9717, 0.05 0.9748 (with the pooling GP
+floored too), 0.07 0.9757, 0.10 0.9764; 0.07 is kept because 0.10 costs the `interact` landscape on
+qwen3_30b@16 five points (0.970 -> 0.921) against 2.3 for 0.07 (more exploration of single values
+leaves fewer runs for pairs of values). With the floor, the kernel's variance at a layout sharing no
+knob value with any run is D * floor**2 + the pair part, above PRIOR_LOG_STD**2 (the sd `predict`
+gives before the first fit, when no run exists and the search does not consult the GP).
 
 Memory: log(measured peak / predicted peak) = global error + structural-family error + noise, a
 linear-Gaussian model with the memory model's stated error as its prior. A measured OOM is a
@@ -164,8 +166,9 @@ class ResidualGP:
 
     def _initial_kernel(self, n_knobs: int):
         """The prior's error split evenly between knob values and pairs of values until the data say
-        otherwise; with `value_min_std`, one knob value's own effect keeps at least that sd (the kernel's
-        main part is shared by the D knobs: D * value_min_std**2)."""
+        otherwise; with `value_min_std`, the per-value part starts at (and keeps) at least D *
+        value_min_std**2 (the kernel's main part is shared by the D knobs), so the total starts above the
+        prior's error then (module doc)."""
         from sklearn.gaussian_process.kernels import WhiteKernel
 
         half = self.prior_std ** 2 / 2
