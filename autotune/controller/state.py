@@ -15,15 +15,13 @@ The cost model ranks every legal layout once (vectorised). Measurements then cor
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from autotune.config import RECOMPUTE_CODES, LayoutConfig, Workload
-from autotune.controller import surrogate as surrogate_module
 from autotune.controller.physics import PhysicsCalibration
-from autotune.controller.surrogate import FAMILY, MemoryFeasibility, ResidualGP
+from autotune.controller.surrogate import FAMILY, KNOB_VALUE_MIN_LOG_STD, MemoryFeasibility, ResidualGP
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
 P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when it fits with this probability
@@ -68,7 +66,6 @@ class SearchState:
     frontier_by: np.ndarray  # int: trial number whose OOM implies this layout OOMs (-1 none)
     memory: MemoryFeasibility
     runs: dict[int, list[float]] = field(default_factory=dict)  # layout -> log tokens/s/GPU of each run
-    peaks_gib: dict[int, float] = field(default_factory=dict)  # layout -> largest measured peak of its runs
     # every outcome in arrival order (layout, "completed" | "oom" | "failed", tokens/s/GPU or None), for
     # strategies that replay them into a sampler of their own
     outcomes: list[tuple[int, str, float | None]] = field(default_factory=list)
@@ -124,8 +121,6 @@ class SearchState:
         i = self.index.get(config.key())
         if i is not None:
             self.memory.observe(i, peak_gib, oom)
-            if not oom and peak_gib and math.isfinite(peak_gib) and peak_gib > 0:
-                self.peaks_gib[i] = max(peak_gib, self.peaks_gib.get(i, 0.0))
             if oom:
                 self.outcomes.append((i, "oom", None))
         elif oom:
@@ -224,7 +219,7 @@ class SearchState:
         """The GP on log(measured / predicted), refitted when measurements arrived since the last fit."""
         n = self.n_runs
         if self._gp is None:
-            self._gp = ResidualGP(value_min_std=surrogate_module.KNOB_VALUE_MIN_LOG_STD)
+            self._gp = ResidualGP(value_min_std=KNOB_VALUE_MIN_LOG_STD)
         if n and n != self._gp_runs:
             self.calibrate()
             rows = [i for i, runs in self.runs.items() for _ in runs]
@@ -246,7 +241,7 @@ class SearchState:
     def recommendable(self, i: int) -> bool:
         """True unless a run of layout i peaked inside the headroom: such a layout ran, but the study
         never recommends it (controller/recommend.py), so ranking it better is worth nothing."""
-        return self.peaks_gib.get(i, 0.0) <= self.workload.cluster.gpu.memory_gib - self.headroom_gib
+        return self.memory.peaks_gib.get(i, 0.0) <= self.workload.cluster.gpu.memory_gib - self.headroom_gib
 
     def candidates(self, p_min: float = P_FIT_CANDIDATE) -> np.ndarray:
         """Mask of layouts still worth dispatching: untried, not OOM-dominated, and fitting with

@@ -216,6 +216,7 @@ class MemoryFeasibility:
     limit_gib: float
     global_std: float = MEMORY_GLOBAL_STD
     observations: list[tuple[int, float]] = field(default_factory=list)  # (layout, log ratio)
+    peaks_gib: dict[int, float] = field(default_factory=dict)  # layout -> largest measured peak of its runs
     _mean: np.ndarray | None = None
     _std: np.ndarray | None = None
     _p_fit: dict[float, np.ndarray] = field(default_factory=dict)  # by headroom, until the next observation
@@ -226,6 +227,7 @@ class MemoryFeasibility:
             ratio = max(self.limit_gib, peak_gib or 0.0) / predicted * 1.03
         elif peak_gib and math.isfinite(peak_gib) and peak_gib > 0:
             ratio = peak_gib / predicted
+            self.peaks_gib[i] = max(peak_gib, self.peaks_gib.get(i, 0.0))
         else:
             return
         self.observations.append((i, math.log(ratio)))

@@ -391,7 +391,7 @@ def test_two_slots_freed_at_once_never_run_the_same_remeasurement_twice(tmp_path
     # both slots free at dispatch 8, the first contender always runs again: the re-measurement takes the first
     # slot (the second waits for it); whether the last run is a second re-measurement or a new layout is the
     # knowledge-gradient rule's call (test_search.py), not this test's
-    notes = [t.strategy_note for t in sorted(trials, key=lambda t: t.number) if t.dispatched]
+    notes = [t.strategy_note for t in trials if t.dispatched]  # trials() is in trial-number order
     assert notes[8] == "remeasure"
     assert not [t for t in trials if t.reason == "duplicate"]
     repo.close()
