@@ -2,7 +2,8 @@
 
 compute      GEMMs at peak(precision) x software efficiency x a shape factor that falls as per-GPU
              matrices shrink (large TP or CP, small micro-batches, few tokens per local expert);
-             core attention runs in BF16 whatever the recipe.
+             core attention runs in BF16 whatever the recipe; the elementwise kernels on the GEMMs'
+             activations, bound by HBM bandwidth.
 recompute    the extra forward of full recompute (share of layers recomputed) or of core attention
              (selective).
 overhead     fixed per-layer, per-micro-batch kernel cost; MoE token permutation through HBM.
@@ -127,13 +128,18 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     else:
         tokens_per_rank = gemm_tokens / x.tp
         t_expert = np.zeros(len(x))
-    compute = t_dense + t_expert + t_core
+    # Elementwise kernels on the GEMMs' activations (norms, SwiGLU, bias-dropout-add, casts) are bound
+    # by HBM, not tensor cores: elements per token ~ the GEMMs' FLOPs per token / (6 h), split over the
+    # ranks like the GEMMs, so nearly the same share of every layout's step; narrow models pay most.
+    activation_elements = (dense_fpt + expert_fpt) / (6.0 * h)
+    t_elementwise = tokens_per_gpu_step * activation_elements * 2.0 * cal.ACTIVATION_HBM_PASSES / (gpu.hbm_tbps * 1e12)
+    compute = t_dense + t_expert + t_core + t_elementwise
 
     # --- recompute -----------------------------------------------------------------------------
     full = x.recompute == 2
     n = np.maximum(1.0, x.recompute_num_layers)
     recomputed_share = np.where(full, np.where(x.recompute_block, np.minimum(n, layers) / layers, 1.0), 0.0)
-    recompute = recomputed_share * (t_dense + t_expert + t_core) / 3 + (x.recompute == 1) * t_core / 3
+    recompute = recomputed_share * compute / 3 + (x.recompute == 1) * t_core / 3
     forward_repeat = 1 + recomputed_share / 2  # recomputed forwards repeat their forward communication
 
     # --- fixed overhead and MoE permutation ----------------------------------------------------

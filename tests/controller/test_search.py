@@ -338,7 +338,8 @@ def _study(tmp_path, sampler, budget, family="mixed", seed=0, model="qwen3_30b",
 
 
 def test_auto_beats_random_on_a_hidden_landscape_without_ray(tmp_path):
-    """The whole controller on the in-process dispatcher: auto's recommendation is better than random's."""
+    """The whole controller on the in-process dispatcher, at the product's budget of 40 runs: auto's
+    recommendation is within 5% of the hidden optimum and better than random's."""
     space = load_space("qwen3_30b")
     workload = make_workload(space, gpus=16)
     legal = enumerate_legal(space, workload).configs
@@ -349,11 +350,11 @@ def test_auto_beats_random_on_a_hidden_landscape_without_ray(tmp_path):
     truth = {c.key(): v for c, v in zip(legal, true)}
     ratios = {}
     for sampler in ("auto", "random"):
-        repo, study, controller, summary = _study(tmp_path, sampler, 20)
-        assert summary.counts["dispatched"] == 20
+        repo, study, controller, summary = _study(tmp_path, sampler, 40)
+        assert summary.counts["dispatched"] == 40
         ratios[sampler] = truth[summary.best.config_key] / true.max()
         repo.close()
-    assert ratios["auto"] > ratios["random"] and ratios["auto"] > 0.85
+    assert ratios["auto"] > ratios["random"] and ratios["auto"] > 0.95
 
 
 def test_auto_re_measures_only_measured_layouts_at_the_end(tmp_path):
