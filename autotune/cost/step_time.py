@@ -130,7 +130,9 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
         t_expert = np.zeros(len(x))
     # Elementwise kernels on the GEMMs' activations (norms, SwiGLU, bias-dropout-add, casts) are bound
     # by HBM, not tensor cores: elements per token ~ the GEMMs' FLOPs per token / (6 h), split over the
-    # ranks like the GEMMs, so nearly the same share of every layout's step; narrow models pay most.
+    # ranks like the GEMMs, so the same seconds for every layout (only TP's vocabulary padding differs):
+    # a larger share of a fast layout's step, which draws layouts together; narrow models pay most.
+    # Not modelled: without sequence parallelism, TP ranks repeat the hidden-size norms and adds.
     activation_elements = (dense_fpt + expert_fpt) / (6.0 * h)
     t_elementwise = tokens_per_gpu_step * activation_elements * 2.0 * cal.ACTIVATION_HBM_PASSES / (gpu.hbm_tbps * 1e12)
     compute = t_dense + t_expert + t_core + t_elementwise

@@ -70,12 +70,29 @@ def test_performance_recipes_reduce_gradients_in_bf16():
 
 
 def test_published_throughput_is_within_the_validated_error():
-    """In-sample (the constants were fitted to these rows): mean absolute error <= 15% on tokens/s,
-    the FLOP basis the publisher used does not matter."""
+    """In-sample (the constants were fitted to these rows): mean absolute error <= 11% on tokens/s
+    (10.1% at the shipped constants), the FLOP basis the publisher used does not matter."""
     cases = load_cases()
     errors = [abs(estimate(c.workload, c.layout, settings=c.settings).tokens_per_s_per_gpu
                   / c.tokens_per_s_per_gpu - 1) for c in cases]
-    assert sum(errors) / len(errors) <= 0.15
+    assert sum(errors) / len(errors) <= 0.11
+
+
+def test_mxfp8_is_slower_than_fp8_as_in_every_published_same_layout_pair():
+    """Every same-release, same-layout FP8/MXFP8 pair in the published tables has FP8 faster."""
+    cases = load_cases(latest_only=False)
+    pairs = {}
+    for c in cases:
+        pairs.setdefault((c.release, c.kind, c.model, c.system, c.workload.cluster.gpus, c.layout), {})[c.precision] = c
+    checked = 0
+    for members in pairs.values():
+        if "fp8" in members and "mxfp8" in members:
+            fp8, mx = members["fp8"], members["mxfp8"]
+            assert fp8.tokens_per_s_per_gpu > mx.tokens_per_s_per_gpu
+            predicted = [estimate(c.workload, c.layout, settings=c.settings).tokens_per_s_per_gpu for c in (fp8, mx)]
+            assert predicted[0] > predicted[1]
+            checked += 1
+    assert checked >= 10
 
 
 def test_public_peak_memory_measurement_is_within_the_memory_interval():
