@@ -6,8 +6,8 @@ precision in shared/data/published_bridge_perf_calibration.csv): the BF16 GEMM e
 and Blackwell, the NVFP4 factor, Blackwell Ultra's sustained clock, the routed-expert GEMM slowdown
 shared by every MoE model and the HBM passes of the elementwise work on activations. The MXFP8
 factor comes from the published same-layout FP8/MXFP8 pairs. Ampere's efficiency is fitted to the
-public vTrain A100 sweeps. Nothing is fitted per model or per row; the benchmark judges the fit on models and systems
-left out of it. The other constants are engineering estimates, stated here.
+public vTrain A100 sweeps. Nothing is fitted per model or per row; the benchmark judges the fit on
+models and systems left out of it. The other constants are engineering estimates, stated here.
 """
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ PRIOR = {"GENERATION_EFFICIENCY.ampere": 0.6, "GENERATION_EFFICIENCY.hopper": 0.
          "GENERATION_EFFICIENCY.blackwell": 0.6, "PRECISION_EFFICIENCY.nvfp4": 0.6,
          "BLACKWELL_ULTRA_CLOCK": 1.0, "MOE_EXPERT_GEMM_SLOWDOWN": 1.1, "ACTIVATION_HBM_PASSES": 10.0}
 FIT_BOUNDS = {"GENERATION_EFFICIENCY.ampere": (0.1, 1.0), "GENERATION_EFFICIENCY.hopper": (0.1, 1.0),
-              "GENERATION_EFFICIENCY.blackwell": (0.1, 1.0), "PRECISION_EFFICIENCY.nvfp4": (0.1, 1.2), "BLACKWELL_ULTRA_CLOCK": (0.8, 1.5),
-              "MOE_EXPERT_GEMM_SLOWDOWN": (1.0, 4.0), "ACTIVATION_HBM_PASSES": (0.5, 200.0)}
+              "GENERATION_EFFICIENCY.blackwell": (0.1, 1.0), "PRECISION_EFFICIENCY.nvfp4": (0.1, 1.2),
+              "BLACKWELL_ULTRA_CLOCK": (0.8, 1.5), "MOE_EXPERT_GEMM_SLOWDOWN": (1.0, 4.0),
+              "ACTIVATION_HBM_PASSES": (0.5, 200.0)}
 
 # 80% prediction intervals. Throughput: log(predicted / measured) tokens/s on a model the constants
 # never saw, from the leave-one-model-out residuals of the 43 published rows (benchmarks/

@@ -103,9 +103,9 @@ def test_elementwise_work_is_the_same_seconds_for_every_layout_and_repeats_with_
         with_term = estimate_many(w, layouts).breakdown_s["compute"]
         cal.ACTIVATION_HBM_PASSES = 0.0
         without = estimate_many(w, layouts).breakdown_s["compute"]
-        recompute_with = estimate(w, LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full"))
+        recompute_without = estimate(w, LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full"))
         cal.ACTIVATION_HBM_PASSES = saved
-        recompute_full = estimate(w, LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full"))
+        recompute_with = estimate(w, LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full"))
     finally:
         cal.ACTIVATION_HBM_PASSES = saved
     elementwise = with_term - without
@@ -117,5 +117,5 @@ def test_elementwise_work_is_the_same_seconds_for_every_layout_and_repeats_with_
     elements = (f.dense_mlp + f.attention_projections + f.logits) / (6 * w.model.architecture.hidden_size)
     tokens_per_gpu = w.global_batch_size * w.seq_length / w.cluster.gpus
     assert elementwise[0] == pytest.approx(tokens_per_gpu * elements * 2 * saved / (w.cluster.gpu.hbm_tbps * 1e12))
-    extra = recompute_full.breakdown["recompute"] - recompute_with.breakdown["recompute"]
+    extra = recompute_with.breakdown["recompute"] - recompute_without.breakdown["recompute"]
     assert extra == pytest.approx(elementwise.mean() / 3, rel=0.02)
