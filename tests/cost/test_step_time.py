@@ -6,6 +6,8 @@ import pytest
 
 from autotune.config import LayoutConfig
 from autotune.cost import TERMS, estimate, estimate_many
+from autotune.cost import calibration as cal
+from autotune.cost.flops import flops_per_token
 from autotune.space import enumerate_legal, load_space, make_workload
 
 
@@ -88,34 +90,26 @@ def test_a_data_parallel_group_pools_the_nics_of_its_members_in_a_node():
     assert alone == pytest.approx(network * 0.8)
 
 
-def test_elementwise_work_is_the_same_seconds_for_every_layout_and_repeats_with_recompute():
+def test_elementwise_work_is_the_same_seconds_for_every_layout_and_repeats_with_recompute(monkeypatch):
     """The HBM-bound elementwise work on the GEMMs' activations: per GPU it is the model's work over the
     world, whatever the split (only the vocabulary padding of TP changes it), it scales with the GPU's
     HBM bandwidth, and full recompute repeats its forward share (a third)."""
-    from autotune.cost import calibration as cal
-
     w = workload("llama3_70b", gpus=32)
     layouts = [LayoutConfig(tp=4, pp=4, vpp=5, cp=2, sp=True, dist_opt=True),
                LayoutConfig(tp=8, pp=2, sp=True, dist_opt=True, mbs=2),
                LayoutConfig(tp=4, pp=8, sp=True, dist_opt=True)]
-    saved = cal.ACTIVATION_HBM_PASSES
-    try:
-        with_term = estimate_many(w, layouts).breakdown_s["compute"]
-        cal.ACTIVATION_HBM_PASSES = 0.0
-        without = estimate_many(w, layouts).breakdown_s["compute"]
-        recompute_without = estimate(w, LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full"))
-        cal.ACTIVATION_HBM_PASSES = saved
-        recompute_with = estimate(w, LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full"))
-    finally:
-        cal.ACTIVATION_HBM_PASSES = saved
+    recomputed = LayoutConfig(tp=4, pp=4, sp=True, dist_opt=True, recompute="full")
+    passes = cal.ACTIVATION_HBM_PASSES
+    with_term = estimate_many(w, layouts).breakdown_s["compute"]
+    recompute_with = estimate(w, recomputed).breakdown["recompute"]
+    monkeypatch.setattr(cal, "ACTIVATION_HBM_PASSES", 0.0)
+    without = estimate_many(w, layouts).breakdown_s["compute"]
+    recompute_without = estimate(w, recomputed).breakdown["recompute"]
     elementwise = with_term - without
     assert elementwise.min() > 0 and elementwise.max() == pytest.approx(elementwise.min(), rel=0.01)
     # (GEMM FLOPs / 6h) elements per token, 2 bytes, PASSES times, over HBM
-    from autotune.cost.flops import flops_per_token
-
     f = flops_per_token(w.model.architecture, w.seq_length, 4)
     elements = (f.dense_mlp + f.attention_projections + f.logits) / (6 * w.model.architecture.hidden_size)
     tokens_per_gpu = w.global_batch_size * w.seq_length / w.cluster.gpus
-    assert elementwise[0] == pytest.approx(tokens_per_gpu * elements * 2 * saved / (w.cluster.gpu.hbm_tbps * 1e12))
-    extra = recompute_with.breakdown["recompute"] - recompute_without.breakdown["recompute"]
-    assert extra == pytest.approx(elementwise.mean() / 3, rel=0.02)
+    assert elementwise[0] == pytest.approx(tokens_per_gpu * elements * 2 * passes / (w.cluster.gpu.hbm_tbps * 1e12))
+    assert recompute_with - recompute_without == pytest.approx(elementwise.mean() / 3, rel=0.02)
