@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections import defaultdict
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from scipy.stats import spearmanr
 from autotune.config import LayoutConfig
 from autotune.cost import DEFAULT_SETTINGS, TrainingSettings, estimate_many
 from autotune.cost import calibration as cal
-from autotune.cost.published import load_cases
+from autotune.cost.published import DEFAULT_CSV_ENV, load_cases, same_run_groups
 from autotune.space import load_space, make_workload
 
 HERE = Path(__file__).resolve().parent
@@ -162,13 +162,10 @@ def table(rows: list[Row], columns: dict[str, np.ndarray], key) -> list[str]:
 def ordering() -> tuple[int, int]:
     """Pairs of rows published in one release for one model, system and GPU count (different layouts
     or precisions): does the model order them as published?"""
-    cases = load_cases(latest_only=False)
-    predicted = [estimate_many(c.workload, [c.layout], settings=c.settings).tokens_per_s_per_gpu[0] for c in cases]
-    groups = defaultdict(list)
-    for c, p in zip(cases, predicted):
-        groups[(c.release, c.kind, c.model, c.system, c.workload.cluster.gpus)].append((c, p))
     agree = total = 0
-    for members in groups.values():
+    for group in same_run_groups(load_cases(latest_only=False)):
+        members = [(c, estimate_many(c.workload, [c.layout], settings=c.settings).tokens_per_s_per_gpu[0])
+                   for c in group]
         for i, (a, pa) in enumerate(members):
             for b, pb in members[i + 1:]:
                 if (a.layout, a.precision) == (b.layout, b.precision) or a.tokens_per_s_per_gpu == b.tokens_per_s_per_gpu:
@@ -251,7 +248,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="in-sample only, no held-out fits")
     parser.add_argument("--fit", action="store_true", help="print the constants fitted on every row")
     args = parser.parse_args()
-    rows = published_rows()
+    try:
+        rows = published_rows()
+    except FileNotFoundError as exc:  # the published table lives beside the checkout, not in it
+        print(f"validate_cost_model: {exc} (e.g. {DEFAULT_CSV_ENV}=../shared/data/"
+              "published_bridge_perf_calibration.csv)", file=sys.stderr)
+        raise SystemExit(2) from None
     names = cal.FITTED
     columns = {"in-sample": predict(rows)}
     if args.fit:

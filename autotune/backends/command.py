@@ -33,7 +33,8 @@ from autotune.backends._process import (KILL_GRACE_S, check_command, die_with_pa
                                        reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import trial_dir, write_outcome
-from autotune.backends.validation import is_plausible_step, parse_result
+from autotune._numbers import is_positive_finite
+from autotune.backends.validation import parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -128,7 +129,7 @@ class CommandBackend(Backend):
                     step, seconds = int(value["step"]), float(value["step_time_s"])
                 except (KeyError, TypeError, ValueError, OverflowError):
                     continue
-                if not is_plausible_step(seconds):
+                if not is_positive_finite(seconds):
                     continue
                 times.append(seconds)
                 report(StepReport(spec.trial, step, seconds, step <= spec.warmup_steps))

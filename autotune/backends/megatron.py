@@ -38,7 +38,8 @@ from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, 
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends._process import KILL_GRACE_S, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
-from autotune.backends.validation import is_plausible_step, parse_result
+from autotune._numbers import is_positive_finite
+from autotune.backends.validation import parse_result
 from autotune.errors import ConfigError
 from autotune.megatron.logparse import classify_failure, parse_log
 
@@ -271,7 +272,7 @@ def _step_line(line: str) -> tuple[int, float] | None:
         step, seconds = int(value["step"]), float(value["step_time_s"])
     except (TypeError, KeyError, ValueError, OverflowError):
         return None
-    return (step, seconds) if is_plausible_step(seconds) else None
+    return (step, seconds) if is_positive_finite(seconds) else None
 
 
 def dry_run_lines(spec: TrialSpec, options: dict[str, Any]) -> list[str]:

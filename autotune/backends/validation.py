@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from autotune._numbers import is_number, is_positive_finite
 from autotune.backends.base import TrialOutcome, TrialSpec, TrialStatus
 
 METRIC_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
@@ -28,10 +29,6 @@ COMPLETED_MEMORY_SLACK = 1.10
 # An OOM's peak may be what the run needed rather than what it held; beyond 4x the GPU it is no figure.
 OOM_MEMORY_FACTOR = 4.0
 MAX_ERROR_CHARS = 20_000
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _failed(spec: TrialSpec, times: list[float], wall_s: float, message: str) -> TrialOutcome:
@@ -83,7 +80,7 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
                         tflops_per_gpu=_float(result.get("tflops_per_gpu")), mfu=_float(result.get("mfu")),
                         peak_mem_gib=_float(result.get("peak_mem_gib")),
                         step_times_s=[_float(t) for t in result.get("step_times_s") or times],
-                        wall_time_s=wall if wall is not None and math.isfinite(wall) and wall > 0 else wall_s,
+                        wall_time_s=wall if is_positive_finite(wall) else wall_s,
                         error=_as_text(result.get("error")),
                         artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()})
 
@@ -118,9 +115,9 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
 
     for key in METRIC_KEYS:
         value = metrics.get(key)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not is_positive_finite(value):
             return f"{key} = {value!r} (must be a finite number > 0)"
-    if any(not (math.isfinite(t) and t > 0) for t in step_times_s):
+    if not all(is_positive_finite(t) for t in step_times_s):
         return "step_times_s holds a value that is not a finite number > 0"
     if status == "completed" and metrics.get("step_time_s") is None:
         return "completed without a step time"
@@ -145,8 +142,3 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
         return (f"peak_mem_gib = {metrics['peak_mem_gib']:.4g} above the {bound:.1f} GiB bound of a "
                 f"{gpu.memory_gib:g} GiB {gpu.name}")
     return None
-
-
-def is_plausible_step(step_time_s: Any) -> bool:
-    """A step report the pruner may use: a finite number of seconds > 0."""
-    return is_number(step_time_s) and math.isfinite(step_time_s) and step_time_s > 0

@@ -7,7 +7,8 @@ like any measurement. It does not use up the study's dispatch budget: autotune d
 
 from __future__ import annotations
 
-from autotune.backends.validation import METRIC_KEYS, impossible_result, is_plausible_step
+from autotune._numbers import is_positive_finite
+from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller.outcomes import optuna_attrs
@@ -51,5 +52,5 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
                                  attrs={**optuna_attrs(status, reason, None, metrics, "imported"), "log": source})
     # numbered like the study's other runs: with its Optuna trial number (models.TrialNumbering)
     return repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
-                             [t for _, t in parsed.iterations if is_plausible_step(t)], source,  # warm-up too
+                             [t for _, t in parsed.iterations if is_positive_finite(t)], source,  # warm-up too
                              number=number if study.numbering == TrialNumbering.OPTUNA else None)

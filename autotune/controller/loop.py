@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Callable
 
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
-from autotune.backends.validation import METRIC_KEYS, is_plausible_step
+from autotune._numbers import is_positive_finite
+from autotune.backends.validation import METRIC_KEYS
 from autotune.config import LayoutConfig, Workload
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
@@ -275,7 +276,7 @@ class Controller:
                 continue
             tick = time.perf_counter()
             for step in steps:
-                if not is_plausible_step(step.step_time_s):
+                if not is_positive_finite(step.step_time_s):
                     continue  # a launcher's NaN / negative step must not steer the pruner
                 run.steps.append(step.step_time_s)
                 if self.pruner.should_prune(run.steps, self.best_step_time_s):

@@ -96,6 +96,17 @@ def load_cases(path: Path | None = None, latest_only: bool = True, lora: bool = 
             if not latest_only or _release_key(r["container_release"]) == latest[key(r)]]
 
 
+def same_run_groups(cases: list[PublishedCase], by_layout: bool = False) -> list[list[PublishedCase]]:
+    """Cases published together: one release, workload, model, system and GPU count (and, with
+    `by_layout`, one layout: the same run in several precisions). Rows of one group were measured on
+    the same software, so their order is a fact about layouts or precisions, not about releases."""
+    groups: dict[tuple, list[PublishedCase]] = {}
+    for c in cases:
+        key = (c.release, c.kind, c.model, c.system, c.workload.cluster.gpus) + ((c.layout,) if by_layout else ())
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
 def _case(r: dict[str, str]) -> PublishedCase:
     gpu = SYSTEM_GPUS[r["system"]]
     precision = _precision(r["precision"], gpu)

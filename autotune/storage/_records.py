@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from autotune._numbers import is_number, is_positive_finite
 from autotune.errors import StorageError
 from autotune.storage.models import StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus
 
@@ -24,8 +25,7 @@ Check = Callable[[Any], bool]
 
 
 def _number(value: Any) -> bool:
-    # bool is an int subclass, and a stored True is no measurement
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def _integer(value: Any) -> bool:
@@ -34,11 +34,6 @@ def _integer(value: Any) -> bool:
 
 def _count(value: Any) -> bool:
     return _integer(value) and value >= 0
-
-
-def positive_number(value: Any) -> bool:
-    """A finite number > 0 (not a bool): what a measurement is."""
-    return _number(value) and value > 0
 
 
 def _text(value: Any) -> bool:
@@ -59,7 +54,7 @@ def _optional(check: Check) -> Check:
 
 
 def _step_times(value: Any) -> bool:
-    return isinstance(value, list) and all(positive_number(t) for t in value)
+    return isinstance(value, list) and all(is_positive_finite(t) for t in value)
 
 
 def _positive_count(value: Any) -> bool:
@@ -103,11 +98,11 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
     "origin": (_one_of(TrialOrigin), "a trial origin"),
     "worker_losses": (_count, "a count"),
     "attempt": (_count, "a count"),
-    "step_time_s": (_optional(positive_number), "a positive finite number"),
-    "tokens_per_s_per_gpu": (_optional(positive_number), "a positive finite number"),
-    "tflops_per_gpu": (_optional(positive_number), "a positive finite number"),
-    "mfu": (_optional(positive_number), "a positive finite number"),
-    "peak_mem_gib": (_optional(positive_number), "a positive finite number"),
+    "step_time_s": (_optional(is_positive_finite), "a positive finite number"),
+    "tokens_per_s_per_gpu": (_optional(is_positive_finite), "a positive finite number"),
+    "tflops_per_gpu": (_optional(is_positive_finite), "a positive finite number"),
+    "mfu": (_optional(is_positive_finite), "a positive finite number"),
+    "peak_mem_gib": (_optional(is_positive_finite), "a positive finite number"),
     "step_times_s": (_step_times, "a list of positive finite numbers"),
     "gpu_seconds": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
     "artifacts": (_mapping, "a JSON object"),

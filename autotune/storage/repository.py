@@ -21,9 +21,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from autotune._numbers import is_positive_finite
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
-from autotune.storage._records import check_study_values, check_trial_values, positive_number
+from autotune.storage._records import check_study_values, check_trial_values
 from autotune.storage.migrations import current_revision, ensure_schema
 from autotune.storage.models import (REJECTED_BASE, TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus,
                                      TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
@@ -324,7 +325,7 @@ class Repository:
         values = {k: metrics.get(k) for k in METRIC_FIELDS}
         return self._insert_trial(study_id, number, config=config, config_key=config_key, dispatched=True, status=status,
                                   optuna_trial_number=optuna_trial_number, origin=TrialOrigin.IMPORTED.value,
-                                  step_times_s=[float(t) for t in step_times_s if positive_number(t)],
+                                  step_times_s=[float(t) for t in step_times_s if is_positive_finite(t)],
                                   artifacts={"log": source}, finished_at=utcnow(),
                                   reason="out_of_memory" if status == "oom" else None, **values)
 
@@ -363,13 +364,13 @@ class Repository:
         for key in METRIC_FIELDS:
             # completed and OOM results were validated whole; a failed run's figures may be anything:
             # the store keeps only measurements its read side (_records) accepts
-            if metrics and positive_number(metrics.get(key)):
+            if metrics and is_positive_finite(metrics.get(key)):
                 values[key] = float(metrics[key])
         if step_times_s is not None:
             # a failed, pruned or timed-out run's step times reach here as the launcher reported them
             # (only completed and OOM results are validated whole): keep the plausible ones, so the store
             # holds nothing its read side (_records) would refuse
-            values["step_times_s"] = [float(t) for t in step_times_s if positive_number(t)]
+            values["step_times_s"] = [float(t) for t in step_times_s if is_positive_finite(t)]
         with self.session() as s:
             if artifacts:  # merge: keep what earlier attempts recorded (e.g. the messages of lost attempts)
                 current = s.scalar(select(TrialRow.artifacts).where(TrialRow.study_id == study_id,

@@ -15,7 +15,7 @@ from autotune.cost import (
     throughput_interval,
 )
 from autotune.cost import calibration as cal
-from autotune.cost.published import default_csv_path, load_cases
+from autotune.cost.published import default_csv_path, load_cases, same_run_groups
 from autotune.space import load_space, make_workload
 
 try:
@@ -81,11 +81,9 @@ def test_published_throughput_is_within_the_validated_error():
 def test_mxfp8_is_slower_than_fp8_as_in_every_published_same_layout_pair():
     """Every same-release, same-layout FP8/MXFP8 pair in the published tables has FP8 faster."""
     cases = load_cases(latest_only=False)
-    pairs = {}
-    for c in cases:
-        pairs.setdefault((c.release, c.kind, c.model, c.system, c.workload.cluster.gpus, c.layout), {})[c.precision] = c
     checked = 0
-    for members in pairs.values():
+    for group in same_run_groups(cases, by_layout=True):
+        members = {c.precision: c for c in group}
         if "fp8" in members and "mxfp8" in members:
             fp8, mx = members["fp8"], members["mxfp8"]
             assert fp8.tokens_per_s_per_gpu > mx.tokens_per_s_per_gpu
