@@ -30,9 +30,12 @@ A regret curve (median ratio of the recommendation after k trials, per sampler a
     python benchmarks/search_quality.py --cases --public vtrain_gpt_175b     # one public sweep only
 
 Tuning happens on other seeds than the reported ones: `--first-seed 5 --seeds 10` runs landscape seeds
-5-14; the defaults (seeds 0-4) are the figures the README reports. To use both cores, run `auto` and the
-baselines as two processes with `--save-curves A.json` / `B.json`, then draw the regret plots with
-`--plot-curves A.json B.json --plot benchmarks/search_quality.png` (one PNG per case).
+5-14; the defaults (seeds 0-4) are the figures the README reports. To use both cores, `--procs 2` runs each
+row's seeds in two processes (the same studies, the same ratios; ms/trial then measures a loaded machine),
+or run `auto` and the baselines as two processes with `--save-curves A.json` / `B.json`, then draw the
+regret plots with `--plot-curves A.json B.json --plot benchmarks/search_quality.png` (one PNG per case).
+
+    python benchmarks/search_quality.py --first-seed 5 --seeds 10 --samplers auto --budgets 40 --public '' --plot '' --procs 2
 
 Public sweeps (vTrain's measured A100 layouts, replayed; the study's legal set is restricted to the
 layouts the sweep measured) are run first, at budgets 10 and 20: ratio = measured throughput of the
@@ -43,7 +46,9 @@ is 0 by construction: they test ranking, not the memory model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -125,6 +130,21 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     return curve, ooms / max(1, len(trials)), 1000 * summary.controller_s_per_trial, found / truth.best
 
 
+def _study_job(job: tuple) -> tuple:
+    """One study in a worker process (--procs): the landscape is rebuilt there from its seed."""
+    model, gpus, family, seed, sampler, budget, directory = job
+    return run_study(Truth(model, gpus, family, 1000 + seed), family, seed, sampler, budget, directory)
+
+
+def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str) -> list[tuple]:
+    """The studies of one row (every seed), in the worker processes when there are any."""
+    if pool is None:
+        return [run_study(t, family, seed, sampler, budget, directory) for seed, t in zip(seeds, truths)]
+    jobs = [(t.workload.model.name, t.workload.cluster.gpus, family, seed, sampler, budget, directory)
+            for seed, t in zip(seeds, truths)]
+    return pool.map(_study_job, jobs, chunksize=1)
+
+
 class PublicTruth:
     """A public sweep: every layout it measured ran; a layout it lacks is not in the study's legal set."""
 
@@ -188,6 +208,9 @@ def main() -> None:
     parser.add_argument("--plot", default=str(Path(__file__).with_name("search_quality.png")))
     parser.add_argument("--public", nargs="*", default=PUBLIC, help="public sweeps to replay ('' for none)")
     parser.add_argument("--public-samplers", nargs="*", default=PUBLIC_SAMPLERS)
+    parser.add_argument("--procs", type=int, default=1,
+                        help="run each row's seeds in this many processes (the same studies; ms/trial then "
+                             "measures a loaded machine)")
     parser.add_argument("--save-curves", metavar="JSON",
                         help="also write the top budget's regret curves to this file (to merge runs made in parallel)")
     parser.add_argument("--plot-curves", nargs="+", metavar="JSON",
@@ -208,7 +231,9 @@ def main() -> None:
           f"{'OOM share':>9} {'ms/trial':>8} {'measured':>8} {'prior rank of optimum':>22}", flush=True)
     curves: dict[tuple[str, str], list[list[float]]] = {}
     saved: dict[str, list[list[float]]] = {}
-    with tempfile.TemporaryDirectory() as directory:
+    # spawn: a fork would copy this process's Optuna and SQLAlchemy state into the workers
+    pool = multiprocessing.get_context("spawn").Pool(args.procs) if args.procs > 1 else None
+    with tempfile.TemporaryDirectory() as directory, pool or contextlib.nullcontext():
         for case in args.cases:
             model, gpus = case.split(":")[0], int(case.split(":")[1])
             for family in args.families:
@@ -218,7 +243,7 @@ def main() -> None:
                 for sampler in args.samplers:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
-                        runs = [run_study(t, family, seed, sampler, budget, directory) for seed, t in zip(seeds, truths)]
+                        runs = run_row(pool, truths, family, seeds, sampler, budget, directory)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)
