@@ -136,12 +136,13 @@ def _study_job(job: tuple) -> tuple:
     return run_study(Truth(model, gpus, family, 1000 + seed), family, seed, sampler, budget, directory)
 
 
-def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str) -> list[tuple]:
-    """The studies of one row (every seed), in the worker processes when there are any."""
+def run_row(pool, model: str, gpus: int, truths: list[Truth], family: str, seeds, sampler: str, budget: int,
+            directory: str) -> list[tuple]:
+    """The studies of one row (every seed), in the worker processes when there are any (each rebuilds its
+    landscape from the case as given: a model name or a search-space file)."""
     if pool is None:
         return [run_study(t, family, seed, sampler, budget, directory) for seed, t in zip(seeds, truths)]
-    jobs = [(t.workload.model.name, t.workload.cluster.gpus, family, seed, sampler, budget, directory)
-            for seed, t in zip(seeds, truths)]
+    jobs = [(model, gpus, family, seed, sampler, budget, directory) for seed in seeds]
     return pool.map(_study_job, jobs, chunksize=1)
 
 
@@ -232,8 +233,8 @@ def main() -> None:
     curves: dict[tuple[str, str], list[list[float]]] = {}
     saved: dict[str, list[list[float]]] = {}
     # spawn: a fork would copy this process's Optuna and SQLAlchemy state into the workers
-    pool = multiprocessing.get_context("spawn").Pool(args.procs) if args.procs > 1 else None
-    with tempfile.TemporaryDirectory() as directory, pool or contextlib.nullcontext():
+    workers = multiprocessing.get_context("spawn").Pool if args.procs > 1 else lambda _n: contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as directory, workers(args.procs) as pool:
         for case in args.cases:
             model, gpus = case.split(":")[0], int(case.split(":")[1])
             for family in args.families:
@@ -243,7 +244,7 @@ def main() -> None:
                 for sampler in args.samplers:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
-                        runs = run_row(pool, truths, family, seeds, sampler, budget, directory)
+                        runs = run_row(pool, model, gpus, truths, family, seeds, sampler, budget, directory)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)

@@ -14,22 +14,17 @@ pooling rather than making the whole study unreadable.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
-from autotune._numbers import is_number, is_positive_finite
+from autotune._numbers import is_finite_number, is_positive_finite
 from autotune.errors import StorageError
 from autotune.storage.models import StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus
 
 Check = Callable[[Any], bool]
 
 
-def _number(value: Any) -> bool:
-    return is_number(value) and math.isfinite(value)
-
-
 def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and is_finite_number(value)  # not a bool, within float range
 
 
 def _count(value: Any) -> bool:
@@ -51,6 +46,13 @@ def _one_of(values: type) -> Check:
 
 def _optional(check: Check) -> Check:
     return lambda value: value is None or check(value)
+
+
+def _knob_values(value: Any) -> bool:
+    """A config: a JSON object of knob values, each a text, a bool, null or a number within float range
+    (the cost model's arrays hold them as floats: a 400-digit integer would end in an OverflowError)."""
+    return isinstance(value, dict) and all(
+        v is None or isinstance(v, (str, bool)) or is_finite_number(v) for v in value.values())
 
 
 def _step_times(value: Any) -> bool:
@@ -87,7 +89,7 @@ def _space(value: Any) -> bool:
 TRIAL_RULES: dict[str, tuple[Check, str]] = {
     "number": (_integer, "an integer"),
     "optuna_trial_number": (_optional(_integer), "an integer"),
-    "config": (_mapping, "a JSON object"),
+    "config": (_knob_values, "a JSON object of knob values"),
     "config_key": (_text, "a text"),
     "dispatched": (lambda v: isinstance(v, bool), "true or false"),
     "status": (_one_of(TrialRecordStatus), "a trial status"),
@@ -104,7 +106,7 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
     "mfu": (_optional(is_positive_finite), "a positive finite number"),
     "peak_mem_gib": (_optional(is_positive_finite), "a positive finite number"),
     "step_times_s": (_step_times, "a list of positive finite numbers"),
-    "gpu_seconds": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
+    "gpu_seconds": (lambda v: is_finite_number(v) and v >= 0, "a finite number >= 0"),
     "artifacts": (_mapping, "a JSON object"),
     "controller_id": (_optional(_text), "a text"),
 }

@@ -313,6 +313,11 @@ TAMPERED_ON_BOTH = [
     ("autotune_trials", "config = '[1]'", "config = [1]"),
     ("autotune_trials", "artifacts = '\"text\"'", "artifacts = 'text'"),
     ("autotune_trials", "step_times_s = '[\"a\", 1]'", "step_times_s = ['a', 1]"),
+    # JSON reads a 400-digit number as a Python int beyond float range: math.isfinite() raises on it
+    ("autotune_trials", "step_times_s = '[1" + "0" * 400 + "]'", "step_times_s = [1000"),
+    ("autotune_trials", "config = '{\"tp\": 1" + "0" * 400 + "}'", "config = {'tp': 1000"),
+    ("autotune_studies", "workload = '{\"gpus\": 1" + "0" * 400 + ", \"gpus_per_node\": 8, \"gpu\": \"h100\", "
+     "\"global_batch_size\": 512, \"seq_length\": 4096, \"precision\": \"bf16\"}'", "workload = {'gpus': 1000"),
     ("autotune_trials", "worker_losses = -1", "worker_losses = -1"),
     ("autotune_trials", "gpu_seconds = -3", "gpu_seconds = -3"),
     ("autotune_studies", "workload = '[]'", "workload = []"),
@@ -332,14 +337,14 @@ TAMPERED_ON_SQLITE = [
 ]
 
 
-@pytest.mark.parametrize("table,assignment,needle", TAMPERED_ON_BOTH, ids=[a for _, a, _ in TAMPERED_ON_BOTH])
+@pytest.mark.parametrize("table,assignment,needle", TAMPERED_ON_BOTH, ids=[a[:48] for _, a, _ in TAMPERED_ON_BOTH])
 def test_a_hand_edited_row_is_one_line_storage_error_and_nothing_changes(storage_url, table, assignment, needle):
     """The storage boundary refuses a row autotune would never have written (issue 15's review: a text in
     a Float column ended in a TypeError deep in the ranking), naming the column and its value."""
     _hand_edited_row_is_refused(storage_url, table, assignment, needle)
 
 
-@pytest.mark.parametrize("table,assignment,needle", TAMPERED_ON_SQLITE, ids=[a for _, a, _ in TAMPERED_ON_SQLITE])
+@pytest.mark.parametrize("table,assignment,needle", TAMPERED_ON_SQLITE, ids=[a[:48] for _, a, _ in TAMPERED_ON_SQLITE])
 def test_a_hand_edited_sqlite_row_of_the_wrong_type_is_refused(tmp_path, table, assignment, needle):
     _hand_edited_row_is_refused(f"sqlite:///{tmp_path / 'edited.db'}", table, assignment, needle)
 
