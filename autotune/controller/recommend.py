@@ -35,6 +35,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
+from autotune._numbers import is_positive_finite
+
 if TYPE_CHECKING:
     from autotune.config import Workload
     from autotune.storage import Study, Trial
@@ -157,7 +159,7 @@ def _log_prior(trial: "Trial") -> float | None:
     for it (a finite positive number within PRIOR_RATIO_BOUND of what the run measured); None otherwise
     (an imported log stores none; a record of another version or a tampered one may hold anything)."""
     stored = trial.predicted.get("tokens_per_s_per_gpu") if isinstance(trial.predicted, dict) else None
-    if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not math.isfinite(stored) or stored <= 0:
+    if not is_positive_finite(stored):
         return None
     ratio = trial.tokens_per_s_per_gpu / stored
     return math.log(stored) if 1 / PRIOR_RATIO_BOUND <= ratio <= PRIOR_RATIO_BOUND else None

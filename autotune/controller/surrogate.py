@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autotune._numbers import is_positive_finite
 from autotune.cost import calibration as cost_calibration
 
 # Prior error of the (uncalibrated) throughput model between layouts of one study, log scale:
@@ -225,7 +226,7 @@ class MemoryFeasibility:
         predicted = float(self.predicted_gib[i])
         if oom:  # censored: it needed at least the GPU's memory; placed a little above the bound
             ratio = max(self.limit_gib, peak_gib or 0.0) / predicted * 1.03
-        elif peak_gib and math.isfinite(peak_gib) and peak_gib > 0:
+        elif is_positive_finite(peak_gib):
             ratio = peak_gib / predicted
             self.peaks_gib[i] = max(peak_gib, self.peaks_gib.get(i, 0.0))
         else:

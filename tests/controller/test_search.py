@@ -256,7 +256,7 @@ def test_recommendation_pools_a_lucky_run_with_the_layouts_that_share_its_knobs(
     # no noise to pool (replay), or a run without a stored prediction: each layout by its own runs
     assert recommend(trials, 80.0, 3.0, pooled_estimate=False).best.trial.config_key == lucky
     assert recommend(_lucky_and_confirmed(None), 80.0, 3.0).best.trial.config_key == lucky
-    for hostile in (float("nan"), float("inf"), -1.0, "100", True, 1e300):  # a prediction no model made: no pooling
+    for hostile in (float("nan"), float("inf"), -1.0, "100", True, 1e300, 10 ** 400):  # a prediction no model made: no pooling
         assert recommend(_lucky_and_confirmed(hostile), 80.0, 3.0).best.trial.config_key == lucky
     for odd in ([100.0], "100", 7):  # `predicted` not even a mapping (another version, a tampered row)
         trials = [dataclasses.replace(t, predicted=odd) for t in _lucky_and_confirmed()]
