@@ -144,7 +144,7 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
     if dispatcher == "inprocess":
         from autotune.dispatch._inprocess import InProcessDispatcher
 
-        dispatcher = InProcessDispatcher(study.backend, study.backend_options)
+        dispatcher = InProcessDispatcher(study.backend, study.backend_options, concurrency=max_concurrent or 1)
     elif dispatcher is None:
         from autotune.dispatch._ray import RayDispatcher
 
