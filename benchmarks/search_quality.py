@@ -103,7 +103,7 @@ class Truth:
         self.prior_rank_of_optimum = int((prior > prior[int(np.argmax(speed))]).sum()) + 1
 
 
-def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str):
+def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1):
     url = f"sqlite:///{directory}/{truth.workload.model.name}-{truth.workload.cluster.gpus}-{family}-{seed}-" \
           f"{sampler}-{budget}.db"
     repo = Repository.open(url)
@@ -113,7 +113,7 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
                                           "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": RUN_NOISE},
                          # these landscapes judge layouts; performance knobs: benchmarks/knob_tuning.py
                          options={"knob_share": 0.0})
-    controller = build_controller(repo, study, dispatcher="inprocess")
+    controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency)
     summary = controller.run()
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
     limit = truth.workload.cluster.gpu.memory_gib
@@ -135,10 +135,11 @@ def _study_job(job: tuple) -> tuple:
     return run_study(*job)
 
 
-def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str) -> list[tuple]:
+def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str,
+            concurrency: int = 1) -> list[tuple]:
     """The studies of one row (every seed), in the worker processes when there are any. The parent's
     landscapes are sent to them (pickled in under a second; rebuilding one takes ~7 s at 64 GPUs)."""
-    jobs = [(t, family, seed, sampler, budget, directory) for seed, t in zip(seeds, truths)]
+    jobs = [(t, family, seed, sampler, budget, directory, concurrency) for seed, t in zip(seeds, truths)]
     if pool is None:
         return [run_study(*job) for job in jobs]
     return pool.map(_study_job, jobs, chunksize=1)
@@ -160,12 +161,13 @@ class PublicTruth:
         self.best = max(self.speed.values())
 
 
-def run_public_study(truth: PublicTruth, seed: int, sampler: str, budget: int, directory: str):
+def run_public_study(truth: PublicTruth, seed: int, sampler: str, budget: int, directory: str,
+                     concurrency: int = 1):
     url = f"sqlite:///{directory}/{truth.workload.model.name}-{seed}-{sampler}-{budget}.db"
     repo = Repository.open(url)
     study = create_study(repo, name="bench", space=truth.space, workload=truth.workload, budget=budget,
                          sampler=sampler, backend="replay", seed=seed, backend_options={"replay": truth.table})
-    controller = build_controller(repo, study, dispatcher="inprocess")
+    controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency)
     summary = controller.run()
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
     pick = recommend(trials, truth.workload.cluster.gpu.memory_gib, controller.headroom_gib,
@@ -186,7 +188,7 @@ def public_main(args) -> None:
                 for budget in PUBLIC_BUDGETS:
                     # grid and a deterministic table: one ordering, the seed changes nothing
                     seeds = range(1) if sampler == "grid" else range(args.seeds)
-                    runs = [run_public_study(truth, seed, sampler, budget, directory) for seed in seeds]
+                    runs = [run_public_study(truth, seed, sampler, budget, directory, args.concurrency) for seed in seeds]
                     ratios = [r[0] for r in runs]
                     print(f"{model:<18} {len(truth.speed):>7} {sampler:<7} {budget:>6} "
                           f"{statistics.median(ratios):>7.3f} {min(ratios):>6.3f} "
@@ -210,6 +212,9 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=1,
                         help="run each row's seeds in this many processes (the same studies; ms/trial then "
                              "measures a loaded machine)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="runs in flight at once (the in-process dispatcher holds each run's result back "
+                             "until this many have started, as a cluster with room for that many would)")
     parser.add_argument("--save-curves", metavar="JSON",
                         help="also write the top budget's regret curves to this file (to merge runs made in parallel)")
     parser.add_argument("--plot-curves", nargs="+", metavar="JSON",
@@ -242,7 +247,7 @@ def main() -> None:
                 for sampler in args.samplers:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
-                        runs = run_row(pool, truths, family, seeds, sampler, budget, directory)
+                        runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)

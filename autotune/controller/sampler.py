@@ -20,8 +20,10 @@
 
 The sampler proposes the whole layout at once (a relative sample over every knob): the recipe's
 layout first, then the same constrained expected improvement as `autotune start --sampler auto`
-(controller/strategies.py), learning from every finished trial of the study. A layout may be
-proposed twice near the end of the budget: a re-measurement of a close contender (noise).
+(controller/strategies.py), learning from every finished trial of the study; trials still running
+(`study.optimize(..., n_jobs=4)`, or several processes sharing a storage) count as in flight: the next
+proposal treats them as measured at what the search expects of them, so it does not copy them. A layout
+may be proposed twice near the end of the budget: a re-measurement of a close contender (noise).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
         if not search_space:
             return {}
         self._learn(study)
+        # trials still running (study.optimize(n_jobs=...) or several workers): believed, not copied
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        self.state.set_pending(config_of(t.params).key() for t in running
+                               if t.number != trial.number and set(t.params) == set(self.distributions))
         proposal = self.strategy.propose(self.state)
         if proposal is None:
             return {}  # the legal set is used up: Optuna's independent sampling takes over

@@ -70,6 +70,7 @@ class SearchState:
     # strategies that replay them into a sampler of their own
     outcomes: list[tuple[int, str, float | None]] = field(default_factory=list)
     dispatched: int = 0  # trials of this study sent to a backend (the budget they use)
+    pending: set[int] = field(default_factory=set)  # layouts whose runs are in flight (set_pending)
     headroom_gib: float = 0.0  # the recommended layout keeps this much below the GPU's memory
     physics: PhysicsCalibration = field(default_factory=PhysicsCalibration)
     _log_prior: np.ndarray | None = None
@@ -229,10 +230,18 @@ class SearchState:
             self._gp_runs = n
         return self._gp
 
-    def posterior(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and sd of log throughput (tokens/s/GPU) at layouts `rows`."""
-        mean, std = self.surrogate().predict(self.gp_codes()[rows])
+    def posterior(self, rows: np.ndarray, believe_pending: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and sd of log throughput (tokens/s/GPU) at layouts `rows`; with `believe_pending`, as if
+        the layouts in flight (`pending`) had measured what the GP expects of them (ResidualGP.believing)."""
+        gp = self.surrogate()
+        if believe_pending and self.pending:
+            gp = gp.believing(self.gp_codes()[sorted(self.pending)])
+        mean, std = gp.predict(self.gp_codes()[rows])
         return self.log_prior[rows] + mean, std
+
+    def set_pending(self, keys) -> None:
+        """The layouts whose runs are in flight (dispatched, no outcome yet), by config key."""
+        self.pending = {self.index[k] for k in keys if k in self.index}
 
     def measured_means(self) -> dict[int, tuple[float, int]]:
         """Per measured layout: mean log throughput over its runs and the number of runs."""

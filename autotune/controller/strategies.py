@@ -30,6 +30,9 @@ REMEASURE_SHARE = 0.15  # last share of the budget in which close contenders may
 REMEASURE_MIN_BUDGET = 8
 REMEASURE_CONTENDERS = 4
 REMEASURE_MAX_RUNS = 3
+# with runs in flight (several slots), score layouts as if those runs had measured the GP's expectation
+# (kriging believer: SearchState.posterior), so a batch spreads instead of stacking near-copies
+BELIEVE_PENDING = True
 MAX_SUGGESTIONS = 60  # Optuna suggestions tried per proposal before a random legal layout stands in
 
 
@@ -78,6 +81,8 @@ class AutoStrategy(Strategy):
     3. constrained expected improvement: the GP posterior of log throughput (cost model as mean,
        controller/surrogate.py) gives EI over the best posterior mean measured so far, times the
        probability that the layout fits; layouts fitting with probability < P_FIT_MIN are skipped;
+       with runs in flight (several slots), the posterior believes them measured at its own mean
+       (BELIEVE_PENDING), so proposals made before their results spread instead of copying them;
     4. in the last REMEASURE_SHARE of the budget, a close contender (its gap within the run-to-run
        noise) is measured again when that run is worth more than a new layout: its knowledge gradient
        (remeasure_value) against the largest knowledge gradient of one noisy run of a scored new
@@ -156,12 +161,11 @@ class AutoStrategy(Strategy):
         """The open layout with the best constrained EI, and (with `weigh`; 0.0 without) what one run of
         the best new layout is worth: its knowledge gradient, to weigh against measuring a contender again."""
         pool, local = self._pool(state, open_)
-        mean, std = state.posterior(pool)
         measured = np.array(list(state.runs), dtype=np.int64)
-        if measured.size:
-            incumbent = float(np.max(state.posterior(measured)[0]))
-        else:
-            incumbent = float(np.max(mean))
+        # one posterior for both (believing the runs in flight refits the GP once per call)
+        mean, std = state.posterior(np.concatenate([pool, measured]), believe_pending=BELIEVE_PENDING)
+        incumbent = float(np.max(mean[len(pool):] if measured.size else mean))
+        mean, std = mean[:len(pool)], std[:len(pool)]
         score = expected_improvement(mean, std, incumbent) * p_fit[pool]
         # Far from every good layout, only candidates whose mean is close to the incumbent are worth
         # a run: with 40 runs, a bet on a region the posterior expects to be much slower rarely pays.

@@ -207,6 +207,26 @@ class ResidualGP:
         latent = np.sqrt(np.maximum(std ** 2 - self.noise_var, 1e-8))
         return mean + self.offset, latent
 
+    def believing(self, pending: np.ndarray) -> "ResidualGP":
+        """This GP as if the runs in flight at `pending` (knob codes) had measured what it expects of
+        them (the kriging believer, Ginsbourger, Le Riche and Carraro 2010): the mean stays, the
+        uncertainty at those layouts and at the layouts sharing knob values with them shrinks, so a
+        proposal made while runs are in flight is not their near copy. Same hyperparameters, no
+        optimisation; the GP itself is unchanged (its next fit replaces the beliefs by the runs)."""
+        from sklearn.gaussian_process import GaussianProcessRegressor
+
+        if self.model is None or not len(pending):
+            return self
+        believed = self.model.predict(pending)  # the mean, offset excluded (what the fit saw)
+        gp = GaussianProcessRegressor(self.model.kernel_, optimizer=None, normalize_y=False, copy_X_train=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gp.fit(np.vstack([self.model.X_train_, pending]), np.concatenate([self.model.y_train_, believed]))
+        clone = ResidualGP.__new__(ResidualGP)
+        clone.__dict__.update(self.__dict__)
+        clone.model = gp
+        return clone
+
 
 @dataclass
 class MemoryFeasibility:

@@ -68,6 +68,60 @@ def test_residual_gp_keeps_the_prior_at_a_layout_sharing_no_knob_value():
     assert far_std[0] > 3 * near_std.max()
 
 
+def test_believing_runs_in_flight_shrinks_doubt_around_them_and_keeps_the_fit():
+    """The kriging believer: a layout in flight is scored as if it had measured the GP's mean there, so
+    the doubt at it and at layouts sharing its knob values shrinks, the means stay, the GP is untouched."""
+    rng = np.random.default_rng(3)
+    x = _codes(rng, 12)
+    gp = ResidualGP()
+    gp.fit(x, 0.1 * (x[:, 0] == 4) + rng.normal(0, 0.01, len(x)))
+    pending = np.array([[8.0, 8.0, 8.0, 1.0, 2.0, 4.0]])  # three values no run had
+    near = np.array([[8.0, 8.0, 8.0, 2.0, 2.0, 4.0]])  # one knob away from it
+    far = np.array([[16.0, 16.0, 16.0, 16.0, 16.0, 16.0]])  # shares nothing with it
+    before = [gp.predict(c) for c in (pending, near, far)]
+    believed = gp.believing(pending)
+    after = [believed.predict(c) for c in (pending, near, far)]
+    assert after[0][1][0] < 0.5 * before[0][1][0]  # about what a run there would tell
+    assert after[1][1][0] < 0.8 * before[1][1][0]
+    assert after[2][1][0] == pytest.approx(before[2][1][0], rel=1e-6)
+    for (m0, _), (m1, _) in zip(before, after):
+        assert m1[0] == pytest.approx(m0[0], abs=1e-6)
+    assert gp.predict(pending)[1][0] == before[0][1][0] and gp.believing(pending[:0]) is gp
+
+
+def test_proposals_made_while_runs_are_in_flight_spread_out(qwen16):
+    """Four proposals in a row with no result between them (four slots): believing the runs in flight,
+    the four differ in more knobs from one another than the plain top four of expected improvement."""
+    _, workload, legal = qwen16
+    import autotune.controller.strategies as strategies
+
+    closest = {True: [], False: []}  # per study: the fewest knobs in which two of its four proposals differ
+    for seed in range(5, 9):
+        for believe in (True, False):
+            state = SearchState.build(workload, legal)
+            strategy = AutoStrategy(40, seed=0)
+            rng = np.random.default_rng(seed)
+            for i in rng.choice(len(legal), 12, replace=False):  # twelve runs, 0.9-1.1x the prior
+                state.mark_tried(legal[i].key())
+                state.record_speed(legal[i], float(state.predicted.tokens_per_s_per_gpu[i] * rng.uniform(0.9, 1.1)))
+            state.dispatched = 12
+            old, strategies.BELIEVE_PENDING = strategies.BELIEVE_PENDING, believe
+            try:
+                batch = []
+                for _ in range(4):
+                    proposal = strategy.propose(state)
+                    state.mark_tried(proposal.config.key())
+                    batch.append(state.index[proposal.config.key()])
+                    state.set_pending(legal[j].key() for j in batch)
+            finally:
+                strategies.BELIEVE_PENDING = old
+            assert state.pending == set(batch)
+            codes = state.knob_codes()[batch]
+            closest[believe].append(min(int((codes[a] != codes[b]).sum()) for a in range(4) for b in range(a)))
+    assert all(b >= p for b, p in zip(closest[True], closest[False]))
+    assert sum(closest[True]) >= 1.5 * sum(closest[False])
+
+
 def test_search_gp_keeps_doubt_about_a_knob_value_no_run_has_tried():
     """Thirty runs that agree with the prior make the fitted GP sure of every layout; the search's GP
     still gives a knob value no run had at least KNOB_VALUE_MIN_LOG_STD of doubt (the prior may be
@@ -357,6 +411,37 @@ def test_auto_beats_random_on_a_hidden_landscape_without_ray(tmp_path):
     assert ratios["auto"] > ratios["random"] and ratios["auto"] > 0.95
 
 
+def test_a_study_with_several_runs_in_flight_believes_them_and_ends_right(tmp_path):
+    """Three slots on the in-process dispatcher (results held back as on a cluster): every proposal sees
+    the runs in flight as pending, the budget is spent exactly, no layout runs twice unless re-measured."""
+    repo = Repository.open(f"sqlite:///{tmp_path / 'slots.db'}")
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    study = create_study(repo, name="slots", space=space, workload=workload, budget=20, sampler="auto",
+                         backend="simulate", seed=2,
+                         backend_options={"landscape_seed": 9, "landscape": "mixed", "seconds_per_trial": 0.0,
+                                          "run_noise": 0.05}, options={"knob_share": 0.0})
+    controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=3)
+    seen_pending = []
+    propose = controller.strategy.propose
+
+    def spy(state):
+        running = {state.index[r.trial.config_key] for r in controller.running.values()}
+        assert state.pending == running
+        seen_pending.append(len(state.pending))
+        return propose(state)
+
+    controller.strategy.propose = spy
+    summary = controller.run()
+    trials = repo.trials(study.id, dispatched_only=True)
+    assert summary.counts["dispatched"] == 20 and len(trials) == 20
+    assert max(seen_pending) == 2  # each proposal while two others were still in flight
+    keys = [t.config_key for t in trials if t.strategy_note != "remeasure"]
+    assert len(keys) == len(set(keys))
+    assert summary.recommendation is not None
+    repo.close()
+
+
 def test_auto_re_measures_only_measured_layouts_at_the_end(tmp_path):
     repo, study, _, summary = _study(tmp_path, "auto", 20, seed=1)
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
@@ -403,6 +488,19 @@ def test_the_sampler_drives_a_plain_optuna_study():
     learned = sampler.state.n_runs + len(sampler.state.memory.observations) - sampler.state.n_runs
     assert sampler.state.n_runs >= 1 and learned >= sampler.state.n_runs
     assert AutoStrategy.name == "auto"
+
+
+def test_the_sampler_counts_running_trials_of_its_study_as_in_flight():
+    """With trials asked but not told (n_jobs > 1, or workers sharing a storage), the next proposal knows
+    them as in flight and is none of them."""
+    sampler = AutotuneSampler("qwen3_30b", gpus=16, budget=12, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    asked = []
+    for _ in range(3):
+        trial = study.ask()
+        asked.append(sampler.suggest_layout(trial).key())
+    assert len(set(asked)) == 3
+    assert sampler.state.pending == {sampler.state.index[k] for k in asked[:2]}  # as the third was proposed
 
 
 def test_physics_calibration_recovers_known_term_scales(qwen16):
