@@ -101,9 +101,25 @@ class Controller:
         self.best_step_time_s: float | None = None
         self._last_heartbeat = 0.0
         self._exhausted = False
-        for trial in self.repo.trials(self.study.id):  # resume / join: the search state from the record
+        self._settled: set[int] = set()  # trial numbers whose outcome the search state has learnt
+        self._others_in_flight: list[str] = []  # config keys of other controllers' runs in flight
+        self._sync_others()  # resume / join: the search state from the record
+
+    def _sync_others(self) -> None:
+        """Learn what the record holds that this controller did not run itself: at start (resume, join)
+        and at every heartbeat, the outcomes other controllers of the study recorded since, and their
+        runs in flight (believed by the search like this controller's own)."""
+        in_flight = []
+        for trial in self.repo.trials(self.study.id):
+            if trial.number in self._settled or trial.number in self.running:
+                continue
             self.state.mark_tried(trial.config_key)
+            if trial.status == "dispatched":
+                in_flight.append(trial.config_key)
+                continue
             self._learn(trial)
+            self._settled.add(trial.number)
+        self._others_in_flight = in_flight
         self.state.dispatched = self.repo.counts(self.study.id)["dispatched"]
 
     def _learn(self, trial: Trial) -> None:
@@ -190,6 +206,7 @@ class Controller:
         self._last_heartbeat = now
         self.repo.controller_heartbeat(self.study.id, self.controller_id)
         self.repo.heartbeat_trials(self.study.id, list(self.running))
+        self._sync_others()  # what the study's other controllers measured since
         self._reconcile_optuna()  # proposals of a controller that died meanwhile, once they are stale
 
     # --- dispatch ------------------------------------------------------------------------------
@@ -208,7 +225,7 @@ class Controller:
         """Propose until one layout is dispatched; False when the budget or the space is used up, or when
         the proposal must wait for a run of this controller to end."""
         # the runs in flight: the search proposes around them (strategies.BELIEVE_PENDING), not beside them
-        self.state.set_pending(r.trial.config_key for r in self.running.values())
+        self.state.set_pending([r.trial.config_key for r in self.running.values()] + self._others_in_flight)
         for _ in range(MAX_REJECTIONS_PER_DISPATCH):
             proposal = self.strategy.propose(self.state)
             if proposal is None:
@@ -293,6 +310,7 @@ class Controller:
     def _finish(self, run: _Running, outcome: TrialOutcome) -> None:
         trial, number = run.trial, run.trial.number
         self.running.pop(number, None)  # an adopted trial was never ours
+        self._settled.add(number)
         gpu_seconds = outcome.wall_time_s * self.workload.cluster.gpus
         if outcome.status == TrialStatus.LOST:
             if self.repo.worker_losses(self.study.id, number) + 1 < MAX_ATTEMPTS:

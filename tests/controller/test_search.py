@@ -442,6 +442,37 @@ def test_a_study_with_several_runs_in_flight_believes_them_and_ends_right(tmp_pa
     repo.close()
 
 
+def test_a_controller_learns_what_another_controller_of_its_study_measured_and_runs(tmp_path):
+    """Two controllers on one study: the second, built before the first ran, learns at its heartbeat
+    every outcome the first recorded since (runs, OOMs, tried layouts, the budget used), and believes
+    another controller's runs in flight."""
+    repo = Repository.open(f"sqlite:///{tmp_path / 'two.db'}")
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    study = create_study(repo, name="two", space=space, workload=workload, budget=8, sampler="auto",
+                         backend="simulate", seed=4,
+                         backend_options={"landscape_seed": 11, "landscape": "mixed", "seconds_per_trial": 0.0},
+                         options={"knob_share": 0.0})
+    second = build_controller(repo, study, dispatcher="inprocess")
+    assert second.state.n_runs == 0 and second.state.dispatched == 0
+    build_controller(repo, study, dispatcher="inprocess").run()
+    trials = repo.trials(study.id, dispatched_only=True)
+    completed = [t for t in trials if t.status == "completed"]
+    assert len(trials) == 8 and completed
+    second._sync_others()
+    assert second.state.dispatched == 8 and second.state.n_runs == len(completed)
+    assert all(second.state.tried[second.state.index[t.config_key]] for t in trials)
+    second._sync_others()  # learnt once, not twice
+    assert second.state.n_runs == len(completed)
+    # a run another controller has in flight: tried, believed (pending) at the next proposal
+    untried = next(c for c in second.state.legal if not second.state.tried[second.state.index[c.key()]])
+    repo.claim_dispatch(study.id, untried.to_dict(), untried.key(), None, "elsewhere:1:x", 100, {}, "refine")
+    second._sync_others()
+    assert second._others_in_flight == [untried.key()] and second.state.tried[second.state.index[untried.key()]]
+    second.dispatcher.shutdown()
+    repo.close()
+
+
 def test_auto_re_measures_only_measured_layouts_at_the_end(tmp_path):
     repo, study, _, summary = _study(tmp_path, "auto", 20, seed=1)
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
