@@ -442,11 +442,11 @@ def test_a_study_with_several_runs_in_flight_believes_them_and_ends_right(tmp_pa
     repo.close()
 
 
-def test_a_controller_learns_what_another_controller_of_its_study_measured_and_runs(tmp_path):
-    """Two controllers on one study: the second, built before the first ran, learns at its heartbeat
-    every outcome the first recorded since (runs, OOMs, tried layouts, the budget used), and believes
-    another controller's runs in flight."""
-    repo = Repository.open(f"sqlite:///{tmp_path / 'two.db'}")
+def test_a_controller_learns_what_another_controller_of_its_study_measured_and_runs(storage_url):
+    """Two controllers on one study (SQLite and PostgreSQL): the second, built before the first ran,
+    learns at its heartbeat every outcome the first recorded since (runs, OOMs, tried layouts, the
+    budget used), and believes another controller's runs in flight."""
+    repo = Repository.open(storage_url)
     space = load_space("qwen3_30b")
     workload = make_workload(space, gpus=16)
     study = create_study(repo, name="two", space=space, workload=workload, budget=8, sampler="auto",
