@@ -103,14 +103,16 @@ class Controller:
         self._exhausted = False
         self._settled: set[int] = set()  # trial numbers whose outcome the search state has learnt
         self._others_in_flight: list[str] = []  # config keys of other controllers' runs in flight
-        self._sync_others()  # resume / join: the search state from the record
+        self._sync_others(dispatched_only=False)  # resume / join: the search state from the record
 
-    def _sync_others(self) -> None:
-        """Learn what the record holds that this controller did not run itself: at start (resume, join)
-        and at every heartbeat, the outcomes other controllers of the study recorded since, and their
-        runs in flight (believed by the search like this controller's own)."""
+    def _sync_others(self, dispatched_only: bool = True) -> None:
+        """Learn what the record holds that this controller did not run itself: at start (resume, join:
+        every row, rejected layouts too) and at every heartbeat (the runs only: a study may record
+        thousands of rejections, and screening here rejects the same layouts again), the outcomes other
+        controllers of the study recorded since, and their runs in flight (believed by the search like
+        this controller's own)."""
         in_flight = []
-        for trial in self.repo.trials(self.study.id):
+        for trial in self.repo.trials(self.study.id, dispatched_only=dispatched_only):
             if trial.number in self._settled or trial.number in self.running:
                 continue
             self.state.mark_tried(trial.config_key)
