@@ -6,10 +6,12 @@ counted): proposals, surrogate and calibration fits, screening, bookkeeping. sea
 the same figure, but it runs many studies at once and its numbers carry that load.
 
     python benchmarks/controller_overhead.py
+    python benchmarks/controller_overhead.py --concurrency 4    # four runs in flight (the search believes them)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -28,7 +30,10 @@ CASES = [("qwen3_30b", 16), ("qwen3_30b", 64), ("llama3_70b", 64)]
 
 
 def main() -> None:
-    print(f"{'case':<16} {'setup s':>8} {'ms/trial':>9}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=1, help="runs in flight at once (in-process dispatcher)")
+    args = parser.parse_args()
+    print(f"{'case':<16} {'setup s':>8} {'ms/trial':>9}   ({args.concurrency} run(s) in flight)")
     for model, gpus in CASES:
         truth = Truth(model, gpus, "mixed", 1000)
         with tempfile.TemporaryDirectory() as directory:
@@ -38,7 +43,7 @@ def main() -> None:
                                  sampler="auto", backend="simulate", seed=0,
                                  backend_options={"landscape_seed": 1000, "landscape": "mixed",
                                                   "seconds_per_trial": 0.0, "run_noise": RUN_NOISE})
-            controller = build_controller(repo, study, dispatcher="inprocess")
+            controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=args.concurrency)
             setup_s = time.perf_counter() - started
             summary = controller.run()
             repo.close()
