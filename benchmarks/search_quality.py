@@ -103,7 +103,11 @@ class Truth:
         self.prior_rank_of_optimum = int((prior > prior[int(np.argmax(speed))]).sum()) + 1
 
 
-def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1):
+def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1,
+              believe: bool = True):
+    from autotune.controller import strategies
+
+    strategies.BELIEVE_PENDING = believe  # --naive-batch: in this (worker) process, for this study
     url = f"sqlite:///{directory}/{truth.workload.model.name}-{truth.workload.cluster.gpus}-{family}-{seed}-" \
           f"{sampler}-{budget}.db"
     repo = Repository.open(url)
@@ -136,10 +140,10 @@ def _study_job(job: tuple) -> tuple:
 
 
 def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str,
-            concurrency: int = 1) -> list[tuple]:
+            concurrency: int = 1, believe: bool = True) -> list[tuple]:
     """The studies of one row (every seed), in the worker processes when there are any. The parent's
     landscapes are sent to them (pickled in under a second; rebuilding one takes ~7 s at 64 GPUs)."""
-    jobs = [(t, family, seed, sampler, budget, directory, concurrency) for seed, t in zip(seeds, truths)]
+    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe) for seed, t in zip(seeds, truths)]
     if pool is None:
         return [run_study(*job) for job in jobs]
     return pool.map(_study_job, jobs, chunksize=1)
@@ -196,6 +200,13 @@ def public_main(args) -> None:
                           f"{statistics.median(r[2] for r in runs):>8.1f}", flush=True)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -212,9 +223,12 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=1,
                         help="run each row's seeds in this many processes (the same studies; ms/trial then "
                              "measures a loaded machine)")
-    parser.add_argument("--concurrency", type=int, default=1,
+    parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="runs in flight at once (the in-process dispatcher holds each run's result back "
                              "until this many have started, as a cluster with room for that many would)")
+    parser.add_argument("--naive-batch", action="store_true",
+                        help="with --concurrency: propose as before this version, ignoring the runs in flight "
+                             "(the top of one expected improvement), for comparison")
     parser.add_argument("--save-curves", metavar="JSON",
                         help="also write the top budget's regret curves to this file (to merge runs made in parallel)")
     parser.add_argument("--plot-curves", nargs="+", metavar="JSON",
@@ -247,7 +261,8 @@ def main() -> None:
                 for sampler in args.samplers:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
-                        runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency)
+                        runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency,
+                                       not args.naive_batch)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)

@@ -72,15 +72,16 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
             return {}
         self._learn(study)
         # trials still running (study.optimize(n_jobs=...) or several workers): believed, not copied
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        self.state.set_pending(config_of(t.params).key() for t in running
-                               if t.number != trial.number and set(t.params) == set(self.distributions))
+        running = [config_of(t.params).key() for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number != trial.number and set(t.params) == set(self.distributions)]
+        for key in running:  # another worker's proposal is not proposed again
+            self.state.mark_tried(key)
+        self.state.set_pending(running)
+        self.state.dispatched = len(self._seen) + len(running)  # every worker's trials, not only this one's
         proposal = self.strategy.propose(self.state)
         if proposal is None:
             return {}  # the legal set is used up: Optuna's independent sampling takes over
-        i = self.state.index[proposal.config.key()]
-        self.state.tried[i] = True
-        self.state.dispatched += 1
+        self.state.mark_tried(proposal.config.key())
         return params_of(proposal.config)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,

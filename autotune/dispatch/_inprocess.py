@@ -36,7 +36,7 @@ class InProcessDispatcher(Dispatcher):
         self._done: list[TrialEvent] = []  # finished runs not yet reported, oldest first
 
     def free_slots(self) -> int:
-        return self.capacity - len(self._done)
+        return max(0, self.capacity - len(self._done))
 
     def submit(self, spec: TrialSpec) -> None:
         reports: list[StepReport] = []

@@ -13,6 +13,7 @@ import pytest
 
 from autotune.backends._landscapes import Landscape
 from autotune.config import LayoutConfig
+import autotune.controller.loop as loop
 from autotune.controller.recommend import default_headroom_gib, recommend
 from autotune.controller.sampler import AutotuneSampler
 from autotune.controller.session import build_controller, create_study, replay_coverage
@@ -259,6 +260,25 @@ def test_with_no_open_layout_left_a_close_contender_still_runs_again(qwen16):
     assert strategy.propose(state) is None
 
 
+def test_a_contender_already_running_again_is_not_named_again(qwen16):
+    """Two slots, or two controllers: a contender whose next run is in flight is being re-measured; the
+    other slot re-measures the other contender, or nothing."""
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal[:3])
+    for i, tokens in ((0, 1000.0), (1, 995.0), (2, 700.0)):
+        state.mark_tried(legal[i].key())
+        state.record_speed(legal[i], tokens)
+    strategy = AutoStrategy(budget=10, seed=0)
+    state.dispatched = 9
+    first = strategy.propose(state)
+    assert first.note == REMEASURE
+    state.set_pending([first.config.key()])
+    second = strategy.propose(state)
+    assert second is not None and second.note == REMEASURE and second.config != first.config
+    state.set_pending([legal[0].key(), legal[1].key()])
+    assert strategy.propose(state) is None  # both contenders running again, nothing open
+
+
 def _trial(number, key, tokens, peak, status="completed"):
     return Trial(study_id=1, number=number, optuna_trial_number=None, config={}, config_key=key, dispatched=True,
                  status=status, tokens_per_s_per_gpu=tokens, peak_mem_gib=peak)
@@ -442,7 +462,7 @@ def test_a_study_with_several_runs_in_flight_believes_them_and_ends_right(tmp_pa
     repo.close()
 
 
-def test_a_controller_learns_what_another_controller_of_its_study_measured_and_runs(storage_url):
+def test_a_controller_learns_what_another_controller_of_its_study_measured_and_runs(storage_url, monkeypatch):
     """Two controllers on one study (SQLite and PostgreSQL): the second, built before the first ran,
     learns at its heartbeat every outcome the first recorded since (runs, OOMs, tried layouts, the
     budget used), and believes another controller's runs in flight."""
@@ -467,8 +487,22 @@ def test_a_controller_learns_what_another_controller_of_its_study_measured_and_r
     # a run another controller has in flight: tried, believed (pending) at the next proposal
     untried = next(c for c in second.state.legal if not second.state.tried[second.state.index[c.key()]])
     repo.claim_dispatch(study.id, untried.to_dict(), untried.key(), None, "elsewhere:1:x", 100, {}, "refine")
-    second._sync_others()
+    monkeypatch.setattr(loop, "HEARTBEAT_S", 0.0)  # the sync runs at every heartbeat, not only when called
+    second._heartbeat()
     assert second._others_in_flight == [untried.key()] and second.state.tried[second.state.index[untried.key()]]
+    seen = []
+    second.strategy.propose = lambda state: seen.append(set(state.pending))  # what the next proposal is told
+    second._dispatch_one()
+    assert seen and seen[0] == {second.state.index[untried.key()]}
+    # once the other controller records the run, it is learnt (once) and no longer in flight
+    other = next(t for t in repo.trials(study.id) if t.config_key == untried.key())
+    repo.finish_trial(study.id, other.number, "completed", metrics={
+        "tokens_per_s_per_gpu": 9000.0, "step_time_s": 29.0, "peak_mem_gib": 60.0, "tflops_per_gpu": 200.0,
+        "mfu": 0.2}, step_times_s=[29.0, 29.0])
+    runs = second.state.n_runs
+    second._heartbeat()
+    second._heartbeat()
+    assert second.state.n_runs == runs + 1 and second._others_in_flight == []
     second.dispatcher.shutdown()
     repo.close()
 
@@ -532,6 +566,20 @@ def test_the_sampler_counts_running_trials_of_its_study_as_in_flight():
         asked.append(sampler.suggest_layout(trial).key())
     assert len(set(asked)) == 3
     assert sampler.state.pending == {sampler.state.index[k] for k in asked[:2]}  # as the third was proposed
+    assert sampler.state.dispatched == 2
+
+
+def test_two_workers_sharing_a_study_do_not_propose_each_others_running_trials(tmp_path):
+    """Two processes' samplers on one storage: the second asks while the first's trial runs (the
+    recipe's layout, which both would propose first) and proposes another layout."""
+    url = f"sqlite:///{tmp_path / 'workers.db'}"
+    first, second = (AutotuneSampler("qwen3_30b", gpus=16, budget=12, seed=s) for s in (0, 1))
+    a = optuna.create_study(study_name="w", storage=url, direction="maximize", sampler=first)
+    b = optuna.load_study(study_name="w", storage=url, sampler=second)
+    running = first.suggest_layout(a.ask())
+    assert running == LayoutConfig.from_mapping(load_space("qwen3_30b").model.defaults.layout)
+    other = second.suggest_layout(b.ask())
+    assert other != running and second.state.tried[second.state.index[running.key()]]
 
 
 def test_physics_calibration_recovers_known_term_scales(qwen16):
