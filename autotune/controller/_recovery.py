@@ -48,6 +48,10 @@ def abandoned(optuna_study, recorded: dict[int, Any], stale_s: float) -> list[tu
 def reconcile(repo, study_id: int, optuna, stale_s: float, tell_trial) -> None:
     """Settle the Optuna trials a dead controller left RUNNING: an unrecorded proposal is failed;
     one whose autotune trial was recorded gets that trial's outcome through `tell_trial(number, trial)`."""
+    local_now = dt.datetime.now()
+    if not any(_age_s(t.datetime_start, local_now) > stale_s
+               for t in optuna.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))):
+        return  # only a proposal older than stale_s can be abandoned: no need to read every row of the record
     recorded = {t.optuna_trial_number: t for t in repo.trials(study_id) if t.optuna_trial_number is not None}
     for number, trial in abandoned(optuna.study, recorded, stale_s):
         if trial is None:
