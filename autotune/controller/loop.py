@@ -235,10 +235,13 @@ class Controller:
             proposal = self.strategy.propose(self.state)
             if proposal is None:
                 break
-            if proposal.note == REMEASURE and any(r.trial.config_key == proposal.config.key()
-                                                  for r in self.running.values()):
-                # its last run is still running here (two slots freed at once): the strategy counts runs
-                # only when they end and would name the same run again until this loop gave up
+            if proposal.note == REMEASURE and proposal.config.key() in {
+                    *(r.trial.config_key for r in self.running.values()), *self._others_in_flight}:
+                # its last run is still running, here or at another controller: the strategy counts runs
+                # only when they end and would name the same run again until this loop gave up (another
+                # controller's run: a rejected duplicate each time). Wait for a result instead: on the
+                # tuning seeds, proposing another contender or a new layout at once measured 0.9720
+                # against 0.9755 waiting (four runs in flight, search_quality.last.txt)
                 return False
             self.repo.add_rejected_many(self.study.id, frontier_skips(self.state, proposal.config, proposal.note))
             config, note = proposal.config, proposal.note

@@ -193,10 +193,9 @@ class AutoStrategy(Strategy):
         if remaining <= 0 or remaining > max(1, round(REMEASURE_SHARE * self.budget)):
             return None
         noise = run_noise_std(state)
-        # a layout that peaked inside the headroom is never recommended: ranking it better is worth nothing;
-        # one running again already (another slot, another controller) is being re-measured: still a rival
+        # a layout that peaked inside the headroom is never recommended: ranking it better is worth nothing
         means = {i: m for i, m in state.measured_means().items() if state.recommendable(i)}
-        i = remeasure_choice(means, noise, running=state.pending)
+        i = remeasure_choice(means, noise)
         return None if i is None else (i, remeasure_value(means, i, noise))
 
 
@@ -216,21 +215,19 @@ def run_noise_std(state: SearchState) -> float:
     return run_noise_log_std(state.runs.values())
 
 
-def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float, running=()) -> int | None:
+def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float) -> int | None:
     """The contender to measure again: among the best layouts whose gap to the best mean is within
-    two standard errors of the noise, the one with the fewest runs (best first on ties), never one
-    already `running` again (it stays a rival); None when the best is clear or every contender
-    already has REMEASURE_MAX_RUNS runs or is running."""
+    two standard errors of the noise, the one with the fewest runs (best first on ties); None when
+    the best is clear or every contender already has REMEASURE_MAX_RUNS runs."""
     if len(means) < 2:
         return None
     ranked = sorted(means, key=lambda i: -means[i][0])
     best_mean, best_n = means[ranked[0]]
     contenders = [i for i in ranked[:REMEASURE_CONTENDERS]
                   if best_mean - means[i][0] <= 2 * noise_std * math.sqrt(1 / means[i][1] + 1 / best_n)]
-    free = [i for i in contenders if i not in running]
-    if len(contenders) < 2 or not free:
+    if len(contenders) < 2:
         return None
-    pick = min(free, key=lambda i: (means[i][1], -means[i][0]))
+    pick = min(contenders, key=lambda i: (means[i][1], -means[i][0]))
     return None if means[pick][1] >= REMEASURE_MAX_RUNS else pick
 
 

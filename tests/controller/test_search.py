@@ -18,8 +18,8 @@ from autotune.controller.recommend import default_headroom_gib, recommend
 from autotune.controller.sampler import AutotuneSampler
 from autotune.controller.session import build_controller, create_study, replay_coverage
 from autotune.controller.state import SearchState
-from autotune.controller.strategies import (REMEASURE, AutoStrategy, expected_improvement, remeasure_choice,
-                                            remeasure_value)
+from autotune.controller.strategies import (REMEASURE, AutoStrategy, Proposal, expected_improvement,
+                                            remeasure_choice, remeasure_value)
 from autotune.controller.surrogate import MemoryFeasibility, ResidualGP
 from autotune.cost import estimate, estimate_many
 from autotune.space import enumerate_legal, load_space, make_workload
@@ -260,25 +260,6 @@ def test_with_no_open_layout_left_a_close_contender_still_runs_again(qwen16):
     assert strategy.propose(state) is None
 
 
-def test_a_contender_already_running_again_is_not_named_again(qwen16):
-    """Two slots, or two controllers: a contender whose next run is in flight is being re-measured; the
-    other slot re-measures the other contender, or nothing."""
-    _, workload, legal = qwen16
-    state = SearchState.build(workload, legal[:3])
-    for i, tokens in ((0, 1000.0), (1, 995.0), (2, 700.0)):
-        state.mark_tried(legal[i].key())
-        state.record_speed(legal[i], tokens)
-    strategy = AutoStrategy(budget=10, seed=0)
-    state.dispatched = 9
-    first = strategy.propose(state)
-    assert first.note == REMEASURE
-    state.set_pending([first.config.key()])
-    second = strategy.propose(state)
-    assert second is not None and second.note == REMEASURE and second.config != first.config
-    state.set_pending([legal[0].key(), legal[1].key()])
-    assert strategy.propose(state) is None  # both contenders running again, nothing open
-
-
 def _trial(number, key, tokens, peak, status="completed"):
     return Trial(study_id=1, number=number, optuna_trial_number=None, config={}, config_key=key, dispatched=True,
                  status=status, tokens_per_s_per_gpu=tokens, peak_mem_gib=peak)
@@ -503,6 +484,14 @@ def test_a_controller_learns_what_another_controller_of_its_study_measured_and_r
     second._heartbeat()
     second._heartbeat()
     assert second.state.n_runs == runs + 1 and second._others_in_flight == []
+    # a re-run of a layout another controller is running again: wait for a result, do not record the
+    # same re-run as a rejected duplicate until the controller gives up proposing
+    measured = next(t for t in trials if t.status == "completed")
+    second._others_in_flight = [measured.config_key]
+    second.strategy.propose = lambda state: Proposal(LayoutConfig.from_mapping(measured.config), REMEASURE)
+    rows = len(repo.trials(study.id))
+    second._exhausted = False  # the spy above proposed nothing
+    assert second._dispatch_one() is False and not second._exhausted and len(repo.trials(study.id)) == rows
     second.dispatcher.shutdown()
     repo.close()
 
