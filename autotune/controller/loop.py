@@ -228,7 +228,7 @@ class Controller:
 
     def _dispatch_one(self) -> bool:
         """Propose until one layout is dispatched; False when the budget or the space is used up, or when
-        the proposal must wait for a run of this controller to end."""
+        the proposal must wait for a run in flight (this controller's or another's) to end."""
         # the runs in flight: the search proposes around them (strategies.BELIEVE_PENDING), not beside them
         self.state.set_pending([r.trial.config_key for r in self.running.values()] + self._others_in_flight)
         for _ in range(MAX_REJECTIONS_PER_DISPATCH):
