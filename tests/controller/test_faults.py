@@ -68,7 +68,11 @@ def test_two_controllers_on_one_postgres_study_never_dispatch_a_layout_twice(pos
     assert not errors, errors
     trials = repo.trials(study.id, dispatched_only=True)
     assert len(trials) == 10
-    assert len({t.config_key for t in trials}) == 10
+    # each layout once, except the deliberate re-runs of close contenders in the budget's last 15% (both
+    # controllers now count the whole study's budget, so they reach that window as one controller does)
+    first_runs = [t.config_key for t in trials if t.strategy_note != "remeasure"]
+    assert len(first_runs) == len(set(first_runs)) >= 8
+    assert all(t.config_key in first_runs for t in trials if t.strategy_note == "remeasure")
     assert {t.controller_id for t in trials} == set(controller_ids)  # both did work
     assert all(t.status == "completed" for t in trials)
     duplicates = [t for t in repo.trials(study.id) if t.reason == "duplicate"]
