@@ -230,13 +230,13 @@ class Controller:
         """Propose until one layout is dispatched; False when the budget or the space is used up, or when
         the proposal must wait for a run in flight (this controller's or another's) to end."""
         # the runs in flight: the search proposes around them (strategies.BELIEVE_PENDING), not beside them
-        self.state.set_pending([r.trial.config_key for r in self.running.values()] + self._others_in_flight)
+        in_flight = {r.trial.config_key for r in self.running.values()} | set(self._others_in_flight)
+        self.state.set_pending(in_flight)
         for _ in range(MAX_REJECTIONS_PER_DISPATCH):
             proposal = self.strategy.propose(self.state)
             if proposal is None:
                 break
-            if proposal.note == REMEASURE and proposal.config.key() in {
-                    *(r.trial.config_key for r in self.running.values()), *self._others_in_flight}:
+            if proposal.note == REMEASURE and proposal.config.key() in in_flight:
                 # its last run is still running, here or at another controller: the strategy counts runs
                 # only when they end and would name the same run again until this loop gave up (another
                 # controller's run: a rejected duplicate each time). Wait for a result instead: on the
@@ -286,8 +286,6 @@ class Controller:
                       self.pruner.warmup_steps, reason=rejection.reason, origin=trial.origin, strategy=note)
 
     def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int = 0) -> None:
-        if trial.attempt <= 1 and trial.origin == TrialOrigin.STUDY:
-            self.state.dispatched += 1
         spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config)
         if trial.origin == TrialOrigin.VALIDATION:  # also when a lost or adopted validation run goes again
             spec = dataclasses.replace(spec, measured_steps=measured_steps or self.options.validate_steps)

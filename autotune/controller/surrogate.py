@@ -44,6 +44,7 @@ just above the limit is worth a run, one predicted safely below it still carries
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -222,8 +223,7 @@ class ResidualGP:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             gp.fit(np.vstack([self.model.X_train_, pending]), np.concatenate([self.model.y_train_, believed]))
-        clone = ResidualGP.__new__(ResidualGP)
-        clone.__dict__.update(self.__dict__)
+        clone = copy.copy(self)
         clone.model = gp
         return clone
 
