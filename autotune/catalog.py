@@ -133,6 +133,9 @@ class RecipeDefaults:
     seq_length: int
     precision: str
     layout: dict[str, Any] = field(default_factory=dict)
+    # scale-out bandwidth per GPU (GB/s, one direction) of the cluster the space describes, when it is
+    # not the GPU type's DGX figure (a node with fewer NICs); None keeps the GPU type's
+    network_gbps: float | None = None
 
 
 @dataclass(frozen=True)

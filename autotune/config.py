@@ -247,10 +247,18 @@ class Cluster:
     gpus: int
     gpus_per_node: int
     gpu: "GpuType"
+    # scale-out (InfiniBand / RoCE) bandwidth per GPU, GB/s one direction, when the cluster's differs
+    # from the GPU type's DGX figure (e.g. four NICs per eight-GPU node); None keeps the GPU type's
+    network_gbps: float | None = None
 
     @property
     def nodes(self) -> int:
         return self.gpus // self.gpus_per_node
+
+    @property
+    def scale_out_gbps(self) -> float:
+        """Scale-out bandwidth per GPU, GB/s one direction: the cluster's own figure or the GPU type's."""
+        return self.gpu.network_gbps if self.network_gbps is None else self.network_gbps
 
     @property
     def nvlink_domain_gpus(self) -> int:

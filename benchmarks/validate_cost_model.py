@@ -41,9 +41,11 @@ from autotune.space import load_space, make_workload
 HERE = Path(__file__).resolve().parent
 SCATTER_PNG = HERE / "cost_model_scatter.png"
 SWEEPS = ["vtrain_gpt_3p6b", "vtrain_gpt_18p4b", "vtrain_gpt_39p1b", "vtrain_gpt_175b"]
-# The sweeps ran Megatron-DeepSpeed: gradients reduced in fp32 with the reduction overlapped
-# (assumed, as full recompute and 16-bit precision are; the sweep states none of them).
-SWEEP_SETTINGS = TrainingSettings(grad_reduce_in_fp32=True)
+# The sweeps ran Megatron-DeepSpeed in FP16 (vTrain profiles its kernels in torch.float16) with local DDP:
+# FP16 gradients all-reduced after the whole backward, not bucketed into it (use_gradient_bucket false in
+# every config/validation/multi/*.json of vTrain at f8dda84). The cluster's 800 Gb/s per node is in the
+# search spaces (defaults.network_gbps).
+SWEEP_SETTINGS = TrainingSettings(grad_reduce_in_fp32=False, overlap_grad_reduce=False)
 
 
 @dataclass
@@ -346,7 +348,8 @@ def sweeps() -> None:
     by_sweep = {name: sweep_rows(name) for name in SWEEPS}
     every = [r for rows in by_sweep.values() for r in rows]
     names = ["GENERATION_EFFICIENCY.ampere"]
-    print(f"\nA100 (public vTrain sweeps, {len(every)} layouts; full recompute and 16-bit assumed):")
+    print(f"\nA100 (public vTrain sweeps, {len(every)} layouts; full recompute and FP16 assumed; gradients all-reduced "
+          f"after the backward and 800 Gb/s per node, as vTrain's validation configs state):")
     print(f"  {'sweep':<20} {'layouts':>7} {'MAE':>6} {'Spearman':>8} {'held-out MAE':>12} {'Spearman':>8} "
           f"{'in 80% interval':>15}")
     for name, rows in by_sweep.items():

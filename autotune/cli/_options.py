@@ -145,5 +145,8 @@ def load_space_and_workload(args: argparse.Namespace):
 
 def workload_summary(workload: Workload) -> str:
     c = workload.cluster
+    # a cluster bandwidth the space states is shown: it is not the GPU type's, and it changes the estimate
+    network = f", scale-out {c.network_gbps:g} GB/s/GPU (space file)" if c.network_gbps is not None else ""
     return (f"{workload.model.display_name} on {c.gpus}x {c.gpu.display_name} ({c.nodes} node(s) of "
-            f"{c.gpus_per_node}), GBS {workload.global_batch_size}, seq {workload.seq_length}, {workload.precision}")
+            f"{c.gpus_per_node}{network}), GBS {workload.global_batch_size}, seq {workload.seq_length}, "
+            f"{workload.precision}")

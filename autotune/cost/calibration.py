@@ -15,7 +15,7 @@ from __future__ import annotations
 # Share of the dense BF16 peak that large BF16 GEMMs reach, per GPU generation. Fitted: Hopper and
 # Blackwell to the published Megatron-Bridge rows, Ampere to the public vTrain A100 sweeps.
 GENERATION_EFFICIENCY: dict[str, float] = {
-    "ampere": 0.594,
+    "ampere": 0.622,
     "hopper": 0.6145,
     "blackwell": 0.604,
 }

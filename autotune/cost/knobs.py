@@ -148,7 +148,7 @@ def _dispatch_cost(e: dict, w: Workload, layout: LayoutConfig) -> float:
         if sms and default_sms:
             network *= (sms / default_sms) ** FLEX_SMS_EXPONENT
     return (copies_inside / (gpu.nvlink_gbps * cal.ALLTOALL_NVLINK_EFFICIENCY)
-            + copies_outside / (gpu.network_gbps * network))
+            + copies_outside / (w.cluster.scale_out_gbps * network))
 
 
 def _overlap_left(e: dict) -> float:

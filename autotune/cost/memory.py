@@ -45,6 +45,9 @@ class TrainingSettings:
     """
 
     grad_reduce_in_fp32: bool = True
+    # gradients reduced while the backward runs (Megatron's overlap_grad_reduce / param gather, and DDP
+    # bucketing); False = older Megatron's local DDP, which all-reduces after the whole backward
+    overlap_grad_reduce: bool = True
 
     @property
     def grad_bytes(self) -> float:

@@ -68,7 +68,7 @@ def _link_bytes_per_s(span: np.ndarray, w: Workload, stride: np.ndarray | float 
     gpu = w.cluster.gpu
     domain = w.cluster.nvlink_domain_gpus
     members_per_domain = np.maximum(1.0, np.minimum(span, domain) / stride)
-    outside = np.minimum(gpu.nvlink_gbps, members_per_domain * gpu.network_gbps)
+    outside = np.minimum(gpu.nvlink_gbps, members_per_domain * w.cluster.scale_out_gbps)
     return np.where(span <= domain, gpu.nvlink_gbps, outside) * 1e9 * cal.LINK_EFFICIENCY
 
 
@@ -93,7 +93,7 @@ def _dispatch_s(tokens: np.ndarray, x: LayoutArrays, w: Workload) -> np.ndarray:
         copies_outside = np.minimum(copies_outside, a.moe_router_group_topk)
     token_bytes = tokens * a.hidden_size * 2
     return token_bytes * (copies_inside / (gpu.nvlink_gbps * 1e9 * cal.ALLTOALL_NVLINK_EFFICIENCY)
-                          + copies_outside / (gpu.network_gbps * 1e9 * cal.ALLTOALL_NETWORK_EFFICIENCY))
+                          + copies_outside / (w.cluster.scale_out_gbps * 1e9 * cal.ALLTOALL_NETWORK_EFFICIENCY))
 
 
 def step_time_breakdown(x: LayoutArrays, w: Workload,
@@ -173,7 +173,7 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
 
     pp_bytes = 2 * act_bytes / np.where(x.sp, x.tp, 1.0)
     stage_span = world / x.pp
-    pp_link = np.where(2 * stage_span <= w.cluster.nvlink_domain_gpus, gpu.nvlink_gbps, gpu.network_gbps) * 1e9
+    pp_link = np.where(2 * stage_span <= w.cluster.nvlink_domain_gpus, gpu.nvlink_gbps, w.cluster.scale_out_gbps) * 1e9
     pp = np.where(x.pp > 1, m * x.vpp * pp_bytes / (pp_link * cal.LINK_EFFICIENCY), 0.0) * cal.EXPOSED_PP
 
     busy = compute + recompute + overhead + tp + cp + ep + pp
@@ -196,6 +196,8 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     # collectives behind one micro-batch of compute (per model chunk), not behind the whole step.
     window = compute / m * np.minimum(x.vpp, m)
     dp = np.maximum(cal.EXPOSED_DP_MIN * dp_s, dp_s - cal.DP_OVERLAP_WINDOW * window)
+    if not settings.overlap_grad_reduce:
+        dp = dp_s
     updated = np.where(x.dist_opt, dense_params / dense_group + expert_params / expert_group,
                        dense_params + expert_params)
     optimizer = updated * cal.OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_tbps * 1e12)

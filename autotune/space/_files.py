@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import keyword
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ from autotune.space._arch_checks import architecture_problem
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
+# scale-out bandwidth per GPU, GB/s: four times a GB300 GPU's 800 Gb/s NIC; a larger figure in a space
+# file is a typo (Gb/s written for GB/s)
+MAX_NETWORK_GBPS = 400.0
+MIN_NETWORK_GBPS = 0.1  # below 1 Gb/s Ethernet no training job spans nodes
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
 
 
@@ -225,7 +230,7 @@ class _Reader:
 
     def defaults(self, value: Any) -> RecipeDefaults:
         keys = ("gpus", "gpus_per_node", "gpu", "global_batch_size", "seq_length", "precision", "layout")
-        d = self.mapping(value, "defaults", keys, keys)
+        d = self.mapping(value, "defaults", keys + ("network_gbps",), keys)
         for key in ("gpus", "gpus_per_node", "global_batch_size", "seq_length"):
             self.typed(d[key], f"defaults.{key}", int)
         if d["precision"] not in PRECISIONS:
@@ -234,8 +239,16 @@ class _Reader:
             layout = LayoutConfig.from_mapping(self.mapping(d["layout"], "defaults.layout", KNOBS))
         except ConfigError as exc:
             raise self.fail("defaults.layout", str(exc)) from None
+        network = d.get("network_gbps")
+        if network is not None:
+            # a bandwidth the step time divides by: finite, and within what a NIC can give one GPU
+            ok = isinstance(network, (int, float)) and not isinstance(network, bool) and math.isfinite(network)
+            if not ok or not MIN_NETWORK_GBPS <= network <= MAX_NETWORK_GBPS:
+                raise self.fail("defaults.network_gbps", f"must be a number of GB/s per GPU in "
+                                f"[{MIN_NETWORK_GBPS:g}, {MAX_NETWORK_GBPS:g}], got {network!r}")
+            network = float(network)
         return RecipeDefaults(d["gpus"], d["gpus_per_node"], str(d["gpu"]), d["global_batch_size"],
-                              d["seq_length"], d["precision"], layout.to_dict())
+                              d["seq_length"], d["precision"], layout.to_dict(), network)
 
     def knobs(self, value: Any) -> dict[str, tuple[Any, ...]]:
         knobs = self.mapping(value, "knobs", KNOBS, KNOBS)

@@ -38,7 +38,9 @@ def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node:
     if precision not in gpu_type.peak_tflops:
         raise ConfigError(f"{gpu_type.display_name} has no {precision} tensor cores "
                           f"(it has: {', '.join(gpu_type.peak_tflops)})")
-    return Workload(space.model, Cluster(gpus, min(gpus_per_node, gpus), gpu_type), gbs, seq, precision)
+    # the space's own cluster bandwidth describes its default GPU's cluster, not one of another type
+    network = defaults.network_gbps if gpu_type.name == get_gpu(defaults.gpu).name else None
+    return Workload(space.model, Cluster(gpus, min(gpus_per_node, gpus), gpu_type, network), gbs, seq, precision)
 
 
 def study_space_and_workload(study: Any) -> tuple[SearchSpace, Workload]:

@@ -113,3 +113,34 @@ def test_elementwise_work_is_the_same_seconds_for_every_layout_and_repeats_with_
     tokens_per_gpu = w.global_batch_size * w.seq_length / w.cluster.gpus
     assert elementwise[0] == pytest.approx(tokens_per_gpu * elements * 2 * passes / (w.cluster.gpu.hbm_tbps * 1e12))
     assert recompute_with - recompute_without == pytest.approx(elementwise.mean() / 3, rel=0.02)
+
+
+def test_a_cluster_with_fewer_nics_pays_for_what_leaves_the_node_only():
+    """A cluster's own scale-out bandwidth (a space's defaults.network_gbps): halving it slows a
+    tensor-parallel group that spans two nodes, and leaves a layout that stays inside a node as it was."""
+    import dataclasses
+
+    w = workload("vtrain_gpt_3p6b")
+    assert w.cluster.scale_out_gbps == 12.5  # the vTrain cluster's 800 Gb/s per eight-GPU node
+    dgx = dataclasses.replace(w, cluster=dataclasses.replace(w.cluster, network_gbps=None))
+    assert dgx.cluster.scale_out_gbps == dgx.cluster.gpu.network_gbps == 25.0
+    across = LayoutConfig(tp=16, mbs=8, recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    inside = LayoutConfig(tp=8, pp=2, mbs=8, recompute="full", recompute_method="uniform", recompute_num_layers=1)
+    assert estimate(w, across).breakdown["tp"] == pytest.approx(2 * estimate(dgx, across).breakdown["tp"])
+    assert estimate(w, inside).breakdown["tp"] == pytest.approx(estimate(dgx, inside).breakdown["tp"])
+    assert estimate(w, inside).breakdown["pp"] > estimate(dgx, inside).breakdown["pp"]  # its stages span nodes
+
+
+def test_gradients_reduced_after_the_backward_are_exposed_in_full():
+    """Older Megatron's local DDP all-reduces after the whole backward (overlap_grad_reduce False): the
+    whole collective is on the step, where the overlapped reduction leaves part of it."""
+    from autotune.cost import TrainingSettings
+
+    w = workload("llama3_8b", gpus=64)
+    layout = LayoutConfig(tp=2, mbs=1)
+    x = estimate_many(w, [layout], settings=TrainingSettings(overlap_grad_reduce=True)).breakdown_s["dp"][0]
+    y = estimate_many(w, [layout], settings=TrainingSettings(overlap_grad_reduce=False)).breakdown_s["dp"][0]
+    assert y > x > 0
+    fp16 = estimate_many(w, [layout], settings=TrainingSettings(grad_reduce_in_fp32=False,
+                                                                  overlap_grad_reduce=False)).breakdown_s["dp"][0]
+    assert fp16 == pytest.approx(y / 2)  # an all-reduce of 2-byte instead of 4-byte gradients

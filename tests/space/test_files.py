@@ -60,3 +60,22 @@ def test_invalid_yaml_names_file_and_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_space(str(path))
     assert str(path) in str(info.value) and "line" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["nan", ".inf", "-12.5", "0", "1e-300", "1000", "'12.5'", "true", "[12.5]"])
+def test_a_cluster_bandwidth_that_is_not_a_bandwidth_is_refused(tmp_path, value):
+    path = _write_variant(tmp_path, "  gpu: h100\n", f"  gpu: h100\n  network_gbps: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert "'defaults.network_gbps'" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_space_states_its_clusters_bandwidth_for_its_own_gpu_only(tmp_path):
+    from autotune.space import make_workload
+
+    space = load_space(str(_write_variant(tmp_path, "  gpu: h100\n", "  gpu: h100\n  network_gbps: 25\n")))
+    assert make_workload(space).cluster.scale_out_gbps == 25.0
+    assert make_workload(space, gpu="h100").cluster.scale_out_gbps == 25.0
+    # another GPU type is another cluster: its own DGX figure
+    assert make_workload(space, gpu="b200").cluster.scale_out_gbps == 50.0
+    assert make_workload(load_space("qwen3_30b")).cluster.scale_out_gbps == 50.0
