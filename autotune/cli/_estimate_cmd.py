@@ -24,7 +24,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from autotune.space import policy_violations, violations
 
     space, workload = load_space_and_workload(args)
-    layout, filled = with_recipe_defaults(knob_flags(args), workload)
+    layout, filled = with_recipe_defaults(knob_flags(args), workload, space.domains)
     bad = violations(layout, workload)
     if bad:
         details = "; ".join(f"{v.rule}: {v.message}" for v in bad)

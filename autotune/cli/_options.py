@@ -78,22 +78,27 @@ def layout_from_flags(args: argparse.Namespace) -> LayoutConfig:
     return LayoutConfig.from_mapping(knob_flags(args))
 
 
-def with_recipe_defaults(given: dict[str, Any], workload: Workload) -> tuple[LayoutConfig, dict[str, Any]]:
+def with_recipe_defaults(given: dict[str, Any], workload: Workload,
+                         domains: dict[str, tuple[Any, ...]] | None = None) -> tuple[LayoutConfig, dict[str, Any]]:
     """The layout `given` describes, every knob it leaves out taken from the model's recipe, and those
     taken values (what `estimate` and `check` print, so nobody mistakes a filled knob for a given one).
 
     Where the recipe's value belongs to a knob the user changed, the filled value follows the change:
     sequence parallelism is on exactly when TP > 1 (every Bridge recipe pairs them); a recipe's virtual
     pipeline belongs to its PP; recompute method and layers exist only with full recompute; expert
-    knobs stay 1 on a dense model. The performance knobs keep the recipe's values (None).
+    knobs stay 1 on a dense model. The performance knobs keep the recipe's values (None). A knob
+    whose space (`domains`) allows one value only takes that value (the vTrain spaces: no sequence
+    parallelism, whatever TP): the space says what the cluster's framework can run.
     """
     recipe = LayoutConfig.from_mapping(workload.model.defaults.layout).to_dict()
     values = {name: coerce_knob(name, value) for name, value in given.items()}
     filled: dict[str, Any] = {}
 
     def fill(name: str, value: Any) -> None:
+        only = (domains or {}).get(name, ())
         if name not in values:
-            values[name] = filled[name] = value
+            # a knob that does not exist in this layout (None) stays absent whatever the space lists
+            values[name] = filled[name] = only[0] if len(only) == 1 and value is not None else value
 
     for name in ("tp", "pp", "cp", "ep", "etp", "mbs", "dist_opt", "recompute"):
         fill(name, recipe[name])

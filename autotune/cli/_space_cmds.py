@@ -119,7 +119,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         given = [_given(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
     for values in given:
-        config, filled = with_recipe_defaults(values, workload)
+        config, filled = with_recipe_defaults(values, workload, space.domains)
         bad = violations(config, workload)
         policy = policy_violations(config, workload, space.policy)
         print(json.dumps({"config": config.to_dict(), "legal": not bad, "filled_from_recipe": filled,

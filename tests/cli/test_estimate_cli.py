@@ -47,6 +47,12 @@ def test_knobs_left_out_take_the_recipes_values_and_are_named(cli):
     tp2 = json.loads(cli("estimate", "--model", "llama3_70b", "--gpus", "32", "--tp", "8", "--pp", "2",
                          "--json").stdout)
     assert tp2["config"]["sp"] is True and tp2["filled_from_recipe"]["vpp"] == 1
+    # ... unless the space allows one value only: the vTrain sweeps ran without sequence parallelism, and
+    # a knob that does not exist (recompute method without full recompute) stays absent
+    vtrain = json.loads(cli("estimate", "--model", "vtrain_gpt_3p6b", "--tp", "16", "--recompute", "none",
+                            "--json").stdout)
+    assert vtrain["config"]["sp"] is False and vtrain["filled_from_recipe"]["sp"] is False
+    assert vtrain["config"]["recompute_method"] is None
 
 
 def test_performance_knob_flags_reach_the_cost_model(cli):
