@@ -104,7 +104,7 @@ class Truth:
 
 
 def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1,
-              believe: bool = True):
+              believe: bool = True, run_noise: float = RUN_NOISE):
     from autotune.controller import strategies
 
     strategies.BELIEVE_PENDING = believe  # --naive-batch: in this (worker) process, for this study
@@ -114,7 +114,7 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     study = create_study(repo, name="bench", space=truth.space, workload=truth.workload, budget=budget,
                          sampler=sampler, backend="simulate", seed=seed,
                          backend_options={"landscape_seed": 1000 + seed, "landscape": family,
-                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": RUN_NOISE},
+                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": run_noise},
                          # these landscapes judge layouts; performance knobs: benchmarks/knob_tuning.py
                          options={"knob_share": 0.0})
     controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency)
@@ -140,10 +140,11 @@ def _study_job(job: tuple) -> tuple:
 
 
 def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str,
-            concurrency: int = 1, believe: bool = True) -> list[tuple]:
+            concurrency: int = 1, believe: bool = True, run_noise: float = RUN_NOISE) -> list[tuple]:
     """The studies of one row (every seed), in the worker processes when there are any. The parent's
     landscapes are sent to them (pickled in under a second; rebuilding one takes ~7 s at 64 GPUs)."""
-    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe) for seed, t in zip(seeds, truths)]
+    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise)
+            for seed, t in zip(seeds, truths)]
     if pool is None:
         return [run_study(*job) for job in jobs]
     return pool.map(_study_job, jobs, chunksize=1)
@@ -200,6 +201,17 @@ def public_main(args) -> None:
                           f"{statistics.median(r[2] for r in runs):>8.1f}", flush=True)
 
 
+def noise_share(text: str) -> float:
+    """A per-run noise bound: a finite share in [0, 0.5] (a run more than 50% off is no measurement)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not 0.0 <= value <= 0.5:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be within [0, 0.5], not {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -226,6 +238,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="runs in flight at once (the in-process dispatcher holds each run's result back "
                              "until this many have started, as a cluster with room for that many would)")
+    parser.add_argument("--run-noise", type=noise_share, default=RUN_NOISE,
+                        help=f"per-run throughput noise of the hidden landscapes, uniform within +-this share "
+                             f"(default {RUN_NOISE}); 0 shows what the search loses to exploration alone")
     parser.add_argument("--naive-batch", action="store_true",
                         help="with --concurrency: propose as before this version, ignoring the runs in flight "
                              "(the top of one expected improvement), for comparison")
@@ -262,7 +277,7 @@ def main() -> None:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
                         runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency,
-                                       not args.naive_batch)
+                                       not args.naive_batch, args.run_noise)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)
