@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import keyword
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autotune._numbers import is_finite_number
 from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
 from autotune.config import KNOBS, PERF_KNOBS, PRECISIONS, LayoutConfig, coerce_knob
 from autotune.errors import ConfigError
@@ -242,10 +242,9 @@ class _Reader:
         network = d.get("network_gbps")
         if network is not None:
             # a bandwidth the step time divides by: finite, and within what a NIC can give one GPU
-            ok = isinstance(network, (int, float)) and not isinstance(network, bool) and math.isfinite(network)
-            if not ok or not MIN_NETWORK_GBPS <= network <= MAX_NETWORK_GBPS:
+            if not is_finite_number(network) or not MIN_NETWORK_GBPS <= network <= MAX_NETWORK_GBPS:
                 raise self.fail("defaults.network_gbps", f"must be a number of GB/s per GPU in "
-                                f"[{MIN_NETWORK_GBPS:g}, {MAX_NETWORK_GBPS:g}], got {network!r}")
+                                f"[{MIN_NETWORK_GBPS:g}, {MAX_NETWORK_GBPS:g}], got {str(network)[:40]!r}")
             network = float(network)
         return RecipeDefaults(d["gpus"], d["gpus_per_node"], str(d["gpu"]), d["global_batch_size"],
                               d["seq_length"], d["precision"], layout.to_dict(), network)
