@@ -240,6 +240,18 @@ def _as_bool(name: str, value: Any) -> bool:
     raise ConfigError(f"knob {name} must be true or false, got {value!r}")
 
 
+# A cluster's own scale-out bandwidth per GPU, GB/s: at most four times a GB300 GPU's 800 Gb/s NIC, at
+# least 1 Gb/s Ethernet (below it no training job spans nodes); outside, a typo (Gb/s written for GB/s)
+MIN_NETWORK_GBPS, MAX_NETWORK_GBPS = 0.1, 400.0
+
+
+def is_network_gbps(value: Any) -> bool:
+    """A scale-out bandwidth per GPU a cluster can have (GB/s, finite, within the bounds above)."""
+    from autotune._numbers import is_finite_number
+
+    return is_finite_number(value) and MIN_NETWORK_GBPS <= value <= MAX_NETWORK_GBPS
+
+
 @dataclass(frozen=True)
 class Cluster:
     """GPUs available to one trial: `gpus` in nodes of `gpus_per_node`, all of type `gpu`."""
@@ -268,7 +280,10 @@ class Cluster:
         return self.gpus_per_node
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "gpu": self.gpu.name}
+        out: dict[str, Any] = {"gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "gpu": self.gpu.name}
+        if self.network_gbps is not None:  # only when the cluster has its own: older records lack the key
+            out["network_gbps"] = self.network_gbps
+        return out
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def workload_from_spec(spec: TrialSpec) -> Workload:
     space = load_space(spec.backend_options.get("space_source") or spec.model)
     return make_workload(space, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, gpu=spec.gpu,
                          global_batch_size=spec.global_batch_size, seq_length=spec.seq_length,
-                         precision=spec.precision)
+                         precision=spec.precision, network_gbps=spec.backend_options.get("network_gbps"))
 
 
 def landscape_from_options(opts: dict) -> Landscape | None:

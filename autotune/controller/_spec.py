@@ -3,6 +3,7 @@ protocol's input) and the model's prediction stored beside the measurement."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from autotune.backends import TrialSpec
@@ -12,7 +13,7 @@ from autotune.controller.state import SearchState
 from autotune.cost import estimate
 from autotune.megatron import benchmark_only
 from autotune.megatron.overrides import layout_overrides
-from autotune.space import SearchSpace
+from autotune.space import SearchSpace, space_dir
 from autotune.storage import Study
 
 
@@ -20,8 +21,11 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                attempt: int, config: LayoutConfig) -> TrialSpec:
     w = workload
     backend_options = dict(study.backend_options)
-    if space.source and not space.source.endswith(f"{w.model.name}.yaml"):
+    if space.source and Path(space.source).resolve() != (space_dir() / f"{w.model.name}.yaml").resolve():
         backend_options["space_source"] = space.source  # the worker rebuilds the model from the same file
+    if w.cluster.network_gbps is not None:
+        # the study's own figure (stored with it), not whatever the space file says when the worker reads it
+        backend_options["network_gbps"] = w.cluster.network_gbps
     return TrialSpec(study=study.name, trial=number, model=w.model.name, gpus=w.cluster.gpus,
                      gpus_per_node=w.cluster.gpus_per_node, gpu=w.cluster.gpu.name,
                      global_batch_size=w.global_batch_size, seq_length=w.seq_length, precision=w.precision,

@@ -46,7 +46,9 @@ class TrainingSettings:
 
     grad_reduce_in_fp32: bool = True
     # gradients reduced while the backward runs (Megatron's overlap_grad_reduce / param gather, and DDP
-    # bucketing); False = older Megatron's local DDP, which all-reduces after the whole backward
+    # bucketing); False = older Megatron's local DDP, which all-reduces after the whole backward. Not the
+    # performance knob of the same name (cost/knobs.py rescales an overlapped DP term relative to the
+    # recipe's value): the benchmarks set this one for software that has no such knob (vTrain's sweeps)
     overlap_grad_reduce: bool = True
 
     @property

@@ -100,7 +100,7 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
                         flops: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                         settings: TrainingSettings = DEFAULT_SETTINGS) -> dict[str, np.ndarray]:
     """Seconds per term (see the module docstring); `flops` is flops_arrays(x, w) when the caller has it;
-    `settings` says in which precision gradients are reduced."""
+    `settings` says in which precision gradients are reduced and whether the reduction overlaps the backward."""
     a = w.model.architecture
     gpu = w.cluster.gpu
     world, s, h = w.cluster.gpus, w.seq_length, a.hidden_size

@@ -18,18 +18,14 @@ from typing import Any
 
 import yaml
 
-from autotune._numbers import is_finite_number
 from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
-from autotune.config import KNOBS, PERF_KNOBS, PRECISIONS, LayoutConfig, coerce_knob
+from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS, LayoutConfig,
+                             coerce_knob, is_network_gbps)
 from autotune.errors import ConfigError
 from autotune.space._arch_checks import architecture_problem
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
-# scale-out bandwidth per GPU, GB/s: four times a GB300 GPU's 800 Gb/s NIC; a larger figure in a space
-# file is a typo (Gb/s written for GB/s)
-MAX_NETWORK_GBPS = 400.0
-MIN_NETWORK_GBPS = 0.1  # below 1 Gb/s Ethernet no training job spans nodes
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
 
 
@@ -110,6 +106,8 @@ def _load_path(path: str) -> SearchSpace:
         raise ConfigError(f"{path} is not a text file (invalid UTF-8): a search space is YAML") from None
     except RecursionError:
         raise ConfigError(f"{path} nests too deeply to be a search space") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info)
+        raise ConfigError(f"{path} holds a value YAML cannot read as a number ({str(exc)[:120]})") from None
     except OSError as exc:
         raise ConfigError(f"cannot read search space file {path}: {exc.strerror}") from None
     return _Reader(path).space(document)
@@ -241,8 +239,7 @@ class _Reader:
             raise self.fail("defaults.layout", str(exc)) from None
         network = d.get("network_gbps")
         if network is not None:
-            # a bandwidth the step time divides by: finite, and within what a NIC can give one GPU
-            if not is_finite_number(network) or not MIN_NETWORK_GBPS <= network <= MAX_NETWORK_GBPS:
+            if not is_network_gbps(network):
                 raise self.fail("defaults.network_gbps", f"must be a number of GB/s per GPU in "
                                 f"[{MIN_NETWORK_GBPS:g}, {MAX_NETWORK_GBPS:g}], got {str(network)[:40]!r}")
             network = float(network)

@@ -6,15 +6,18 @@ import dataclasses
 from typing import Any
 
 from autotune.catalog import get_gpu
-from autotune.config import PRECISIONS, Cluster, Workload
+from autotune.config import MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PRECISIONS, Cluster, Workload, is_network_gbps
 from autotune.errors import ConfigError
 from autotune.space._files import SearchSpace, load_space
 
 
 def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
                   gpu: str | None = None, global_batch_size: int | None = None,
-                  seq_length: int | None = None, precision: str | None = None) -> Workload:
-    """The workload of `space`'s model with the given overrides of its recipe defaults."""
+                  seq_length: int | None = None, precision: str | None = None,
+                  network_gbps: float | None = None) -> Workload:
+    """The workload of `space`'s model with the given overrides of its recipe defaults. `network_gbps`
+    (the cluster's scale-out bandwidth per GPU, as a stored study or a trial spec carries it) overrides
+    the space's `defaults.network_gbps`, which describes only the space's own GPU type."""
     defaults = space.model.defaults
     gpu_type = get_gpu(gpu or defaults.gpu)
     gpus = defaults.gpus if gpus is None else gpus
@@ -38,8 +41,12 @@ def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node:
     if precision not in gpu_type.peak_tflops:
         raise ConfigError(f"{gpu_type.display_name} has no {precision} tensor cores "
                           f"(it has: {', '.join(gpu_type.peak_tflops)})")
+    if network_gbps is not None and not is_network_gbps(network_gbps):
+        raise ConfigError(f"network bandwidth must be a number of GB/s per GPU in [{MIN_NETWORK_GBPS:g}, "
+                          f"{MAX_NETWORK_GBPS:g}], got {str(network_gbps)[:40]!r}")
     # the space's own cluster bandwidth describes its default GPU's cluster, not one of another type
     network = defaults.network_gbps if gpu_type.name == get_gpu(defaults.gpu).name else None
+    network = network if network_gbps is None else float(network_gbps)
     return Workload(space.model, Cluster(gpus, min(gpus_per_node, gpus), gpu_type, network), gbs, seq, precision)
 
 
@@ -59,5 +66,5 @@ def study_space_and_workload(study: Any) -> tuple[SearchSpace, Workload]:
     w = study.workload
     workload = make_workload(space, gpus=w["gpus"], gpus_per_node=w["gpus_per_node"], gpu=w["gpu"],
                              global_batch_size=w["global_batch_size"], seq_length=w["seq_length"],
-                             precision=w["precision"])
+                             precision=w["precision"], network_gbps=w.get("network_gbps"))
     return space, workload

@@ -71,7 +71,11 @@ WORKLOAD_KEYS: dict[str, Check] = {"gpus": _positive_count, "gpus_per_node": _po
 
 
 def _workload(value: Any) -> bool:
-    return isinstance(value, dict) and all(key in value and check(value[key]) for key, check in WORKLOAD_KEYS.items())
+    from autotune.config import is_network_gbps
+
+    return (isinstance(value, dict) and all(key in value and check(value[key]) for key, check in WORKLOAD_KEYS.items())
+            # a cluster's own scale-out bandwidth, only when it has one (config.Cluster.to_dict)
+            and _optional(is_network_gbps)(value.get("network_gbps")))
 
 
 def _domains(value: Any) -> bool:
@@ -114,7 +118,8 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
 STUDY_RULES: dict[str, tuple[Check, str]] = {
     "name": (_text, "a text"),
     "model": (_text, "a text"),
-    "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision)"),
+    "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
+                             "network_gbps when the cluster has its own)"),
     "space": (_space, "a space (knob domains as lists)"),
     "budget": (_count, "a count"),
     "sampler": (_text, "a text"),

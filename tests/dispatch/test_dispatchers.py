@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.backends import ResourceRequest
+from autotune.backends.base import TrialStatus
 from autotune.dispatch import DryRunDispatcher, InProcessDispatcher
 from tests.dispatch.dispatcher_suite import DispatcherContract, drain
 from tests.backends.backend_suite import make_spec
@@ -20,7 +21,8 @@ class TestInProcessDispatcherWithSlots(DispatcherContract):
         return InProcessDispatcher("simulate", {"seconds_per_trial": min(seconds_per_trial, 0.2)}, concurrency=3)
 
     def test_results_are_held_back_until_the_oldest_run_ends(self):
-        dispatcher = self.started()
+        # equal-length runs (no step noise): the oldest ends first
+        dispatcher = InProcessDispatcher("simulate", {"seconds_per_trial": 0.0, "noise": 0.0}, concurrency=3)
         try:
             for number in (1, 2, 3):
                 dispatcher.submit(make_spec(trial=number))
@@ -29,6 +31,24 @@ class TestInProcessDispatcherWithSlots(DispatcherContract):
             dispatcher.submit(make_spec(trial=4))
             assert [e.trial for e in dispatcher.poll()] == [2]
             assert sorted(drain(dispatcher, {3, 4})) == [3, 4] and dispatcher.free_slots() == 3
+        finally:
+            dispatcher.shutdown()
+
+    def test_a_short_run_reports_before_a_long_one_started_earlier_on_the_simulated_clock(self):
+        """An OOM shows at start-up (90 s simulated); a completed run also runs its steps (~300 s): with two
+        slots the OOM submitted second reports first, and the clock ends at the longest run's end."""
+        dispatcher = InProcessDispatcher("simulate", {"seconds_per_trial": 0.0, "noise": 0.0}, concurrency=2)
+        try:
+            dispatcher.submit(make_spec(trial=1))  # fits: start-up + steps
+            dispatcher.submit(make_spec(trial=2, config={"ep": 1, "dist_opt": False, "mbs": 1}))  # OOM
+            first = dispatcher.poll()
+            assert [e.trial for e in first] == [2] and first[0].outcome.status == TrialStatus.OOM
+            assert dispatcher.clock_s == pytest.approx(90.0)
+            dispatcher.submit(make_spec(trial=3))  # starts at 90 s
+            second, third = dispatcher.poll(), dispatcher.poll()
+            assert [second[0].trial, third[0].trial] == [1, 3]
+            assert dispatcher.clock_s == pytest.approx(90.0 + third[0].outcome.wall_time_s)  # trial 3 ends last
+            assert dispatcher.poll() == [] and dispatcher.free_slots() == 2
         finally:
             dispatcher.shutdown()
 

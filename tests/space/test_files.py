@@ -62,7 +62,8 @@ def test_invalid_yaml_names_file_and_line(tmp_path):
     assert str(path) in str(info.value) and "line" in str(info.value)
 
 
-@pytest.mark.parametrize("value", ["nan", ".inf", "-12.5", "0", "1e-300", "1000", "1" + "0" * 400, "'12.5'", "true", "[12.5]"])
+@pytest.mark.parametrize("value", [".nan", "nan", ".inf", "-12.5", "0", "1.0e-300", "0.05", "1000", "1" + "0" * 400,
+                                   "'12.5'", "true", "[12.5]"])
 def test_a_cluster_bandwidth_that_is_not_a_bandwidth_is_refused(tmp_path, value):
     path = _write_variant(tmp_path, "  gpu: h100\n", f"  gpu: h100\n  network_gbps: {value}\n")
     with pytest.raises(ConfigError) as info:
@@ -79,3 +80,10 @@ def test_a_space_states_its_clusters_bandwidth_for_its_own_gpu_only(tmp_path):
     # another GPU type is another cluster: its own DGX figure
     assert make_workload(space, gpu="b200").cluster.scale_out_gbps == 50.0
     assert make_workload(load_space("qwen3_30b")).cluster.scale_out_gbps == 50.0
+
+
+def test_a_number_too_long_for_python_is_one_line(tmp_path):
+    path = _write_variant(tmp_path, "  gpu: h100\n", "  gpu: h100\n  network_gbps: 1" + "0" * 5000 + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert str(path) in str(info.value) and "\n" not in str(info.value)

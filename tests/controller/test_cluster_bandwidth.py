@@ -1,0 +1,58 @@
+"""A cluster's own scale-out bandwidth (a space file's defaults.network_gbps) is a fact about the study:
+stored with its workload, sent to the worker with every trial, and not changed by editing the file later."""
+
+from __future__ import annotations
+
+from autotune.backends.simulate import workload_from_spec
+from autotune.config import LayoutConfig
+from autotune.controller._spec import trial_spec
+from autotune.controller.options import StudyOptions
+from autotune.controller.session import create_study
+from autotune.space import load_space, make_workload, space_dir, study_space_and_workload
+from autotune.space._files import _load_path
+from autotune.storage import Repository
+
+
+def _copy(tmp_path, gbps: float):
+    """The vTrain 3.6B space under its own file name in another folder, with another bandwidth."""
+    text = (space_dir() / "vtrain_gpt_3p6b.yaml").read_text()
+    assert "  network_gbps: 12.5\n" in text
+    path = tmp_path / "vtrain_gpt_3p6b.yaml"
+    path.write_text(text.replace("  network_gbps: 12.5\n", f"  network_gbps: {gbps}\n"))
+    return path
+
+
+def test_the_studys_bandwidth_is_stored_and_reaches_the_worker(tmp_path):
+    path = _copy(tmp_path, 6.25)
+    space = load_space(str(path))
+    workload = make_workload(space)
+    assert workload.cluster.scale_out_gbps == 6.25
+    repo = Repository.open(f"sqlite:///{tmp_path / 'bw.db'}")
+    study = create_study(repo, name="bw", space=space, workload=workload, budget=2, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    assert repo.get_study("bw").workload["network_gbps"] == 6.25
+    # the file changes after the study started: the study keeps what it was created with
+    path.write_text(path.read_text().replace("  network_gbps: 6.25\n", "  network_gbps: 3.0\n"))
+    _load_path.cache_clear()  # as a process that reads the file now would
+    stored_space, stored = study_space_and_workload(repo.get_study("bw"))
+    assert stored.cluster.scale_out_gbps == 6.25
+    # a copy named like the installed file is still another file: the worker reads the same one, and the
+    # study's bandwidth travels with the trial whatever the file says by then
+    spec = trial_spec(study, stored_space, stored, StudyOptions(), 1, 1, LayoutConfig(tp=16, mbs=8))
+    assert spec.backend_options["space_source"] == str(path)
+    assert spec.backend_options["network_gbps"] == 6.25
+    assert workload_from_spec(spec).cluster.scale_out_gbps == 6.25
+    repo.close()
+
+
+def test_a_study_of_an_installed_space_without_its_own_bandwidth_stores_none(tmp_path):
+    space = load_space("llama3_8b")
+    workload = make_workload(space, gpus=16)
+    repo = Repository.open(f"sqlite:///{tmp_path / 'plain.db'}")
+    study = create_study(repo, name="plain", space=space, workload=workload, budget=2, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    assert "network_gbps" not in repo.get_study("plain").workload  # records as every earlier version wrote
+    spec = trial_spec(study, space, workload, StudyOptions(), 1, 1, LayoutConfig())
+    assert "network_gbps" not in spec.backend_options and "space_source" not in spec.backend_options
+    assert workload_from_spec(spec).cluster.scale_out_gbps == workload.cluster.gpu.network_gbps
+    repo.close()
