@@ -374,7 +374,7 @@ def test_two_slots_freed_at_once_never_run_the_same_remeasurement_twice(tmp_path
 
         def submit(self, spec) -> None:
             super().submit(spec)
-            self._held.append(self._done.pop())
+            self._held.append(self._done.pop()[-1])  # (simulated end, submission number, event): the event
 
         def poll(self, timeout_s: float = 0.0):
             done, self._held = self._held, []
