@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autotune.cli._checks import positive
-from autotune.config import (ALL_KNOBS, KNOBS, PERF_BOOL_KNOBS, PERF_CHOICES, PERF_KNOBS, RECOMPUTE_MODULES,
-                             LayoutConfig, Workload, coerce_knob)
+from autotune.cli._checks import float_in, positive
+from autotune.config import (ALL_KNOBS, KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_BOOL_KNOBS, PERF_CHOICES,
+                             PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload, coerce_knob)
 from autotune.errors import ConfigError
 
 
@@ -24,6 +24,10 @@ def add_workload_options(parser: argparse.ArgumentParser, model_required: bool =
     group.add_argument("--seq-length", type=positive("--seq-length"),
                        help="tokens per sequence (default: the recipe's)")
     group.add_argument("--precision", help="bf16, fp8, mxfp8 or nvfp4")
+    group.add_argument("--network-gbps", type=float_in(MIN_NETWORK_GBPS, MAX_NETWORK_GBPS, what="--network-gbps"),
+                       help="the cluster's scale-out bandwidth per GPU, GB/s one direction, when it is not the "
+                            "GPU type's DGX figure (e.g. 25 for a DGX H100 with half its NICs); default: the "
+                            "space file's defaults.network_gbps, else the GPU type's")
 
 
 def add_fix_option(parser: argparse.ArgumentParser) -> None:
@@ -144,14 +148,14 @@ def load_space_and_workload(args: argparse.Namespace):
         space = space.fixed(fixes)
     workload = make_workload(space, gpus=args.gpus, gpus_per_node=args.gpus_per_node, gpu=args.gpu,
                              global_batch_size=args.global_batch_size, seq_length=args.seq_length,
-                             precision=args.precision)
+                             precision=args.precision, network_gbps=getattr(args, "network_gbps", None))
     return space, workload
 
 
 def workload_summary(workload: Workload) -> str:
     c = workload.cluster
     # a cluster bandwidth the space states is shown: it is not the GPU type's, and it changes the estimate
-    network = f", scale-out {c.network_gbps:g} GB/s/GPU (space file)" if c.network_gbps is not None else ""
+    network = f", scale-out {c.network_gbps:g} GB/s/GPU" if c.network_gbps is not None else ""
     return (f"{workload.model.display_name} on {c.gpus}x {c.gpu.display_name} ({c.nodes} node(s) of "
             f"{c.gpus_per_node}{network}), GBS {workload.global_batch_size}, seq {workload.seq_length}, "
             f"{workload.precision}")

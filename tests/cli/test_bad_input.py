@@ -65,6 +65,8 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
     ("  account_for_loss: false", "  account_for_loss: false\n  layouts: 5", "pipeline.layouts"),
     ("  account_for_loss: false", "  account_for_loss: false\n  layouts: [5]", "pipeline.layouts"),
     ("name: qwen3_30b", "name: \"x(): pass\\n__import__('os').system('touch PWNED')\\ndef y\"", "key 'name'"),
+    ("  gpu: h100", "  gpu: h100\n  network_gbps: .inf", "defaults.network_gbps"),
+    ("  gpu: h100", "  gpu: h100\n  network_gbps: 1" + "0" * 5000, "cannot read as a number"),
 ]
 
 CASES = [  # (id, argv with placeholders, words of the error)
@@ -105,6 +107,10 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-1e-6-ms", ["import-log", "{log_tiny}", "--study", "demo", "--storage", "{url}"],
      "impossible figures"),
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
+    ("network-gbps-nan", [*START, "--network-gbps", "nan", "--storage", "{url}"], "--network-gbps"),
+    ("network-gbps-zero", [*START, "--network-gbps", "0", "--storage", "{url}"], "--network-gbps"),
+    ("network-gbps-gb-per-s-as-gbit", [*START, "--network-gbps", "3200", "--storage", "{url}"], "--network-gbps"),
+    ("network-gbps-400-digits", [*START, "--network-gbps", "1" + "0" * 400, "--storage", "{url}"], "--network-gbps"),
 ]
 
 

@@ -64,3 +64,15 @@ def test_performance_knob_flags_reach_the_cost_model(cli):
     assert overlap["config"]["ep_overlap"] is True and overlap["step_time_s"] < base["step_time_s"]
     refused = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--tp-comm-overlap")
     assert refused.returncode == 2 and "perf_knob_needs_its_parent" in refused.stderr
+
+
+def test_the_clusters_own_bandwidth_changes_what_crosses_nodes_and_is_said(cli):
+    """--network-gbps: a DGX H100 with half its NICs makes the 16-GPU expert group's all-to-all slower; the
+    estimate names the figure and its JSON workload carries it (a study stores it the same way)."""
+    dgx = json.loads(cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--json").stdout)
+    half = json.loads(cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--network-gbps", "25",
+                          "--json").stdout)
+    assert "network_gbps" not in dgx["workload"] and half["workload"]["network_gbps"] == 25.0
+    assert half["breakdown"]["ep"] > dgx["breakdown"]["ep"] and half["step_time_s"] > dgx["step_time_s"]
+    table = cli("estimate", "--model", "qwen3_30b", "--gpus", "16", "--ep", "16", "--network-gbps", "25")
+    assert "scale-out 25 GB/s/GPU" in " ".join(table.stdout.split())
