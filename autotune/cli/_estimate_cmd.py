@@ -51,7 +51,8 @@ def _print_table(workload, layout, result, filled) -> None:
     console.print(workload_summary(workload))
     console.print(f"layout: [bold]{layout.short()}[/bold]")
     if filled:
-        console.print(f"taken from the recipe or the space's only value (not given): {filled_text(filled)}", markup=False)
+        console.print(f"taken from the recipe or the space's only value (not given): {filled_text(filled)}",
+                      markup=False)
     console.print(f"step {result.step_time_s:.3f} s | {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU | "
                   f"{result.tflops_per_gpu:.0f} TFLOP/s/GPU | MFU {result.mfu:.1%} (of dense BF16 peak) | "
                   f"peak memory {result.peak_mem_gib:.1f} / {result.memory_limit_gib:g} GiB "

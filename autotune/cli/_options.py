@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from autotune.cli._checks import float_in, positive
-from autotune.config import (ALL_KNOBS, KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_BOOL_KNOBS, PERF_CHOICES,
+from autotune.config import (ALL_KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_BOOL_KNOBS, PERF_CHOICES,
                              PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload, coerce_knob)
 from autotune.errors import ConfigError
 

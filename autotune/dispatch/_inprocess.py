@@ -55,7 +55,8 @@ class InProcessDispatcher(Dispatcher):
         # a run starts when it is submitted (a slot was free at clock_s) and lasts what its outcome says;
         # a missing or non-physical wall time counts as instantaneous rather than stalling the clock
         duration_s = outcome.wall_time_s if is_positive_finite(outcome.wall_time_s) else 0.0
-        heapq.heappush(self._done, (self.clock_s + duration_s, self._submitted, TrialEvent(spec.trial, reports, outcome)))
+        event = TrialEvent(spec.trial, reports, outcome)
+        heapq.heappush(self._done, (self.clock_s + duration_s, self._submitted, event))
         self._submitted += 1
 
     def poll(self, timeout_s: float = 0.0) -> list[TrialEvent]:
