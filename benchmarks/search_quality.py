@@ -242,8 +242,9 @@ def main() -> None:
                         help="run each row's seeds in this many processes (the same studies; ms/trial then "
                              "measures a loaded machine)")
     parser.add_argument("--concurrency", type=positive_int, default=1,
-                        help="runs in flight at once (the in-process dispatcher holds each run's result back "
-                             "until this many have started, as a cluster with room for that many would)")
+                        help="runs in flight at once, as on a cluster with room for that many: the in-process "
+                             "dispatcher's simulated clock reports the run that ends first and a new run takes "
+                             "its slot")
     parser.add_argument("--run-noise", type=noise_share, default=RUN_NOISE,
                         help=f"per-run throughput noise of the hidden landscapes, uniform within +-this share "
                              f"(default {RUN_NOISE}); 0 shows what the search loses to exploration alone")
