@@ -30,11 +30,12 @@ def _age_s(started: dt.datetime | None, now: dt.datetime) -> float:
     return (now - started).total_seconds()
 
 
-def abandoned(optuna_study, recorded: dict[int, Any], stale_s: float) -> list[tuple[int, Any]]:
-    """(Optuna number, autotune trial or None) of RUNNING Optuna trials whose owner stopped."""
+def abandoned(open_trials: list, recorded: dict[int, Any], stale_s: float) -> list[tuple[int, Any]]:
+    """(Optuna number, autotune trial or None) of the RUNNING / WAITING Optuna trials `open_trials`
+    whose owner stopped."""
     found = []
     local_now = dt.datetime.now()  # Optuna stamps datetime_start with the local naive time
-    for trial in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+    for trial in open_trials:
         mine = recorded.get(trial.number)
         if mine is None:
             if _age_s(trial.datetime_start, local_now) > stale_s:
@@ -48,12 +49,12 @@ def abandoned(optuna_study, recorded: dict[int, Any], stale_s: float) -> list[tu
 def reconcile(repo, study_id: int, optuna, stale_s: float, tell_trial) -> None:
     """Settle the Optuna trials a dead controller left RUNNING: an unrecorded proposal is failed;
     one whose autotune trial was recorded gets that trial's outcome through `tell_trial(number, trial)`."""
+    open_trials = optuna.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
     local_now = dt.datetime.now()
-    if not any(_age_s(t.datetime_start, local_now) > stale_s
-               for t in optuna.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))):
+    if not any(_age_s(t.datetime_start, local_now) > stale_s for t in open_trials):
         return  # only a proposal older than stale_s can be abandoned: no need to read every row of the record
     recorded = {t.optuna_trial_number: t for t in repo.trials(study_id) if t.optuna_trial_number is not None}
-    for number, trial in abandoned(optuna.study, recorded, stale_s):
+    for number, trial in abandoned(open_trials, recorded, stale_s):
         if trial is None:
             optuna.tell_fail(number, {"status": "not_dispatched", "reason": "controller_stopped",
                                       "message": "the controller stopped before recording this proposal"})

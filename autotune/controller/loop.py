@@ -215,11 +215,11 @@ class Controller:
 
     def _fill_slots(self) -> None:
         while self.dispatcher.free_slots() > 0 and not self._exhausted:
-            dispatched = self.repo.counts(self.study.id)["dispatched"]
-            if dispatched >= self.study.budget:
+            used = self.repo.counts(self.study.id)["dispatched"]
+            if used >= self.study.budget:
                 return  # checked before asking Optuna; claim_dispatch still guards against races
             # the budget used so far, other controllers' runs included (the strategies plan by it)
-            self.state.dispatched = dispatched
+            self.state.dispatched = used
             tick = time.perf_counter()
             dispatched = self._dispatch_one()
             self.controller_seconds += time.perf_counter() - tick
