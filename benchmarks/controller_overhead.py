@@ -21,8 +21,9 @@ from pathlib import Path
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from search_quality import RUN_NOISE, Truth, positive_int  # noqa: E402
+from search_quality import RUN_NOISE, Truth  # noqa: E402
 
+from autotune.cli._checks import positive  # noqa: E402
 from autotune.controller.session import build_controller, create_study  # noqa: E402
 from autotune.storage import Repository  # noqa: E402
 
@@ -31,7 +32,8 @@ CASES = [("qwen3_30b", 16), ("qwen3_30b", 64), ("llama3_70b", 64)]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=positive_int, default=1, help="runs in flight at once (in-process dispatcher)")
+    parser.add_argument("--concurrency", type=positive("--concurrency"), default=1,
+                        help="runs in flight at once (in-process dispatcher)")
     args = parser.parse_args()
     print(f"{'case':<16} {'setup s':>8} {'ms/trial':>9}   ({args.concurrency} run(s) in flight)")
     for model, gpus in CASES:

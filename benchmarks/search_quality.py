@@ -65,6 +65,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from autotune.backends._landscapes import Landscape  # noqa: E402
+from autotune.cli._checks import float_in, positive  # noqa: E402
 from autotune.controller.recommend import recommend  # noqa: E402
 from autotune.controller.session import build_controller, create_study  # noqa: E402
 from autotune.cost import estimate_many  # noqa: E402
@@ -207,24 +208,6 @@ def public_main(args) -> None:
                           f"{statistics.median(r[2] for r in runs):>8.1f}", flush=True)
 
 
-def noise_share(text: str) -> float:
-    """A per-run noise bound: a finite share in [0, 0.5] (a run more than 50% off is no measurement)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
-    if not 0.0 <= value <= 0.5:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"must be within [0, 0.5], not {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -241,11 +224,11 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=1,
                         help="run each row's seeds in this many processes (the same studies; ms/trial then "
                              "measures a loaded machine)")
-    parser.add_argument("--concurrency", type=positive_int, default=1,
+    parser.add_argument("--concurrency", type=positive("--concurrency"), default=1,
                         help="runs in flight at once, as on a cluster with room for that many: the in-process "
                              "dispatcher's simulated clock reports the run that ends first and a new run takes "
                              "its slot")
-    parser.add_argument("--run-noise", type=noise_share, default=RUN_NOISE,
+    parser.add_argument("--run-noise", type=float_in(0.0, 0.5, what="--run-noise"), default=RUN_NOISE,
                         help=f"per-run throughput noise of the hidden landscapes, uniform within +-this share "
                              f"(default {RUN_NOISE}); 0 shows what the search loses to exploration alone")
     parser.add_argument("--naive-batch", action="store_true",

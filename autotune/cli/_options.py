@@ -99,8 +99,8 @@ def with_recipe_defaults(given: dict[str, Any], workload: Workload,
     filled: dict[str, Any] = {}
 
     def fill(name: str, value: Any) -> None:
-        only = (domains or {}).get(name, ())
         if name not in values:
+            only = (domains or {}).get(name, ())
             # a knob that does not exist in this layout (None) stays absent whatever the space lists
             values[name] = filled[name] = only[0] if len(only) == 1 and value is not None else value
 
@@ -154,7 +154,7 @@ def load_space_and_workload(args: argparse.Namespace):
 
 def workload_summary(workload: Workload) -> str:
     c = workload.cluster
-    # a cluster bandwidth the space states is shown: it is not the GPU type's, and it changes the estimate
+    # a cluster's own bandwidth (--network-gbps or the space file) is shown: it changes the estimate
     network = f", scale-out {c.network_gbps:g} GB/s/GPU" if c.network_gbps is not None else ""
     return (f"{workload.model.display_name} on {c.gpus}x {c.gpu.display_name} ({c.nodes} node(s) of "
             f"{c.gpus_per_node}{network}), GBS {workload.global_batch_size}, seq {workload.seq_length}, "
