@@ -152,6 +152,7 @@ def rich_table(board: Board, title: str | None = None):
     """The leaderboard for a terminal: the table (fitted to the console's width; the baseline pinned
     under a rule when `top` cut it off) and a legend of the abbreviations it shows."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.text import Text
 
     from autotune._tables import Col, FittedTable
@@ -161,8 +162,10 @@ def rich_table(board: Board, title: str | None = None):
                          Col("tok/s/GPU", "right"), Col("TFLOP/s", "right", optional=3), Col("MFU", "right"),
                          Col("step s", "right", optional=2), Col("mem GiB", "right"), Col("vs recipe", "right"),
                          Col("note", wrap=True, optional=1)],
-                        title=title or f"{board.study.name}: leaderboard"
-                        + (f" [{board.summary['benchmark_only']}]" if board.summary.get("benchmark_only") else ""))
+                        # a title is markup: the study's name and the note are text
+                        title=escape(title or f"{board.study.name}: leaderboard"
+                                     + (f" [{board.summary['benchmark_only']}]" if board.summary.get("benchmark_only")
+                                        else "")))
     for row in board.rows:
         table.add_row(*_cells(row))
     if board.pinned:

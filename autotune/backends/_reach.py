@@ -7,6 +7,7 @@ import socket
 from autotune.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 10.0
+RAY_CLIENT_PORT = 10001  # Ray Client's port when a ray:// address names none
 
 
 def split_address(address: str) -> tuple[str, int] | None:
@@ -14,7 +15,8 @@ def split_address(address: str) -> tuple[str, int] | None:
     text = address.removeprefix("ray://")
     host, sep, port = text.rpartition(":")
     if not sep:
-        return None
+        # `ray://host` is Ray Client's default port; a bare word other than auto/local is no address
+        return (text, RAY_CLIENT_PORT) if address.startswith("ray://") and text else None
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--ray-address {address!r}: the port must be a number in 1..65535")
     return host.strip("[]") or "127.0.0.1", int(port)

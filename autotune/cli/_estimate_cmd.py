@@ -48,7 +48,7 @@ def _print_table(workload, layout, result, filled) -> None:
     from autotune.cli._options import workload_summary
 
     console = Console()
-    console.print(workload_summary(workload))
+    console.print(workload_summary(workload), markup=False)  # the model's name is text
     console.print(f"layout: [bold]{layout.short()}[/bold]")
     if filled:
         console.print(f"taken from the recipe or the space's only value (not given): {filled_text(filled)}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -34,23 +35,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune.cli._study_cmds import open_repo
 
     repo = open_repo(args, read_only=True)
+    if args.output:
+        _check_output(args.output, repo.url)
     study = repo.get_study(args.study)
     try:
         if args.format == "table":
             frame = export.table_frame(repo, study)
             if args.output and Path(args.output).suffix in (".parquet", ".pq"):
-                frame.to_parquet(args.output, index=False)
+                _write(args.output, lambda path: frame.to_parquet(path, index=False))
             else:
                 _write(args.output, frame.to_csv(index=False))
             what = f"a replay table of {len(frame)} trial(s) (completed, OOM and failed) of study {study.name!r}"
         else:
             text = export.render(repo, study, args.format, args.trial, args.allow_benchmark_settings)
+            # everything the note needs is read before the file is written
+            what = _what(repo, study, args)
             if args.trial is None:
                 warning = export.risk_warning(repo, study)
                 if warning:
                     print(warning, file=sys.stderr)
             _write(args.output, text)
-            what = _what(repo, study, args)
     except OSError as exc:  # a missing or read-only folder, a full disk
         raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     # without -o the export itself is on stdout, so the note goes to stderr
@@ -58,11 +62,73 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(output: str | None, text: str) -> None:
-    if output:
-        Path(output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_output(output: str, storage_url: str) -> None:
+    """Refuse an output that would overwrite a database: the store being read (its file or the
+    -wal / -shm / -journal files beside it) or any other SQLite file (another study store)."""
+    import os
+
+    from autotune.errors import ConfigError
+    from autotune.storage._engine import sqlite_path
+
+    target = Path(output)
+    store = sqlite_path(storage_url)
+    if store is not None:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            own = Path(f"{store}{suffix}")
+            try:
+                same = own.exists() and target.exists() and os.path.samefile(target, own)
+            except OSError:
+                same = False
+            if same or os.path.abspath(target) == os.path.abspath(own):
+                raise ConfigError(f"refusing to write the export over {output}: it is the study store's own "
+                                  f"database{' file' if not suffix else ' (' + suffix.lstrip('-') + ' file)'}")
+    try:
+        with open(target, "rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+    except OSError:  # absent (the usual case), a folder, unreadable: the write reports what is wrong
+        return
+    if header == SQLITE_HEADER:
+        raise ConfigError(f"refusing to write the export over {output}: it is an SQLite database")
+
+
+def _write(output: str | None, content) -> None:
+    """`content` (text, or a function writing a file at the path it is given) to `output`, or the text
+    to stdout. The file is written beside the target and renamed over it, so a failed or interrupted
+    export leaves the old file whole, never half a file."""
+    import os
+    import tempfile
+
+    if not output:
+        sys.stdout.write(content)
+        return
+    target = Path(output)
+    if target.is_dir():
+        raise IsADirectoryError(21, "Is a directory", output)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        if callable(content):
+            os.close(fd)
+            content(temp)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(content)
+        os.chmod(temp, 0o666 & ~_umask())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _what(repo, study, args: argparse.Namespace) -> str:

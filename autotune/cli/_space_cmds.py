@@ -39,6 +39,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps({"models": [m.to_dict() for m in models],
                           "gpus": [g.to_dict() for g in GPU_TYPES.values()]}, indent=2))
         return 0
+    from rich.markup import escape
+
     from autotune._tables import Col, FittedTable
     from autotune.cli._study_cmds import wide_console
 
@@ -51,7 +53,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         experts = f"{a.num_moe_experts} top-{a.moe_router_topk}" if a.is_moe else "-"
         default = f"{d.gpus}x {d.gpu}, GBS {d.global_batch_size}, seq {d.seq_length}"
         recipe = m.recipe_target.partition(":")[2] if m.exportable else "- (no Bridge recipe)"
-        table.add_row(m.name, m.display_name, str(a.num_layers), str(a.hidden_size), experts, recipe, default)
+        table.add_row(m.name, escape(m.display_name), str(a.num_layers), str(a.hidden_size), experts, recipe, default)
     gpus = FittedTable([Col("name"), Col("GPU", wrap=True), Col("memory GiB", "right"), Col("BF16 TFLOP/s", "right"),
                         Col("precisions", wrap=True), Col("NVLink GB/s", "right"), Col("network GB/s", "right")],
                        title="GPU types")
@@ -91,7 +93,7 @@ def cmd_space(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
-    console.print(workload_summary(workload))
+    console.print(workload_summary(workload), markup=False)  # the model's name is text
     console.print(f"{legal.candidates:,} candidates, [bold]{len(legal.configs):,} legal[/bold] "
                   f"({legal.megatron_legal:,} pass Megatron's rules before policy filters)")
     table = Table(title="Rejections (first failing check)")

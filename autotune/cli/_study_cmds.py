@@ -143,7 +143,8 @@ def _check_positive(name: str, value: int | float | None) -> None:
 def cmd_start(args: argparse.Namespace) -> int:
     from autotune.backends._reach import check_reachable
     from autotune.megatron import benchmark_only
-    from autotune.controller.session import check_study_inputs, check_study_name, create_study
+    from autotune.controller.session import check_study_inputs, check_study_name, create_study, start_ray_dispatcher
+    from autotune.errors import ConfigError
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
@@ -161,12 +162,27 @@ def cmd_start(args: argparse.Namespace) -> int:
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
         return _dry_run(space, workload, args, backend_options, options)
-    check_reachable(_ray_address(args))
+    address = _ray_address(args)
+    check_reachable(address)
     _check_metrics_port(args.metrics_port)
-    repo = open_repo(args)
-    study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
-                         sampler=args.sampler, backend=args.backend, backend_options=backend_options,
-                         seed=args.seed, options=options)
+    if not address and args.local_gpus is not None and args.local_gpus < workload.cluster.gpus:
+        raise ConfigError(f"--local-gpus {args.local_gpus}: one trial needs {workload.cluster.gpus} GPUs")
+    # Ray first: a cluster that cannot be reached, or is too small for one trial, leaves no study behind
+    if not args.json:
+        print(f"connecting to the Ray cluster at {address} ..." if address else
+              f"starting a local Ray with {args.local_gpus or workload.cluster.gpus} logical GPUs ...", flush=True)
+    dispatcher = start_ray_dispatcher(args.backend, backend_options, workload, ray_address=address,
+                                      local_gpus=args.local_gpus, max_concurrent=args.max_concurrent)
+    try:
+        repo = open_repo(args)
+        study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
+                             sampler=args.sampler, backend=args.backend, backend_options=backend_options,
+                             seed=args.seed, options=options)
+    except BaseException:
+        dispatcher.shutdown()
+        raise
+    # the trials carry the options as stored (what `resume` would use)
+    dispatcher.backend_options = study.backend_options
     if not args.json:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
               f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
@@ -176,7 +192,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             covered, lacking, foreign = replay_coverage(space, workload, args.replay)
             print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "
                   f"{lacking} legal layouts; {foreign} of its rows are not legal here")
-    return _run(repo, study, args)
+    return _run(repo, study, args, dispatcher)
 
 
 def _check_headroom(headroom_gib: float | None, workload) -> None:
@@ -252,7 +268,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _run(repo, study, args)
 
 
-def _run(repo, study, args: argparse.Namespace) -> int:
+def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
+    """Run the study to its end with the live view; `dispatcher`: one already started (start), or None
+    to connect to Ray here (resume)."""
     from autotune.controller.session import build_controller
 
     if args.metrics_port:
@@ -264,11 +282,12 @@ def _run(repo, study, args: argparse.Namespace) -> int:
     view = _LiveView(repo, study, quiet=args.json)
     with view, sigterm_as_interrupt():
         address = _ray_address(args)
-        # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
-        view.starting(f"connecting to the Ray cluster at {address}" if address else
-                      f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
+        if dispatcher is None:
+            # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
+            view.starting(f"connecting to the Ray cluster at {address}" if address else
+                          f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
         controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
-                                      max_concurrent=args.max_concurrent, on_tick=view.tick)
+                                      max_concurrent=args.max_concurrent, on_tick=view.tick, dispatcher=dispatcher)
         slots = getattr(controller.dispatcher, "capacity", 0)
         view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
@@ -285,6 +304,9 @@ def _run(repo, study, args: argparse.Namespace) -> int:
 
 
 def _print_final(board, summary) -> None:
+    import shlex
+
+    from rich.markup import escape
 
     from autotune import leaderboard
     from autotune.config import LayoutConfig
@@ -302,14 +324,19 @@ def _print_final(board, summary) -> None:
     runs = f"{runs}{leaderboard.estimate_note(s)}".lstrip("; ")
     runs = f" ({runs})" if runs else ""
     source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
+    peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
+            if s["best_peak_mem_gib"] else "peak memory not measured")  # a replay table without a memory column
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
-                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{source}{runs}{speedup}, peak "
-                  f"{s['best_peak_mem_gib'] or 0:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)")
+                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{source}{runs}{speedup}, {peak}")
     if s["risky_faster_trials"]:
         listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
         console.print(f"faster but inside the memory margin (ran, not recommended): trial(s) {listed}")
-    console.print(f"{summary.elapsed_s:.1f} s; controller overhead {1000 * summary.controller_s_per_trial:.0f} "
-                  f"ms/trial; export with `autotune export {board.study.name} --format recipe`")
+    # the hint is a command to copy: the name quoted for a shell, and a format this model can export
+    from autotune.space import study_space_and_workload
+
+    fmt = "recipe" if study_space_and_workload(board.study)[0].model.exportable else "yaml"
+    console.print(escape(f"{summary.elapsed_s:.1f} s; controller overhead {1000 * summary.controller_s_per_trial:.0f} "
+                         f"ms/trial; export with `autotune export {shlex.quote(board.study.name)} --format {fmt}`"))
 
 
 class _LiveView:
@@ -450,10 +477,11 @@ def _show_calibration(repo, study, as_json: bool) -> int:
     if as_json:
         print(json.dumps(calibration, indent=2))
         return 0
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{study.name}: the cost model calibrated on {calibration['runs']} measured runs "
-                        "(1.00 = the published calibration)")
+    table = Table(title=escape(f"{study.name}: the cost model calibrated on {calibration['runs']} measured runs "
+                               "(1.00 = the published calibration)"))
     for column in ("step-time term", "prior sd", "fitted scale", "change"):
         table.add_column(column, justify="right" if column != "step-time term" else "left")
     for term, fit in calibration["step_time_terms"].items():

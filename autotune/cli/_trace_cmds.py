@@ -38,7 +38,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     from autotune.cli._study_cmds import wide_console
 
-    table = Table(title=f"{args.file}: kernel time per device (interval unions)")
+    from rich.markup import escape
+
+    table = Table(title=escape(f"{args.file}: kernel time per device (interval unions)"))
     for column in ("device", "kernels", "busy s", "compute s", "NCCL s", "overlapped s", "exposed NCCL s", "overlap"):
         table.add_column(column, justify="right")
     for s in summaries:

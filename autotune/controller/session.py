@@ -134,23 +134,39 @@ def recipe_baseline(space: SearchSpace) -> LayoutConfig:
     return LayoutConfig.from_mapping(space.model.defaults.layout)
 
 
+def start_ray_dispatcher(backend: str, backend_options: dict[str, Any], workload: Workload, *,
+                         ray_address: str | None = None, local_gpus: int | None = None,
+                         max_concurrent: int | None = None):
+    """A RayDispatcher for the study's backend and workload, started: Ray connected (or a local Ray
+    started) and the trial slots placed. `autotune start` calls it before the study is stored, so a
+    Ray cluster that cannot be reached or is too small leaves no study behind (ConfigError, one line)."""
+    from autotune.dispatch._ray import RayDispatcher
+
+    resources = ResourceRequest.for_workload(workload.cluster.gpus, workload.cluster.gpus_per_node,
+                                             backend_class(backend).one_bundle_per_node)
+    dispatcher = RayDispatcher(backend, backend_options, resources, address=ray_address,
+                               local_gpus=local_gpus, max_concurrent=max_concurrent)
+    try:
+        dispatcher.start()
+    except BaseException:
+        dispatcher.shutdown()
+        raise
+    return dispatcher
+
+
 def build_controller(repo: Repository, study: Study, *, ray_address: str | None = None,
                      local_gpus: int | None = None, max_concurrent: int | None = None,
                      on_tick: Callable[[Controller], None] | None = None, dispatcher=None) -> Controller:
+    """The study's controller. `dispatcher`: "inprocess", a started dispatcher (start_ray_dispatcher), or
+    None for a RayDispatcher started here."""
     space, workload = study_space_and_workload(study)
-    cls = backend_class(study.backend)
-    resources = ResourceRequest.for_workload(workload.cluster.gpus, workload.cluster.gpus_per_node,
-                                             cls.one_bundle_per_node)
     if dispatcher == "inprocess":
         from autotune.dispatch._inprocess import InProcessDispatcher
 
         dispatcher = InProcessDispatcher(study.backend, study.backend_options, concurrency=max_concurrent or 1)
     elif dispatcher is None:
-        from autotune.dispatch._ray import RayDispatcher
-
-        dispatcher = RayDispatcher(study.backend, study.backend_options, resources, address=ray_address,
-                                   local_gpus=local_gpus, max_concurrent=max_concurrent)
-        dispatcher.start()
+        dispatcher = start_ray_dispatcher(study.backend, study.backend_options, workload, ray_address=ray_address,
+                                          local_gpus=local_gpus, max_concurrent=max_concurrent)
     try:
         options = StudyOptions.from_stored(study.options)
         strategy = with_knob_phase(make_strategy(study.sampler, study.budget, options.seed, recipe_baseline(space),

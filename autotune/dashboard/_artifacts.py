@@ -5,6 +5,12 @@ A trial's artifact paths come from its launcher, so they are not trusted: a resu
 served only when its fully resolved path (symlinks followed) lies inside the study's own run
 folder (`backends.runs.study_dir`), and it is opened without following a symlink in its last
 component, so a link swapped in after the check is refused too.
+
+Its content is not trusted either: an HTML or JavaScript file a launcher wrote must not run in the
+dashboard's origin (it could read every study through the dashboard's own API). So the type an
+artifact is served with comes from a short list, never from its name alone: raster images inline,
+text as text/plain, anything else (HTML, SVG, scripts, traces) as a download (the server adds
+`Content-Disposition: attachment` and a sandboxing CSP to every artifact).
 """
 
 from __future__ import annotations
@@ -14,6 +20,21 @@ from pathlib import Path
 from typing import Any
 
 MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
+# shown in the browser: images that cannot hold script, and text that is never rendered as markup
+INLINE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+                ".webp": "image/webp"}
+TEXT_SUFFIXES = {".txt", ".log", ".json", ".csv", ".yaml", ".yml", ".out", ".err"}
+DOWNLOAD_TYPE = "application/octet-stream"
+
+
+def artifact_type(path: str) -> str:
+    """The Content-Type an artifact is served with (module doc): never HTML, SVG or script."""
+    suffix = Path(path).suffix.lower()
+    if suffix in INLINE_TYPES:
+        return INLINE_TYPES[suffix]
+    if suffix in TEXT_SUFFIXES:
+        return "text/plain; charset=utf-8"
+    return DOWNLOAD_TYPE
 
 
 def confined_path(path: str, backend_options: dict[str, Any], study: str) -> Path | None:

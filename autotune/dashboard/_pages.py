@@ -309,9 +309,7 @@ class DashboardApp:
 
     def artifact(self, name: str, number: int, key: str) -> tuple[bytes, str] | None:
         """An artifact's bytes, only when the recorded path resolves into the study's own run folder."""
-        import mimetypes
-
-        from autotune.dashboard._artifacts import read_confined
+        from autotune.dashboard._artifacts import artifact_type, read_confined
 
         study = self.repo.get_study(name)
         path = (self.repo.trial(study.id, number).artifacts or {}).get(key)
@@ -320,7 +318,7 @@ class DashboardApp:
         data = read_confined(path, study.backend_options, study.name)
         if data is None:
             return None
-        return data, mimetypes.guess_type(path)[0] or "application/octet-stream"
+        return data, artifact_type(path)
 
     def api(self, name: str) -> bytes:
         return leaderboard.to_json(leaderboard.build(self.repo, self.repo.get_study(name))).encode()

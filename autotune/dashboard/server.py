@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
+from autotune.dashboard._artifacts import DOWNLOAD_TYPE
 from autotune.dashboard._pages import DashboardApp, page
 from autotune.errors import StorageError, StudyError
 from autotune.storage import Repository
@@ -31,6 +32,8 @@ __all__ = ["DashboardApp", "make_server", "serve_in_background"]
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'")
+# a launcher's file: no script, no fetch, its own opaque origin even if a browser rendered it as a page
+ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox"
 
 
 def static_file(name: str) -> tuple[bytes, str] | None:
@@ -50,12 +53,18 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet: the CLI prints the address once
         pass
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8") -> None:
+    def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
+              artifact: str | None = None) -> None:
+        """`artifact`: the file name of a launcher-written artifact (served sandboxed, see _artifacts)."""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("Content-Security-Policy", ARTIFACT_CSP if artifact is not None else CSP)
+        if artifact is not None and content_type == DOWNLOAD_TYPE:
+            # the name is the launcher's: only safe characters reach the header
+            safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in artifact)[:100]
+            self.send_header("Content-Disposition", f'attachment; filename="{safe or "artifact"}"')
         if content_type.startswith("text/javascript"):
             self.send_header("Cache-Control", "max-age=3600")
         self.end_headers()
@@ -88,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if found is None:
                     self._send(404, page("not found", "<h1>artifact not found</h1>"))
                 else:
-                    self._send(200, found[0], found[1])
+                    self._send(200, found[0], found[1], artifact=parts[3])
             else:
                 self._send(404, page("not found", "<h1>not found</h1>"))
         except StudyError as exc:

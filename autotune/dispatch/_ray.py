@@ -11,6 +11,7 @@ Ray is imported here only, when a study starts (house rule 6).
 from __future__ import annotations
 
 import os
+import warnings
 import threading
 import time
 import traceback
@@ -106,7 +107,15 @@ class RayDispatcher(Dispatcher):
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             if self.address:
-                ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+                try:
+                    with warnings.catch_warnings():  # Ray Client warns before it raises: the error says it
+                        warnings.simplefilter("ignore")
+                        ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
+                                 logging_level="ERROR")
+                except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+                    # an address Ray cannot parse, `auto` with no cluster running here, a refused handshake
+                    reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+                    raise ConfigError(f"cannot connect to the Ray cluster at {self.address!r}: {reason}") from None
             else:
                 gpus = self.local_gpus or self.resources.gpus
                 from autotune._signals import ray_outside_our_group

@@ -82,15 +82,24 @@ def list_models() -> list[ModelSpec]:
 def load_space(name_or_path: str) -> SearchSpace:
     """Load a model's space by catalog name (`qwen3_30b`) or by the path of a YAML file."""
     path = Path(name_or_path)
+    shown = name_or_path if len(name_or_path) <= 80 else f"{name_or_path[:60]}... ({len(name_or_path)} characters)"
     if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not path.is_file():
-            raise ConfigError(f"search space file {name_or_path} does not exist")
+        if not _is_file(path):
+            raise ConfigError(f"search space file {shown} does not exist")
         return _load_path(str(path.resolve()))
     candidate = space_dir() / f"{name_or_path}.yaml"
-    if not candidate.is_file():
+    if not _is_file(candidate):
         known = ", ".join(available_space_names())
-        raise ConfigError(f"unknown model {name_or_path!r} (known: {known})")
+        raise ConfigError(f"unknown model {shown!r} (known: {known})")
     return _load_path(str(candidate))
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, False for a name the OS refuses (too long, a NUL byte) instead of raising."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=64)
@@ -137,6 +146,15 @@ class _Reader:
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             raise self.fail(key, f"must be {kind.__name__}, got {value!r}")
+        return value
+
+    def text(self, value: Any, key: str, allow_empty: bool = False, limit: int = 200) -> str:
+        """A string shown to people (terminal, dashboard): printable, no control characters (a terminal
+        escape sequence would reach the user's terminal), 1..limit characters."""
+        value = self.typed(value, key, str)
+        if (not value and not allow_empty) or len(value) > limit or not value.isprintable():
+            raise self.fail(key, f"must be {'' if allow_empty else '1..'}{limit} printable characters "
+                                 f"(no control characters), got {value[:40]!r}")
         return value
 
     def space(self, doc: Any) -> SearchSpace:
@@ -193,11 +211,11 @@ class _Reader:
         layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair) for pair in raw_layouts)
         return ModelSpec(
             name=self.identifier(doc["name"], "name"),
-            display_name=self.typed(doc["display_name"], "display_name", str),
+            display_name=self.text(doc["display_name"], "display_name"),
             recipe_function=self.typed(recipe["function"], "recipe.function", str),
             recipe_target=self.typed(recipe["target"], "recipe.target", str),
             exportable=self.typed(recipe.get("exportable", True), "recipe.exportable", bool),
-            recipe_note=self.typed(recipe.get("note", ""), "recipe.note", str),
+            recipe_note=self.text(recipe.get("note", ""), "recipe.note", allow_empty=True),
             hf_model_type=self.typed(hf["model_type"], "hf.model_type", str),
             hf_architecture=self.typed(hf["architecture"], "hf.architecture", str),
             architecture=self.architecture(doc["architecture"]),

@@ -67,6 +67,8 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
     ("name: qwen3_30b", "name: \"x(): pass\\n__import__('os').system('touch PWNED')\\ndef y\"", "key 'name'"),
     ("  gpu: h100", "  gpu: h100\n  network_gbps: .inf", "defaults.network_gbps"),
     ("  gpu: h100", "  gpu: h100\n  network_gbps: 1" + "0" * 5000, "cannot read as a number"),
+    # a terminal escape in a name that reaches the terminal
+    ("display_name: Qwen3-30B-A3B", 'display_name: "Qwen3\\e]0;owned\\a\\e[31m"', "key 'display_name'"),
 ]
 
 CASES = [  # (id, argv with placeholders, words of the error)
@@ -111,14 +113,30 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("network-gbps-zero", [*START, "--network-gbps", "0", "--storage", "{url}"], "--network-gbps"),
     ("network-gbps-gb-per-s-as-gbit", [*START, "--network-gbps", "3200", "--storage", "{url}"], "--network-gbps"),
     ("network-gbps-400-digits", [*START, "--network-gbps", "1" + "0" * 400, "--storage", "{url}"], "--network-gbps"),
+    # the export would overwrite the store it reads (its file, or the WAL beside it)
+    ("export-over-its-own-store", ["export", "demo", "--format", "json", "-o", "{db}", "--storage", "{url}"],
+     "the study store's own database"),
+    ("export-over-its-own-wal", ["export", "demo", "--format", "json", "-o", "{db}-wal", "--storage", "{url}"],
+     "the study store's own database"),
+    ("export-over-another-store", ["export", "demo", "--format", "table", "-o", "{other_db}", "--storage", "{url}"],
+     "is an SQLite database"),
+    # Ray is reached before the study is stored: no study is left behind
+    ("ray-address-garbage", [*START, "--ray-address", "garbage", "--storage", "{url}"],
+     "cannot connect to the Ray cluster"),
+    ("local-gpus-fewer-than-a-trial", [*START, "--local-gpus", "1", "--storage", "{url}"], "--local-gpus 1"),
+    ("model-300-chars", ["space", "--model", "a" * 300], "unknown model"),
+    ("space-file-300-chars", [*START, "--space", "b" * 300 + ".yaml", "--storage", "{url}"], "does not exist"),
 ]
 
 
 def _expand(args: list[str], url: str, folder) -> list[str]:
     binary = folder / "binary.yaml"
     binary.write_bytes(bytes(range(256)) * 4)
+    other = folder / "other.db"
+    with sqlite3.connect(other) as db:  # another store: any SQLite file
+        db.execute("CREATE TABLE t (x)")
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
-              "binary": str(binary)}
+              "binary": str(binary), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}
     return [a.format(**values) if "{" in a and "}" in a and "(" not in a else a for a in args]
 
 
@@ -137,6 +155,22 @@ def test_bad_command_line_is_one_line_exit_2_and_writes_nothing(store, tmp_path,
     result = run_cli(*_expand(args, url, tmp_path), env=ENV, timeout=120)
     _assert_one_line_error(result, needle)
     assert _counts(url) == before
+
+
+def test_names_with_rich_markup_are_shown_as_written(store):
+    """A study name or model name that looks like terminal markup is text: printed as written, no crash."""
+    url, home = store
+    name = "z[/b][red]x"
+    result = run_cli(*START, "--study", name, "--storage", url, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{name}: top 10" in result.stdout and f"autotune export 'z[/b][red]x' --format recipe" in result.stdout
+    board = run_cli("leaderboard", name, "--storage", url, env=ENV)
+    assert board.returncode == 0 and f"{name}: leaderboard" in board.stdout, board.stderr[-2000:]
+    space = home / "markup.yaml"
+    space.write_text((space_dir() / "qwen3_30b.yaml").read_text().replace(
+        "display_name: Qwen3-30B-A3B", 'display_name: "Qwen [/x] [bold]"', 1))
+    estimate = run_cli("estimate", "--model", "qwen3_30b", "--space", str(space), "--gpus", "16")
+    assert estimate.returncode == 0 and "Qwen [/x] [bold] on 16x" in estimate.stdout, estimate.stderr[-2000:]
 
 
 @pytest.mark.parametrize("old,new,needle", SPACE_CASES, ids=[f"{n}:{new[-20:]}" for o, new, n in SPACE_CASES])

@@ -35,6 +35,12 @@ def served(tmp_path):
     run = study_dir(options, "s") / "trial1-attempt1"
     run.mkdir(parents=True)
     (run / "report.nsys-rep").write_bytes(b"NSYS")
+    # a hostile launcher's page and script (they would run in the dashboard's origin if served as such)
+    (run / "report.html").write_text("<script src='/artifact/s/1/js'></script><script>document.title='RAN'</script>")
+    (run / "x.js").write_text("document.body.innerHTML = '<p>JS RAN</p>'")
+    (run / "plot.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>")
+    (run / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (run / "train.log").write_text("<b>iteration 1</b>")
     (run / "link-out").symlink_to(SECRET)
     (run / "dir-out").symlink_to("/etc")
     outside = tmp_path / "outside.txt"
@@ -42,7 +48,9 @@ def served(tmp_path):
     artifacts = {"ok": str(run / "report.nsys-rep"), "shadow": "/etc/shadow", "passwd": SECRET,
                  "dotdot": str(run / ".." / ".." / ".." / "outside.txt"), "relative": "../../etc/passwd",
                  "symlink-file": str(run / "link-out"), "symlink-dir": str(run / "dir-out" / "passwd"),
-                 "sibling": str(outside), "the-folder": str(run), "nul": str(run / "report.nsys-rep") + "\0x"}
+                 "sibling": str(outside), "the-folder": str(run), "nul": str(run / "report.nsys-rep") + "\0x",
+                 "page": str(run / "report.html"), "js": str(run / "x.js"), "svg": str(run / "plot.svg"),
+                 "png": str(run / "loss.png"), "log": str(run / "train.log")}
     layout = LayoutConfig.from_mapping({"ep": 16})
     trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 1)
     repo.finish_trial(study.id, trial.number, "failed", reason="failed", artifacts=artifacts)
@@ -70,6 +78,24 @@ def test_artifacts_outside_the_study_run_folder_are_refused(served, key):
 
 def test_an_artifact_inside_the_run_folder_is_served(served):
     assert _get(f"{served}/artifact/s/1/ok") == (200, b"NSYS")
+
+
+@pytest.mark.parametrize("key,content_type,download", [
+    ("page", "application/octet-stream", True), ("js", "application/octet-stream", True),
+    ("svg", "application/octet-stream", True), ("ok", "application/octet-stream", True),
+    ("png", "image/png", False), ("log", "text/plain; charset=utf-8", False)])
+def test_a_launcher_written_page_or_script_never_runs_in_the_dashboard(served, key, content_type, download):
+    """HTML, SVG and scripts a launcher wrote come back as downloads, never as a page or a script of the
+    dashboard's origin; every artifact carries a sandboxing CSP; images and text are shown inline."""
+    with urllib.request.urlopen(f"{served}/artifact/s/1/{key}", timeout=10) as response:
+        headers = response.headers
+    assert headers["Content-Type"] == content_type
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    policy = headers["Content-Security-Policy"]
+    assert "sandbox" in policy and "script-src" not in policy and "default-src 'none'" in policy
+    disposition = headers.get("Content-Disposition") or ""
+    assert disposition.startswith("attachment") == download
+    assert '"' not in disposition.partition('filename="')[2].rstrip('"')
 
 
 @pytest.mark.parametrize("path", ["/study/s/trial/99999999999999999999999", "/artifact/s/99999999999999999999999/ok",
