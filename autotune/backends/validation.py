@@ -29,6 +29,11 @@ COMPLETED_MEMORY_SLACK = 1.10
 # An OOM's peak may be what the run needed rather than what it held; beyond 4x the GPU it is no figure.
 OOM_MEMORY_FACTOR = 4.0
 MAX_ERROR_CHARS = 20_000
+# A step time and a throughput reported together may be averaged over slightly different steps.
+CONSISTENCY_FACTOR = 1.25
+# Below this share of the GPU's peak no training step runs (a healthy one runs at 20-60%; 1e-4 is a
+# step of hours for an 8B model on one node): such a figure is a unit error or a broken clock.
+MIN_PEAK_SHARE = 1e-4
 
 
 def _failed(spec: TrialSpec, times: list[float], wall_s: float, message: str) -> TrialOutcome:
@@ -75,6 +80,9 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
         measured = times[spec.warmup_steps:]
         step_time = sum(measured) / len(measured)
     wall = _float(result.get("wall_time_s"))
+    if is_positive_finite(wall) and wall_s > 0:
+        # the launcher may leave its start-up out, but its run cannot have lasted longer than the process
+        wall = min(wall, wall_s)
     return TrialOutcome(spec.trial, TrialStatus(status), step_time_s=_float(step_time),
                         tokens_per_s_per_gpu=_float(result.get("tokens_per_s_per_gpu")),
                         tflops_per_gpu=_float(result.get("tflops_per_gpu")), mfu=_float(result.get("mfu")),
@@ -110,6 +118,10 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
 
     `metrics` holds the five METRIC_KEYS after the controller derived the missing ones; MFU there
     is against the BF16 peak, so its bound is the study precision's peak over the BF16 peak.
+    Besides each number's own bounds: a step time and a throughput reported together must describe
+    the same run (CONSISTENCY_FACTOR), and a run slower than MIN_PEAK_SHARE of the GPU's peak is no
+    training step. (A step is not compared with the launcher process's lifetime: a launcher may
+    report a run it did not wait for, as the test launchers do.)
     """
     from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 
@@ -134,6 +146,15 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
         if tflops is not None and not tflops <= peak:
             return (f"{key} = {metrics[key]:.4g} implies {tflops:.4g} TFLOP/s per GPU, above the "
                     f"{gpu.name} peak of {peak:g} at {w.precision}")
+        if tflops is not None and tflops < MIN_PEAK_SHARE * peak:
+            return (f"{key} = {metrics[key]:.4g} implies {tflops:.3g} TFLOP/s per GPU, under "
+                    f"{MIN_PEAK_SHARE:.0e} of the {gpu.name} peak: no training step runs that slowly")
+    step, tokens = metrics.get("step_time_s"), metrics.get("tokens_per_s_per_gpu")
+    if step and tokens:
+        from_step = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, step)
+        if not 1 / CONSISTENCY_FACTOR <= tokens / from_step <= CONSISTENCY_FACTOR:
+            return (f"tokens_per_s_per_gpu = {tokens:.4g} contradicts step_time_s = {step:.4g} "
+                    f"({from_step:.4g} tokens/s/GPU at this global batch)")
     mfu_bound = peak / gpu.bf16_peak_tflops
     if metrics.get("mfu") is not None and metrics["mfu"] > mfu_bound:
         return f"mfu = {metrics['mfu']:.4g} (at most {mfu_bound:g}: the GPU's peak)"

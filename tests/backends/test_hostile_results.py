@@ -56,6 +56,11 @@ RESULTS = [
     ("error-is-a-list", '{"status": "failed", "error": ["x"]}', "failed", '["x"]'),
     ("error-is-a-mapping", '{"status": "failed", "error": {"a": 1}}', "failed", '{"a": 1}'),
     ("error-list-on-success", '{"status": "completed", "step_time_s": 30.0, "error": ["x"]}', "completed", '["x"]'),
+    # physically possible one by one, not together, or not as a training run
+    ("step-1e300", '{"status": "completed", "step_time_s": 1e300}', "failed", "no training step runs that slowly"),
+    ("tokens-contradict-step", '{"status": "completed", "step_time_s": 300.0, "tokens_per_s_per_gpu": 30000}',
+     "failed", "contradicts step_time_s"),
+    ("wall-1e300", '{"status": "completed", "step_time_s": 30.0, "wall_time_s": 1e300}', "completed", None),
     ("plausible", json.dumps(GOOD), "completed", None),
     ("plausible-oom", '{"status": "oom", "peak_mem_gib": 81.0, "error": "CUDA out of memory"}', "oom", "memory"),
 ]
@@ -98,6 +103,8 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
         assert value is None or (math.isfinite(value) and value > 0)
     board = leaderboard.build(repo, study)
     _strict_json(leaderboard.to_json(board))  # valid JSON: no bare Infinity / NaN
+    # the GPU time charged is at most what the launcher process lived, whatever wall time it claims
+    assert trial.gpu_seconds is None or trial.gpu_seconds <= 16 * 120
     best = board.summary["best_tokens_per_s_per_gpu"]
     assert best is None or best < 20_000  # nothing impossible is ranked
 

@@ -108,6 +108,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-zero-ms", ["import-log", "{log0}", "--study", "demo", "--storage", "{url}"], "not a measurement"),
     ("import-log-1e-6-ms", ["import-log", "{log_tiny}", "--study", "demo", "--storage", "{url}"],
      "impossible figures"),
+    ("import-log-3e30-ms", ["import-log", "{log_huge}", "--study", "demo", "--storage", "{url}"],
+     "no training step runs that slowly"),
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
     ("network-gbps-nan", [*START, "--network-gbps", "nan", "--storage", "{url}"], "--network-gbps"),
     ("network-gbps-zero", [*START, "--network-gbps", "0", "--storage", "{url}"], "--network-gbps"),
@@ -136,6 +138,7 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     with sqlite3.connect(other) as db:  # another store: any SQLite file
         db.execute("CREATE TABLE t (x)")
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
+              "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
               "binary": str(binary), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}
     return [a.format(**values) if "{" in a and "}" in a and "(" not in a else a for a in args]
 
