@@ -34,6 +34,8 @@ from autotune.storage import engine_kwargs
 PLAIN_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "dist_opt")
 OBJECTIVE = "tokens_per_s_per_gpu"  # the study's one value, maximised
 OWNER_KEY = "autotune:study"  # study system attribute: the autotune study that created this Optuna study
+CREATED_KEY = "autotune:created_at"  # when (Unix time): a younger one may be another start's, half-way
+ORPHAN_AGE_S = 120.0  # an Optuna study without its autotune study for this long is a failed start's leftover
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 logging.getLogger("optuna").setLevel(logging.WARNING)
@@ -121,13 +123,19 @@ ONE_TRANSACTION = _one_transaction_available()
 def _make_room(storage: optuna.storages.RDBStorage, name: str) -> None:
     """Before creating the Optuna study `name`: delete one that autotune created for an autotune study
     that does not exist (a start that failed half-way); refuse one that autotune did not create."""
+    import time
+
     try:
         study_id = storage.get_study_id_from_name(name)
     except KeyError:
         return
-    if storage.get_study_system_attrs(study_id).get(OWNER_KEY) != name:
-        raise StudyError(f"the storage holds an Optuna study named {name!r} that autotune did not create: "
-                         "choose another --study")
+    attrs = storage.get_study_system_attrs(study_id)
+    created = attrs.get(CREATED_KEY)
+    if attrs.get(OWNER_KEY) != name or (isinstance(created, (int, float)) and time.time() - created < ORPHAN_AGE_S):
+        # a study of another tool, or one another `autotune start` of this name is creating right now
+        # (its autotune record follows within a second): never delete it under that start
+        raise StudyError(f"the storage holds an Optuna study named {name!r} that is not a leftover of a failed "
+                         "start (another tool's, or another `autotune start` creating it now): choose another --study")
     storage.delete_study(study_id)
 
 
@@ -143,10 +151,17 @@ class OptunaStudy:
         self.storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
         if create:
             _make_room(self.storage, study_name)
-        self.study = optuna.create_study(storage=self.storage, study_name=study_name, direction="maximize",
-                                         sampler=make_sampler(sampler, seed), load_if_exists=not create)
+        try:
+            self.study = optuna.create_study(storage=self.storage, study_name=study_name, direction="maximize",
+                                             sampler=make_sampler(sampler, seed), load_if_exists=not create)
+        except optuna.exceptions.DuplicatedStudyError:  # another start of the same name won the race
+            raise StudyError(f"study {study_name!r} already exists (another `autotune start` created it just "
+                             "now): choose another --study") from None
         self.study_id = self.storage.get_study_id_from_name(study_name)
         if create:
+            import time
+
+            self.storage.set_study_system_attr(self.study_id, CREATED_KEY, time.time())
             self.storage.set_study_system_attr(self.study_id, OWNER_KEY, study_name)
             with warnings.catch_warnings():  # set_metric_names is experimental since Optuna 3.2
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -262,6 +262,6 @@ def test_postgres_bad_names_leave_no_orphan_and_the_name_stays_usable(postgres_u
     theirs = optuna.create_study(study_name="theirs", storage=postgres_url)
     theirs.enqueue_trial({"x": 1})
     result = run_cli(*START, "--study", "theirs", "--storage", postgres_url, env=ENV)
-    _assert_one_line_error(result, "autotune did not create")
+    _assert_one_line_error(result, "not a leftover of a failed start")
     assert len(optuna.load_study(study_name="theirs", storage=postgres_url).trials) == 1
     assert "theirs" not in run_cli("status", "--storage", postgres_url, env=ENV).stdout

@@ -204,20 +204,27 @@ def test_the_optuna_study_is_named_like_the_study_and_names_its_objective(tmp_pa
     gives way, another tool's study of that name is refused and left as it was."""
     import optuna
 
-    from autotune.controller._optuna import OWNER_KEY
+    import time
+
+    from autotune.controller._optuna import CREATED_KEY, ORPHAN_AGE_S, OWNER_KEY
     from autotune.errors import StudyError
 
     space, _, legal = qwen16
     url = f"sqlite:///{tmp_path / 'names.db'}"
-    OptunaStudy(url, "mine", space, "auto", 0, create=True).ask(legal[0])  # left behind by a failed start
-    fresh = OptunaStudy(url, "mine", space, "auto", 0, create=True)
+    left = OptunaStudy(url, "mine", space, "auto", 0, create=True)  # left behind by a failed start ...
+    left.ask(legal[0])
+    # ... a moment ago: it may be another start of that name, half-way through creating its study
+    with pytest.raises(StudyError, match="another `autotune start` creating it now"):
+        OptunaStudy(url, "mine", space, "auto", 0, create=True)
+    left.storage.set_study_system_attr(left.study_id, CREATED_KEY, time.time() - ORPHAN_AGE_S - 1)
+    fresh = OptunaStudy(url, "mine", space, "auto", 0, create=True)  # an old leftover gives way
     loaded = optuna.load_study(study_name="mine", storage=url)
     assert loaded.metric_names == ["tokens_per_s_per_gpu"]
     assert loaded._storage.get_study_system_attrs(loaded._study_id)[OWNER_KEY] == "mine"
     assert loaded.trials == [] and fresh.study_id == loaded._study_id
     theirs = optuna.create_study(study_name="theirs", storage=url)
     theirs.enqueue_trial({"x": 1})
-    with pytest.raises(StudyError, match="'theirs' that autotune did not create"):
+    with pytest.raises(StudyError, match="'theirs' that is not a leftover of a failed start"):
         OptunaStudy(url, "theirs", space, "auto", 0, create=True)
     assert len(optuna.load_study(study_name="theirs", storage=url).trials) == 1
 
