@@ -63,8 +63,10 @@ def node_command(spec: TrialSpec, options: dict[str, Any], node_rank: int, maste
     if nsys_ranks:
         command += ["--no-python", python, "-m", "workers.rank_wrapper", "--nsys-ranks",
                     ",".join(map(str, nsys_ranks)), "--nsys-out", str(directory / "nsys"), "--", *worker]
-    else:
-        command += worker[1:] if worker[1] == "-m" else worker
+    elif python == "python":  # torchrun runs `-m module` with its own interpreter
+        command += worker[1:]
+    else:  # --worker-python: that interpreter, not torchrun's
+        command += ["--no-python", *worker]
     return command
 
 

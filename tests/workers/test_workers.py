@@ -89,6 +89,11 @@ def test_launch_commands_for_one_and_two_nodes():
     assert "--nnodes=1" in node_command(one, {}, 0, "h", 1)
     traced = node_command(two, {"nsys_ranks": [0]}, 0, "h", 1)
     assert traced[6:10] == ["--no-python", "python", "-m", "workers.rank_wrapper"]
+    # --worker-python: the worker image's interpreter runs the launcher, traced or not
+    chosen = node_command(two, {"python": "/opt/py/bin/python"}, 0, "h", 1)
+    assert chosen[6:10] == ["--no-python", "/opt/py/bin/python", "-m", "workers.launcher"]
+    traced = node_command(two, {"python": "/opt/py/bin/python", "nsys_ranks": [0]}, 0, "h", 1)
+    assert traced[6:8] == ["--no-python", "/opt/py/bin/python"] and traced.count("/opt/py/bin/python") == 2
     lines = dry_run_lines(two, {})
     assert lines[1].startswith("  node 0: torchrun") and "--master-addr=$MASTER_ADDR" in lines[1]
     assert lines[-1].startswith("  overrides: model.tensor_model_parallel_size=")
