@@ -32,7 +32,9 @@ def check_command(command: str | list[str]) -> list[str]:
 
     argv = parse_command(command)
     program = argv[0]
-    found = shutil.which(program) if os.sep not in program else (program if os.access(program, os.X_OK) else None)
+    # a folder is "executable" too (os.access X_OK): only a file can be run
+    found = shutil.which(program) if os.sep not in program else \
+        (program if os.path.isfile(program) and os.access(program, os.X_OK) else None)
     if not found:
         raise ConfigError(f"--command: {program!r} is not an executable file or a program on PATH")
     return argv

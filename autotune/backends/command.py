@@ -32,7 +32,7 @@ from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome,
 from autotune.backends._process import (KILL_GRACE_S, check_command, die_with_parent, kill_group, parse_command,
                                        reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
-from autotune.backends.runs import trial_dir, write_outcome
+from autotune.backends.runs import check_workdir, trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import parse_result
 from autotune.errors import ConfigError
@@ -49,6 +49,7 @@ class CommandBackend(Backend):
         if not options.get("command"):
             raise ConfigError("--backend command needs --command \"CMD ARGS\"")
         check_command(options["command"])
+        check_workdir(options)
         return options
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:

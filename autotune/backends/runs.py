@@ -30,6 +30,35 @@ def safe_name(study: str) -> str:
     return name if name.strip(".") else f"_{name}"
 
 
+def check_workdir(options: dict[str, Any]) -> None:
+    """ConfigError (one line naming --workdir) when the run folder can be neither used nor created (a
+    file is in the way, a read-only or virtual file system such as /proc). Tried for real: the folders
+    it had to make are removed again, so a study that is refused leaves no folder behind."""
+    import os
+
+    from autotune.errors import ConfigError
+
+    path = Path(options.get("workdir") or DEFAULT_WORKDIR).expanduser()
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        test = path / f".autotune-write-test-{os.getpid()}"
+        test.mkdir()
+        test.rmdir()
+    except OSError as exc:
+        raise ConfigError(f"--workdir {path}: cannot create or write the run folder ({exc.strerror or exc})") from None
+    finally:
+        for folder in missing:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
 def study_dir(options: dict[str, Any], study: str) -> Path:
     return Path(options.get("workdir") or DEFAULT_WORKDIR) / safe_name(study)
 

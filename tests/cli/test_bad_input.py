@@ -74,6 +74,12 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
 CASES = [  # (id, argv with placeholders, words of the error)
     ("unbalanced-quote", [*START, "--backend", "command", "--command", "echo 'abc", "--storage", "{url}"],
      "cannot be split"),
+    ("command-is-a-folder", [*START, "--backend", "command", "--command", "{tmp}", "--storage", "{url}"],
+     "is not an executable file"),
+    ("command-workdir-unusable", [*START, "--backend", "command", "--command", "true", "--workdir", "/proc/nope",
+                                  "--storage", "{url}"], "--workdir"),
+    ("command-workdir-is-a-file", [*START, "--backend", "command", "--command", "true", "--workdir",
+                                   "/etc/hostname/runs", "--storage", "{url}"], "--workdir"),
     ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
      "cannot be read"),  # pandas' multi-line parser error stays one line
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
