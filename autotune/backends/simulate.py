@@ -31,9 +31,12 @@ from autotune.config import LayoutConfig, Workload
 
 
 def workload_from_spec(spec: TrialSpec) -> Workload:
-    from autotune.space import load_space, make_workload
+    from autotune.space import load_space, load_space_document, make_workload
 
-    space = load_space(spec.backend_options.get("space_source") or spec.model)
+    options = spec.backend_options
+    document = options.get("space_document")
+    space = (load_space_document(document, str(options.get("space_source") or spec.model))
+             if isinstance(document, str) else load_space(spec.model))
     return make_workload(space, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, gpu=spec.gpu,
                          global_batch_size=spec.global_batch_size, seq_length=spec.seq_length,
                          precision=spec.precision, network_gbps=spec.backend_options.get("network_gbps"))

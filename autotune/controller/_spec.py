@@ -3,7 +3,8 @@ protocol's input) and the model's prediction stored beside the measurement."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
+
 from typing import Any
 
 from autotune.backends import TrialSpec
@@ -21,8 +22,11 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                attempt: int, config: LayoutConfig) -> TrialSpec:
     w = workload
     backend_options = dict(study.backend_options)
-    if space.source and Path(space.source).resolve() != (space_dir() / f"{w.model.name}.yaml").resolve():
-        backend_options["space_source"] = space.source  # the worker rebuilds the model from the same file
+    if space.document and space.document != _installed_text(w.model.name):
+        # the worker rebuilds the model from the study's own space (a file of the user's, or an older
+        # version of the installed one), not from whatever the installed file holds now
+        backend_options["space_document"] = space.document
+        backend_options["space_source"] = space.source
     if w.cluster.network_gbps is not None:
         # the study's own figure (stored with it), not whatever the space file says when the worker reads it
         backend_options["network_gbps"] = w.cluster.network_gbps
@@ -35,6 +39,14 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                      timeout_s=float(options.trial_timeout_s), warmup_steps=int(options.warmup_steps),
                      measured_steps=int(options.measured_steps), seed=int(options.seed or 0),
                      backend_options=backend_options)
+
+
+@functools.lru_cache(maxsize=16)
+def _installed_text(model: str) -> str | None:
+    try:
+        return (space_dir() / f"{model}.yaml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def prediction(state: SearchState, workload: Workload, config: LayoutConfig) -> dict[str, Any]:

@@ -40,6 +40,9 @@ class SearchSpace:
     # performance knobs the search may change, each with its values (the recipe's own first); a knob
     # not listed keeps the recipe's value. Not part of the enumerated legal set: see space/perf.py.
     perf_domains: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    # the YAML text it was read from: stored with a study, so the study keeps its model (architecture,
+    # recipe) when the file is edited, moved or replaced by an upgrade
+    document: str = ""
 
     def fixed(self, fixes: dict[str, Any]) -> "SearchSpace":
         """The same space with some knobs pinned to one value (the value need not be in the domain)."""
@@ -51,7 +54,7 @@ class SearchSpace:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.name, "domains": {k: list(v) for k, v in self.domains.items()},
                 "perf_domains": {k: list(v) for k, v in self.perf_domains.items()},
-                "policy": dict(self.policy), "source": self.source}
+                "policy": dict(self.policy), "source": self.source, "document": self.document}
 
     def without_perf(self) -> "SearchSpace":
         """The layout-only space: every performance knob stays at the recipe's value."""
@@ -106,27 +109,41 @@ def _is_file(path: Path) -> bool:
 def _load_path(path: str) -> SearchSpace:
     try:
         with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
+            text = handle.read()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file (invalid UTF-8): a search space is YAML") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read search space file {path}: {exc.strerror}") from None
+    return _parse(text, path, path)
+
+
+@functools.lru_cache(maxsize=64)
+def load_space_document(text: str, source: str) -> SearchSpace:
+    """The space a study stored (`SearchSpace.document`), checked as a file is; `source` is the path it
+    was read from, kept as the space's source and named in errors."""
+    return _parse(text, f"the space stored with the study (read from {source})", source)
+
+
+def _parse(text: str, label: str, source: str) -> SearchSpace:
+    try:
+        document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a text file (invalid UTF-8): a search space is YAML") from None
+        raise ConfigError(f"{label}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
     except RecursionError:
-        raise ConfigError(f"{path} nests too deeply to be a search space") from None
+        raise ConfigError(f"{label} nests too deeply to be a search space") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info)
-        raise ConfigError(f"{path} holds a value YAML cannot read as a number ({str(exc)[:120]})") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read search space file {path}: {exc.strerror}") from None
-    return _Reader(path).space(document)
+        raise ConfigError(f"{label} holds a value YAML cannot read as a number ({str(exc)[:120]})") from None
+    return dataclasses.replace(_Reader(label, source).space(document), document=text)
 
 
 class _Reader:
     """Turns the parsed document into typed objects, naming file and key in every error."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, source: str | None = None) -> None:
+        self.path = path  # named in errors
+        self.source = path if source is None else source
 
     def fail(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.path}: key '{key}': {message}")
@@ -165,7 +182,7 @@ class _Reader:
         perf = self.perf_knobs(doc.get("perf_knobs") or {})
         model = dataclasses.replace(model, perf_defaults={name: values[0] for name, values in perf.items()})
         return SearchSpace(model=model, domains=self.knobs(doc["knobs"]), policy=self.policy(doc.get("policy") or {}),
-                           source=self.path, perf_domains={k: v for k, v in perf.items() if len(v) > 1})
+                           source=self.source, perf_domains={k: v for k, v in perf.items() if len(v) > 1})
 
     def perf_knobs(self, value: Any) -> dict[str, tuple[Any, ...]]:
         """`perf_knobs`: each performance knob with its values, the recipe's own first (its default)."""

@@ -85,7 +85,7 @@ def _domains(value: Any) -> bool:
 def _space(value: Any) -> bool:
     return (isinstance(value, dict) and _domains(value.get("domains"))
             and _domains(value.get("perf_domains", {})) and isinstance(value.get("policy", {}), dict)
-            and _optional(_text)(value.get("source")))
+            and _optional(_text)(value.get("source")) and _optional(_text)(value.get("document")))
 
 
 # Columns of a trial row and what autotune writes into them. Metrics are positive when present, the

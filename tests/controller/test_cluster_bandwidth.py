@@ -1,5 +1,7 @@
 """A cluster's own scale-out bandwidth (a space file's defaults.network_gbps) is a fact about the study:
-stored with its workload, sent to the worker with every trial, and not changed by editing the file later."""
+stored with its workload, sent to the worker with every trial, and not changed by editing the file later.
+So is the whole space file: a study keeps the model and recipe it began with when the file is edited or
+removed."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ def test_the_studys_bandwidth_is_stored_and_reaches_the_worker(tmp_path):
     # study's bandwidth travels with the trial whatever the file says by then
     spec = trial_spec(study, stored_space, stored, StudyOptions(), 1, 1, LayoutConfig(tp=16, mbs=8))
     assert spec.backend_options["space_source"] == str(path)
+    assert "network_gbps: 6.25" in spec.backend_options["space_document"]  # the file as the study began
     assert spec.backend_options["network_gbps"] == 6.25
     assert workload_from_spec(spec).cluster.scale_out_gbps == 6.25
     repo.close()
@@ -53,6 +56,37 @@ def test_a_study_of_an_installed_space_without_its_own_bandwidth_stores_none(tmp
                          backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
     assert "network_gbps" not in repo.get_study("plain").workload  # records as every earlier version wrote
     spec = trial_spec(study, space, workload, StudyOptions(), 1, 1, LayoutConfig())
-    assert "network_gbps" not in spec.backend_options and "space_source" not in spec.backend_options
+    assert not {"network_gbps", "space_source", "space_document"} & set(spec.backend_options)
     assert workload_from_spec(spec).cluster.scale_out_gbps == workload.cluster.gpu.network_gbps
+    repo.close()
+
+
+def test_a_study_keeps_its_model_when_its_space_file_is_edited_or_removed(tmp_path):
+    """The space file's text is stored with the study: editing the recipe it names, or deleting the
+    file, changes neither what the study's trials run nor what `export` writes."""
+    from autotune import export
+    from autotune.controller.session import build_controller
+
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    function = load_space("qwen3_30b").model.recipe_target.partition(":")[2]  # what the export imports
+    assert function in text
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    space = load_space(str(path))
+    workload = make_workload(space, gpus=16)
+    repo = Repository.open(f"sqlite:///{tmp_path / 'kept.db'}")
+    create_study(repo, name="kept", space=space, workload=workload, budget=2, sampler="auto",
+                 backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    path.write_text(text.replace(function, "totally_different_recipe"))
+    _load_path.cache_clear()  # as a process that reads the file now would
+    build_controller(repo, repo.get_study("kept"), dispatcher="inprocess").run()
+    study = repo.get_study("kept")
+    assert study_space_and_workload(study)[0].model.recipe_target.endswith(f":{function}")
+    recipe = export.render(repo, study, "recipe", None, False)
+    assert function in recipe and "totally_different_recipe" not in recipe
+    path.unlink()
+    _load_path.cache_clear()
+    kept_space, _ = study_space_and_workload(study)
+    assert kept_space.model.recipe_target.endswith(f":{function}") and kept_space.source == str(path)
+    assert export.render(repo, study, "recipe", None, False) == recipe
     repo.close()
