@@ -184,6 +184,11 @@ class Backend(ABC):
         return options
 
     @classmethod
+    def check_for_workload(cls, options: dict[str, Any], workload: Any) -> None:
+        """Check the options that depend on the study's workload (its GPU count, ...); ConfigError with
+        one line naming the flag. Default: nothing depends on it."""
+
+    @classmethod
     def answerable_layouts(cls, options: dict[str, Any]) -> set[str] | None:
         """Canonical keys of the only layouts this backend can answer (a replay table's), or None
         when it can run any legal layout. The search then spends its budget only on these."""

@@ -162,6 +162,13 @@ class MegatronBackend(Backend):
             raise ConfigError("megatron dispatcher option must be alltoall or recipe")
         return options
 
+    @classmethod
+    def check_for_workload(cls, options: dict[str, Any], workload: Any) -> None:
+        ranks = workload.cluster.gpus
+        beyond = [r for r in options.get("nsys_ranks", []) if r >= ranks]
+        if beyond:
+            raise ConfigError(f"--nsys-ranks {beyond[0]}: a trial has ranks 0..{ranks - 1}")
+
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         import ray
         from ray.util import get_current_placement_group

@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--backend", default="simulate", help="simulate (default), command, replay or megatron")
     p.add_argument("--command", help="command backend: the program run per trial (an argv, no shell)")
     p.add_argument("--replay", help="replay backend: CSV or Parquet table of measured layouts")
-    p.add_argument("--sampler", default="auto", help="auto (model-guided, default), tpe, random or grid")
+    p.add_argument("--sampler", default="auto",
+                   help="auto (model-guided, default), or a baseline: gp (Optuna's GPSampler), tpe, random or grid")
     p.add_argument("--seed", type=seed, default=0,
                    help="seed of the sampler and of the simulate backend's noise, 0..2**32-1 (default 0): the same "
                         "seed, inputs and backend give the same study")

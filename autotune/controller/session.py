@@ -67,6 +67,7 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
         raise ConfigError(f"--budget must be a positive number of trials up to {MAX_BUDGET:,}, got {budget}")
     check_sampler(sampler)
     check_backend(backend, backend_options)
+    backend_class(backend).check_for_workload(backend_options, workload)
     if backend_class(backend).runs_the_recipe:
         from autotune.catalog import require_exportable
 

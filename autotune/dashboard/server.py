@@ -17,6 +17,7 @@ itself.
 
 from __future__ import annotations
 
+import socket
 import threading
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -118,9 +119,15 @@ def _trial_number(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_TRIAL_NUMBER
 
 
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"app": DashboardApp(repo)})
-    server = ThreadingHTTPServer((host, port), handler)
+    # an IPv6 address (::1, ::) needs an IPv6 socket; http.server's default family is IPv4
+    server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+    server = server_class((host, port), handler)
     server.daemon_threads = True
     return server
 

@@ -128,6 +128,23 @@ def test_the_default_loopback_address_prints_no_warning(tmp_path):
     assert "warning" not in _dashboard_stderr(tmp_path, "127.0.0.1")
 
 
+def test_an_ipv6_loopback_address_is_served(tmp_path):
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'v6.db'}")
+    server = serve_in_background(repo, host="::1")
+    try:
+        assert _get(f"http://[::1]:{server.server_address[1]}/")[0] == 200
+    finally:
+        server.shutdown()
+        repo.close()
+
+
 def test_the_check_resolves_before_comparing(tmp_path):
     """A path that starts with the run folder's name but leaves it (prefix trick) is refused."""
     from autotune.dashboard._artifacts import confined_path
