@@ -146,6 +146,36 @@ def test_table_export_feeds_the_replay_backend(tmp_path):
     assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == 30.0
 
 
+def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_mean(tmp_path):
+    import threading
+
+    from autotune.backends import TrialStatus, create_backend
+    from autotune.backends.replay import read_table, table_index
+    from autotune.errors import ConfigError
+    from tests.backends.backend_suite import make_spec
+
+    layout = LayoutConfig.from_mapping({"ep": 16})
+    header = "tp,pp,ep,status,step_time_s,tokens_per_s_per_gpu,peak_mem_gib\n"
+    path = tmp_path / "runs.csv"
+    # a layout run three times (a study's table holds re-measured layouts) and one OOM
+    path.write_text(header + "1,1,16,completed,30.0,8000,60\n1,1,16,completed,32.0,7500,62\n"
+                    "1,1,16,oom,,,81\n2,1,8,oom,,,90\n")
+    index = table_index(read_table(path))
+    assert index[layout.key()]["tokens_per_s_per_gpu"] == pytest.approx(7750)
+    assert index[layout.key()]["peak_mem_gib"] == 62
+    outcome = create_backend("replay", {"replay": str(path)}).run(make_spec(config=layout.to_dict()), lambda r: None,
+                                                                  threading.Event())
+    assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == pytest.approx(31.0)
+    for bad, needle in [("1,1,16,exploded,30.0,8000,60", "row 2: status 'exploded'"),
+                        ("1,1,16,completed,nan,,60", "row 2: completed without"),
+                        ("1,1,16,completed,30.0,-5,60", "row 2: tokens_per_s_per_gpu = '-5'"),
+                        ("1,1,16,completed,30.0,inf,60", "row 2: tokens_per_s_per_gpu"),
+                        ("1,x,16,completed,30.0,8000,60", "row 2: not a layout")]:
+        path.write_text(header + bad + "\n")
+        with pytest.raises(ConfigError, match=needle.replace("(", "\\(")):
+            table_index(read_table(path))
+
+
 def test_refuses_without_a_completed_trial(tmp_path):
     repo, study, _ = _study_with_trial(tmp_path, FULL, status="oom")
     with pytest.raises(StudyError, match="no completed trial"):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend, Reporter, TrialOutcome, TrialSpec, TrialStatus
+from autotune._numbers import is_positive_finite
 from autotune.backends.validation import parse_result
 from autotune.config import ALL_KNOBS, LayoutConfig
 from autotune.errors import ConfigError
@@ -24,9 +25,9 @@ RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_g
 def read_table(path: str | Path):
     import pandas as pd
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--replay file {path} does not exist")
+    from autotune._paths import require_file
+
+    path = require_file(path, "--replay file")
     try:
         frame = pd.read_parquet(path) if path.suffix in (".parquet", ".pq") else pd.read_csv(path)
     except Exception as exc:  # pandas raises many types for a malformed file
@@ -47,12 +48,47 @@ def _clean(value: Any) -> Any:
 
 
 def table_index(frame) -> dict[str, dict[str, Any]]:
-    index: dict[str, dict[str, Any]] = {}
-    for row in frame.to_dict(orient="records"):
+    """Canonical layout key -> the result a run of it replays. Every row is checked first (one line
+    naming the row: a status other than completed / oom / failed, a metric that is not a finite number
+    > 0). A layout with several rows (a study's table holds repeated runs) replays the mean of its
+    completed runs (their largest peak), or its first row when none completed."""
+    from autotune.backends.validation import METRIC_KEYS, RESULT_STATUSES
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for number, row in enumerate(frame.to_dict(orient="records"), start=2):  # the CSV's line (header = 1)
         row = {k: _clean(v) for k, v in row.items()}
-        config = LayoutConfig.from_mapping({k: row[k] for k in ALL_KNOBS if k in row and row[k] is not None})
-        index[config.key()] = {k: row.get(k) for k in RESULT_COLUMNS if k in row}
-    return index
+        status = str(row.get("status")).lower()
+        if status not in RESULT_STATUSES:
+            raise ConfigError(f"--replay table, row {number}: status {str(row.get('status'))[:40]!r} "
+                              f"(must be one of {', '.join(RESULT_STATUSES)})")
+        for key in METRIC_KEYS:
+            value = row.get(key)
+            if value is not None and not is_positive_finite(value):
+                raise ConfigError(f"--replay table, row {number}: {key} = {str(value)[:40]!r} "
+                                  "(must be a finite number > 0, or empty)")
+        if status == "completed" and row.get("step_time_s") is None and row.get("tokens_per_s_per_gpu") is None:
+            raise ConfigError(f"--replay table, row {number}: completed without a step_time_s or "
+                              "tokens_per_s_per_gpu (an empty cell and NaN read alike)")
+        try:
+            config = LayoutConfig.from_mapping({k: row[k] for k in ALL_KNOBS if k in row and row[k] is not None})
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise ConfigError(f"--replay table, row {number}: not a layout ({str(exc)[:120]})") from None
+        groups.setdefault(config.key(), []).append({**{k: row.get(k) for k in RESULT_COLUMNS if k in row},
+                                                    "status": status})
+    return {key: _merged(rows) for key, rows in groups.items()}
+
+
+def _merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    completed = [r for r in rows if r["status"] == "completed"]
+    if len(completed) < 2:
+        return completed[0] if completed else rows[0]
+    merged = dict(completed[0])
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"):
+        values = [r[key] for r in completed if r.get(key) is not None]
+        merged[key] = sum(values) / len(values) if values else None
+    peaks = [r["peak_mem_gib"] for r in completed if r.get("peak_mem_gib") is not None]
+    merged["peak_mem_gib"] = max(peaks) if peaks else None
+    return merged
 
 
 def table_keys(path: str | Path) -> set[str]:

@@ -52,16 +52,12 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_import_log(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from autotune._paths import require_file
     from autotune.cli._options import layout_from_flags
     from autotune.cli._study_cmds import open_repo
     from autotune.controller.imports import import_log
-    from autotune.errors import ConfigError
 
-    path = Path(args.log)
-    if not path.is_file():
-        raise ConfigError(f"log file {path} does not exist")
+    path = require_file(args.log, "log file")
     repo = open_repo(args, read_only=True)  # the study must exist already
     trial = import_log(repo, repo.get_study(args.study), layout_from_flags(args), path.read_text(errors="replace"),
                        source=str(path))

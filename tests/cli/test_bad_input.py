@@ -83,6 +83,9 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
      "cannot be read"),  # pandas' multi-line parser error stays one line
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
+    ("nsys-rank-beyond-the-trial", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,99999"],
+     "ranks 0..15"),
+    ("gpus-per-node-1e9", ["estimate", "--model", "qwen3_30b", "--gpus-per-node", "1000000000"], "at most 72"),
     ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
      "--workdir"),  # where the trial specs go: refused before anything runs
     ("estimate-huge-dispatcher-sms", ["estimate", "--model", "qwen3_30b", "--ep", "16", "--dispatcher-sms",
@@ -114,6 +117,9 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-zero-ms", ["import-log", "{log0}", "--study", "demo", "--storage", "{url}"], "not a measurement"),
     ("import-log-1e-6-ms", ["import-log", "{log_tiny}", "--study", "demo", "--storage", "{url}"],
      "impossible figures"),
+    ("import-log-a-device", ["import-log", "/dev/zero", "--study", "demo", "--storage", "{url}"],
+     "not a regular file"),
+    ("replay-a-folder", [*START, "--backend", "replay", "--replay", "{tmp}", "--storage", "{url}"], "is a folder"),
     ("import-log-3e30-ms", ["import-log", "{log_huge}", "--study", "demo", "--storage", "{url}"],
      "no training step runs that slowly"),
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
