@@ -364,3 +364,30 @@ def test_a_knob_variant_replays_as_itself_not_as_its_layout(tmp_path):
     for config, step_s in ((variant, 20.0), (layout, 30.0)):
         outcome = backend.run(make_spec(config=config.to_dict()), lambda r: None, threading.Event())
         assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == step_s
+
+
+def test_a_study_replayed_from_its_own_table_replays_its_knob_variants_too(tmp_path):
+    """A study that tuned performance knobs, exported as a table and replayed with a larger budget:
+    once its layouts are replayed the knob phase replays the variants the table holds (the best
+    configuration had a CUDA-graph setting and was never replayed before), and only those."""
+    from autotune.controller.session import build_controller, create_study
+    from autotune.space import load_space, make_workload
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'knobs.db'}")
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    first = create_study(repo, name="tuned", space=space, workload=workload, budget=12, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    build_controller(repo, first, dispatcher="inprocess").run()
+    table = tmp_path / "tuned.csv"
+    table.write_text(export.render(repo, repo.get_study("tuned"), "table"))
+    frame = pd.read_csv(table)
+    best_row = frame.loc[frame["tokens_per_s_per_gpu"].idxmax()]
+    assert any(pd.notna(best_row.get(k)) for k in ("cuda_graph", "ep_overlap", "dispatcher"))  # a variant won
+    replay = create_study(repo, name="replayed", space=space, workload=workload, budget=20, sampler="auto",
+                          backend="replay", backend_options={"replay": str(table)}, seed=0)
+    build_controller(repo, replay, dispatcher="inprocess").run()
+    trials = repo.trials(repo.get_study("replayed").id, dispatched_only=True)
+    assert all(t.status == "completed" for t in trials)  # nothing proposed that the table lacks
+    assert max(t.tokens_per_s_per_gpu for t in trials) == pytest.approx(best_row["tokens_per_s_per_gpu"])
+    repo.close()

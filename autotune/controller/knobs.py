@@ -60,7 +60,11 @@ class KnobPhase(Strategy):
             proposal = self._knob_proposal(state)
             if proposal is not None:
                 return proposal
-        return self.inner.propose(state)
+        proposal = self.inner.propose(state)
+        if proposal is None and (state.runs or state.variant_runs):
+            # every layout is tried (a small space, a replay table): the rest of the budget tunes knobs
+            return self._knob_proposal(state)
+        return proposal
 
     # --- the knob phase ------------------------------------------------------------------------------
 
@@ -110,7 +114,7 @@ class KnobPhase(Strategy):
                 key = candidate.key()
                 if key in state.variant_tried or state.index.get(key, -1) >= 0 and state.tried[state.index[key]]:
                     continue
-                if violations(candidate, workload):
+                if violations(candidate, workload) or (state.answerable is not None and key not in state.answerable):
                     continue
                 estimate = self._estimate(workload, candidate)
                 # a knob that adds memory (graphs, less recompute, the VPP EP overlap needs) must keep the

@@ -93,6 +93,7 @@ class Controller:
         if answerable is not None:  # a replay table: spend the budget only on what it measured
             legal = [c for c in legal if c.key() in answerable]
         self.state = SearchState.build(workload, legal)
+        self.state.answerable = answerable  # the knob phase proposes only the variants the table holds
         self.running: dict[int, _Running] = {}
         self.headroom_gib = (default_headroom_gib(workload) if opts.memory_headroom_gib is None
                              else float(opts.memory_headroom_gib))

@@ -70,6 +70,8 @@ class SearchState:
     # strategies that replay them into a sampler of their own
     outcomes: list[tuple[int, str, float | None]] = field(default_factory=list)
     dispatched: int = 0  # trials of this study sent to a backend (the budget they use)
+    # what the backend can answer (a replay table's keys, knob variants included); None: anything legal
+    answerable: set[str] | None = None
     pending: set[int] = field(default_factory=set)  # layouts whose runs are in flight (set_pending)
     headroom_gib: float = 0.0  # the recommended layout keeps this much below the GPU's memory
     physics: PhysicsCalibration = field(default_factory=PhysicsCalibration)
