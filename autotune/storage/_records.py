@@ -50,9 +50,21 @@ def _optional(check: Check) -> Check:
 
 def _knob_values(value: Any) -> bool:
     """A config: a JSON object of knob values, each a text, a bool, null or a number within float range
-    (the cost model's arrays hold them as floats: a 400-digit integer would end in an OverflowError)."""
-    return isinstance(value, dict) and all(
-        v is None or isinstance(v, (str, bool)) or is_finite_number(v) for v in value.values())
+    (the cost model's arrays hold them as floats: a 400-digit integer would end in an OverflowError),
+    that makes a configuration (known knobs, each of its type: `"tp": "abc"` is refused here, where the
+    message names the store, the row and the column, not later in whichever command reads it).
+    Legality is not checked: a stored layout may break a rule a newer autotune added."""
+    from autotune.config import LayoutConfig
+    from autotune.errors import ConfigError
+
+    if not (isinstance(value, dict) and all(
+            v is None or isinstance(v, (str, bool)) or is_finite_number(v) for v in value.values())):
+        return False
+    try:
+        LayoutConfig.from_mapping(value)
+    except (ConfigError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _step_times(value: Any) -> bool:

@@ -316,6 +316,9 @@ TAMPERED_ON_BOTH = [
     # JSON reads a 400-digit number as a Python int beyond float range: math.isfinite() raises on it
     ("autotune_trials", "step_times_s = '[1" + "0" * 400 + "]'", "step_times_s = [1000"),
     ("autotune_trials", "config = '{\"tp\": 1" + "0" * 400 + "}'", "config = {'tp': 1000"),
+    ("autotune_trials", "config = '{\"tp\": \"abc\"}'", "config = {'tp': 'abc'}"),  # no configuration
+    ("autotune_trials", "config = '{\"bogus_knob\": 2}'", "config = {'bogus_knob': 2}"),
+    ("autotune_studies", "space = '{\"domains\": {}, \"document\": 5}'", "not a space"),
     ("autotune_studies", "workload = '{\"gpus\": 1" + "0" * 400 + ", \"gpus_per_node\": 8, \"gpu\": \"h100\", "
      "\"global_batch_size\": 512, \"seq_length\": 4096, \"precision\": \"bf16\"}'", "workload = {'gpus': 1000"),
     ("autotune_trials", "worker_losses = -1", "worker_losses = -1"),
