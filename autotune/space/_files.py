@@ -130,7 +130,8 @@ def _parse(text: str, label: str, source: str) -> SearchSpace:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{label}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())[:200]  # one line, whatever YAML says
+        raise ConfigError(f"{label}:{where} is not valid YAML ({problem})") from None
     except RecursionError:
         raise ConfigError(f"{label} nests too deeply to be a search space") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info)

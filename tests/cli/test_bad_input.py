@@ -123,6 +123,7 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-3e30-ms", ["import-log", "{log_huge}", "--study", "demo", "--storage", "{url}"],
      "no training step runs that slowly"),
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
+    ("space-nul-bytes", ["space", "--model", "qwen3_30b", "--space", "{nul}"], "is not valid YAML"),
     ("network-gbps-nan", [*START, "--network-gbps", "nan", "--storage", "{url}"], "--network-gbps"),
     ("network-gbps-zero", [*START, "--network-gbps", "0", "--storage", "{url}"], "--network-gbps"),
     ("network-gbps-gb-per-s-as-gbit", [*START, "--network-gbps", "3200", "--storage", "{url}"], "--network-gbps"),
@@ -146,12 +147,14 @@ CASES = [  # (id, argv with placeholders, words of the error)
 def _expand(args: list[str], url: str, folder) -> list[str]:
     binary = folder / "binary.yaml"
     binary.write_bytes(bytes(range(256)) * 4)
+    nul = folder / "nul.yaml"  # valid UTF-8, but YAML refuses NUL (its message spans lines)
+    nul.write_bytes(b"A=1\x00B=2\x00")
     other = folder / "other.db"
     with sqlite3.connect(other) as db:  # another store: any SQLite file
         db.execute("CREATE TABLE t (x)")
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
               "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
-              "binary": str(binary), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}
+              "binary": str(binary), "nul": str(nul), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}
     return [a.format(**values) if "{" in a and "}" in a and "(" not in a else a for a in args]
 
 
