@@ -266,7 +266,8 @@ class _Reader:
         keys = ("gpus", "gpus_per_node", "gpu", "global_batch_size", "seq_length", "precision", "layout")
         d = self.mapping(value, "defaults", keys + ("network_gbps",), keys)
         for key in ("gpus", "gpus_per_node", "global_batch_size", "seq_length"):
-            self.typed(d[key], f"defaults.{key}", int)
+            if self.typed(d[key], f"defaults.{key}", int) < 1:
+                raise self.fail(f"defaults.{key}", f"must be >= 1, got {d[key]}")
         if d["precision"] not in PRECISIONS:
             raise self.fail("defaults.precision", f"must be one of {', '.join(PRECISIONS)}")
         try:

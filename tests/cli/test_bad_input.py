@@ -66,6 +66,7 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
     ("  account_for_loss: false", "  account_for_loss: false\n  layouts: [5]", "pipeline.layouts"),
     ("name: qwen3_30b", "name: \"x(): pass\\n__import__('os').system('touch PWNED')\\ndef y\"", "key 'name'"),
     ("  gpu: h100", "  gpu: h100\n  network_gbps: .inf", "defaults.network_gbps"),
+    ("  gpus: 16", "  gpus: 0", "defaults.gpus"),
     ("  gpu: h100", "  gpu: h100\n  network_gbps: 1" + "0" * 5000, "cannot read as a number"),
     # a terminal escape in a name that reaches the terminal
     ("display_name: Qwen3-30B-A3B", 'display_name: "Qwen3\\e]0;owned\\a\\e[31m"', "key 'display_name'"),
