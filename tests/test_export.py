@@ -391,3 +391,31 @@ def test_a_study_replayed_from_its_own_table_replays_its_knob_variants_too(tmp_p
     assert all(t.status == "completed" for t in trials)  # nothing proposed that the table lacks
     assert max(t.tokens_per_s_per_gpu for t in trials) == pytest.approx(best_row["tokens_per_s_per_gpu"])
     repo.close()
+
+
+def test_export_output_through_a_symlink_a_fifo_and_dev_stdout(cli, tmp_path):
+    """-o follows a symlink (the file it names is replaced whole, the link stays), writes a FIFO or
+    /dev/stdout directly (never replaced by a file, never read first), and then says what it wrote on
+    stderr, so stdout holds the export alone."""
+    import os
+    import threading
+
+    repo, study, _ = _study_with_trial(tmp_path, FULL)
+    real, link = tmp_path / "real.csv", tmp_path / "link.csv"
+    real.write_text("old")
+    link.symlink_to(real)
+    result = cli("export", "ex", "--format", "table", "-o", str(link), "--storage", repo.url)
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and real.read_text().startswith("tp,")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    result = cli("export", "ex", "--format", "json", "-o", str(fifo), "--storage", repo.url, timeout=60)
+    reader.join(30)
+    assert result.returncode == 0 and json.loads(received[0])["trial"] == 1
+    assert fifo.exists() and not fifo.is_file()
+    result = cli("export", "ex", "--format", "json", "-o", "/dev/stdout", "--storage", repo.url, timeout=60)
+    assert result.returncode == 0 and json.loads(result.stdout)["trial"] == 1
+    assert "wrote /dev/stdout" in result.stderr

@@ -57,8 +57,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             _write(args.output, text)
     except OSError as exc:  # a missing or read-only folder, a full disk
         raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    # without -o the export itself is on stdout, so the note goes to stderr
-    print(f"wrote {args.output or 'the export to stdout'}: {what}", file=sys.stdout if args.output else sys.stderr)
+    # without -o (or with -o /dev/stdout, a pipe...) the export itself may be on stdout: the note goes to stderr
+    to_file = bool(args.output) and Path(args.output).is_file()
+    print(f"wrote {args.output or 'the export to stdout'}: {what}", file=sys.stdout if to_file else sys.stderr)
     return 0
 
 
@@ -67,8 +68,10 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 def _check_output(output: str, storage_url: str) -> None:
     """Refuse an output that would overwrite a database: the store being read (its file or the
-    -wal / -shm / -journal files beside it) or any other SQLite file (another study store)."""
+    -wal / -shm / -journal files beside it) or any other SQLite file (another study store). Only a
+    regular file's header is read: a FIFO or a device (`-o /dev/stdout`) is never opened here."""
     import os
+    import stat
 
     from autotune.errors import ConfigError
     from autotune.storage._engine import sqlite_path
@@ -82,13 +85,15 @@ def _check_output(output: str, storage_url: str) -> None:
                 same = own.exists() and target.exists() and os.path.samefile(target, own)
             except OSError:
                 same = False
-            if same or os.path.abspath(target) == os.path.abspath(own):
+            if same or os.path.realpath(target) == os.path.realpath(own):
                 raise ConfigError(f"refusing to write the export over {output}: it is the study store's own "
                                   f"database{' file' if not suffix else ' (' + suffix.lstrip('-') + ' file)'}")
     try:
+        if not stat.S_ISREG(os.stat(target).st_mode):
+            return
         with open(target, "rb") as handle:
             header = handle.read(len(SQLITE_HEADER))
-    except OSError:  # absent (the usual case), a folder, unreadable: the write reports what is wrong
+    except OSError:  # absent (the usual case), unreadable: the write reports what is wrong
         return
     if header == SQLITE_HEADER:
         raise ConfigError(f"refusing to write the export over {output}: it is an SQLite database")
@@ -96,17 +101,31 @@ def _check_output(output: str, storage_url: str) -> None:
 
 def _write(output: str | None, content) -> None:
     """`content` (text, or a function writing a file at the path it is given) to `output`, or the text
-    to stdout. The file is written beside the target and renamed over it, so a failed or interrupted
-    export leaves the old file whole, never half a file."""
+    to stdout. A regular file (or a new one) is written beside the target and renamed over it, so a
+    failed or interrupted export leaves the old file whole, never half a file; a symlink is followed
+    (the file it names is replaced, the link stays); a device or FIFO (`-o /dev/stdout`) is written
+    directly."""
     import os
+    import stat
     import tempfile
 
     if not output:
         sys.stdout.write(content)
         return
-    target = Path(output)
-    if target.is_dir():
+    try:
+        mode = os.stat(output).st_mode  # of what the path names, symlinks followed
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "Is a directory", output)
+    if mode is not None and not stat.S_ISREG(mode):  # a device, a FIFO, /dev/stdout on a pipe
+        if callable(content):
+            content(output)
+        else:
+            with open(output, "w", encoding="utf-8") as handle:
+                handle.write(content)
+        return
+    target = Path(os.path.realpath(output))  # a regular file (or a new one): through any symlink
     fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:
         if callable(content):
@@ -115,7 +134,7 @@ def _write(output: str | None, content) -> None:
         else:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(content)
-        os.chmod(temp, 0o666 & ~_umask())
+        os.chmod(temp, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
