@@ -189,6 +189,11 @@ class Backend(ABC):
         one line naming the flag. Default: nothing depends on it."""
 
     @classmethod
+    def check_local(cls, options: dict[str, Any]) -> None:
+        """Check what only this machine can check (its folders), when the trials run on it (a local Ray;
+        with --ray-address they run on other nodes, whose folders may differ). Default: nothing."""
+
+    @classmethod
     def answerable_layouts(cls, options: dict[str, Any]) -> set[str] | None:
         """Canonical keys of the only layouts this backend can answer (a replay table's), or None
         when it can run any legal layout. The search then spends its budget only on these."""

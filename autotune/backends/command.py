@@ -49,8 +49,11 @@ class CommandBackend(Backend):
         if not options.get("command"):
             raise ConfigError("--backend command needs --command \"CMD ARGS\"")
         check_command(options["command"])
-        check_workdir(options)
         return options
+
+    @classmethod
+    def check_local(cls, options: dict[str, Any]) -> None:
+        check_workdir(options)
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         options = {**self.options, **spec.backend_options}

@@ -163,6 +163,12 @@ class MegatronBackend(Backend):
         return options
 
     @classmethod
+    def check_local(cls, options: dict[str, Any]) -> None:
+        from autotune.backends.runs import check_workdir
+
+        check_workdir(options)
+
+    @classmethod
     def check_for_workload(cls, options: dict[str, Any], workload: Any) -> None:
         ranks = workload.cluster.gpus
         beyond = [r for r in options.get("nsys_ranks", []) if r >= ranks]

@@ -38,7 +38,7 @@ def check_workdir(options: dict[str, Any]) -> None:
 
     from autotune.errors import ConfigError
 
-    path = Path(options.get("workdir") or DEFAULT_WORKDIR).expanduser()
+    path = Path(options.get("workdir") or DEFAULT_WORKDIR)  # as study_dir reads it (no ~ expansion)
     missing = []
     probe = path
     while not probe.exists() and probe != probe.parent:

@@ -144,7 +144,8 @@ def _check_positive(name: str, value: int | float | None) -> None:
 def cmd_start(args: argparse.Namespace) -> int:
     from autotune.backends._reach import check_reachable
     from autotune.megatron import benchmark_only
-    from autotune.controller.session import check_study_inputs, check_study_name, create_study, start_ray_dispatcher
+    from autotune.controller.session import (check_name_free, check_study_inputs, check_study_name, create_study,
+                                             start_ray_dispatcher)
     from autotune.errors import ConfigError
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
@@ -168,14 +169,22 @@ def cmd_start(args: argparse.Namespace) -> int:
     _check_metrics_port(args.metrics_port)
     if not address and args.local_gpus is not None and args.local_gpus < workload.cluster.gpus:
         raise ConfigError(f"--local-gpus {args.local_gpus}: one trial needs {workload.cluster.gpus} GPUs")
-    # Ray first: a cluster that cannot be reached, or is too small for one trial, leaves no study behind
+    repo = open_repo(args)
+    if args.study is not None:
+        check_name_free(repo, args.study)  # said at once, not after Ray has started
+    if not address:
+        backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
+    # Ray before the study is stored: a cluster that cannot be reached, or is too small for one trial,
+    # leaves no study behind
     if not args.json:
         print(f"connecting to the Ray cluster at {address} ..." if address else
               f"starting a local Ray with {args.local_gpus or workload.cluster.gpus} logical GPUs ...", flush=True)
-    dispatcher = start_ray_dispatcher(args.backend, backend_options, workload, ray_address=address,
-                                      local_gpus=args.local_gpus, max_concurrent=args.max_concurrent)
+    from autotune._signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # a SIGTERM while Ray starts ends like Ctrl-C (exit 143)
+        dispatcher = start_ray_dispatcher(args.backend, backend_options, workload, ray_address=address,
+                                          local_gpus=args.local_gpus, max_concurrent=args.max_concurrent)
     try:
-        repo = open_repo(args)
         study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
                              sampler=args.sampler, backend=args.backend, backend_options=backend_options,
                              seed=args.seed, options=options)
@@ -277,7 +286,12 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     if args.metrics_port:
         from autotune.metrics import serve
 
-        serve(repo, args.metrics_port)
+        try:
+            serve(repo, args.metrics_port)
+        except BaseException:
+            if dispatcher is not None:  # started by `start`: nothing else would release it
+                dispatcher.shutdown()
+            raise
     from autotune._signals import sigterm_as_interrupt
 
     view = _LiveView(repo, study, quiet=args.json)

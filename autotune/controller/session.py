@@ -88,9 +88,7 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
     check_study_inputs(space, workload, budget, sampler, backend, backend_options)
     name = check_study_name(name or default_study_name(workload))
     stored = study_options(options, seed).to_stored()
-    if repo.find_study(name) is not None:
-        raise StudyError(f"study {name!r} already exists: continue it with `autotune resume {name}` "
-                         "or choose another --study")
+    check_name_free(repo, name)
     # the Optuna study carries the study's name (`optuna.load_study(study_name=name)`); one that autotune
     # left from a start that failed half-way is replaced, another tool's is a StudyError
     OptunaStudy(repo.url, name, space, sampler, seed, create=True)
@@ -103,6 +101,13 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
     except BaseException:
         _drop_orphan_optuna_study(repo.url, name)  # both records or neither
         raise
+
+
+def check_name_free(repo: Repository, name: str) -> None:
+    """StudyError when the store already holds a study of that name."""
+    if repo.find_study(name) is not None:
+        raise StudyError(f"study {name!r} already exists: continue it with `autotune resume {name}` "
+                         "or choose another --study")
 
 
 def check_study_name(name: str) -> str:
