@@ -19,6 +19,7 @@ from autotune.backends.validation import parse_result
 from autotune.config import ALL_KNOBS, LayoutConfig
 from autotune.errors import ConfigError
 
+ANSWERED_NOTHING = ("pruned", "timeout", "lost", "cancelled")  # statuses replayed as a failed run
 RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "error")
 
 
@@ -58,6 +59,8 @@ def table_index(frame) -> dict[str, dict[str, Any]]:
     for number, row in enumerate(frame.to_dict(orient="records"), start=2):  # the CSV's line (header = 1)
         row = {k: _clean(v) for k, v in row.items()}
         status = str(row.get("status")).lower()
+        if status in ANSWERED_NOTHING:  # tables exported before 2026-11-24 held these: no result to replay
+            status = "failed"
         if status not in RESULT_STATUSES:
             raise ConfigError(f"--replay table, row {number}: status {str(row.get('status'))[:40]!r} "
                               f"(must be one of {', '.join(RESULT_STATUSES)})")
@@ -79,13 +82,18 @@ def table_index(frame) -> dict[str, dict[str, Any]]:
 
 
 def _merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result for a layout's rows: the mean step time of its completed runs, and throughputs that
+    agree with it (harmonic means: a throughput is work over the step time); without a completed run an
+    OOM row (it tells the memory model most), else the first."""
     completed = [r for r in rows if r["status"] == "completed"]
     if len(completed) < 2:
-        return completed[0] if completed else rows[0]
+        return completed[0] if completed else next((r for r in rows if r["status"] == "oom"), rows[0])
     merged = dict(completed[0])
-    for key in ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"):
+    steps = [r["step_time_s"] for r in completed if r.get("step_time_s") is not None]
+    merged["step_time_s"] = sum(steps) / len(steps) if steps else None
+    for key in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"):
         values = [r[key] for r in completed if r.get(key) is not None]
-        merged[key] = sum(values) / len(values) if values else None
+        merged[key] = len(values) / sum(1 / v for v in values) if values else None
     peaks = [r["peak_mem_gib"] for r in completed if r.get("peak_mem_gib") is not None]
     merged["peak_mem_gib"] = max(peaks) if peaks else None
     return merged
