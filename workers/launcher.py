@@ -41,10 +41,10 @@ def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snap
         "dataset.blend=null", "dataset.blend_per_split=null",  # mock data
         "tokenizer.use_tokenizer_vocab_size=false",  # keep the model's real vocabulary
     ]
-    from autotune.space import get_model
+    from workers.result import spec_model
 
     options = spec.get("backend_options", {})
-    is_moe = get_model(spec["model"]).architecture.is_moe
+    is_moe = spec_model(spec).architecture.is_moe
     if options.get("dispatcher", "alltoall") == "alltoall" and is_moe:
         overrides += ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
     if nsys_ranks:
@@ -62,10 +62,10 @@ def build_config(spec: dict[str, Any], extra_overrides: list[str]):
     from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
     from transformers import AutoConfig
 
-    from autotune.space import get_model
     from autotune.megatron.hf_config import hf_config
+    from workers.result import spec_model
 
-    model = get_model(spec["model"])
+    model = spec_model(spec)
     fields = hf_config(model)
     hf = AutoConfig.for_model(fields.pop("model_type"), **fields)
 

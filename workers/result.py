@@ -24,6 +24,18 @@ def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
     tmp.replace(path)  # readers never see half a file
 
 
+def spec_model(spec: dict[str, Any]):
+    """The trial's model: from the study's own space text when the spec carries it (a user's space file,
+    or the installed one as it was when the study began), else from the installed catalog."""
+    from autotune.space import get_model, load_space_document
+
+    options = spec.get("backend_options") or {}
+    document = options.get("space_document")
+    if isinstance(document, str) and document:
+        return load_space_document(document, str(options.get("space_source") or spec["model"])).model
+    return get_model(spec["model"])
+
+
 def rank_result_path(result: str | os.PathLike, rank: int) -> Path:
     result = Path(result)
     return result.with_name(f"{result.stem}.rank{rank}{result.suffix}")
@@ -32,14 +44,13 @@ def rank_result_path(result: str | os.PathLike, rank: int) -> Path:
 def success_result(spec: dict[str, Any], times_s: list[float], allocated_gib: float, reserved_gib: float) -> dict:
     """Throughput from the measured iterations (after the warm-up), MFU against the BF16 peak."""
     from autotune.catalog import get_gpu
-    from autotune.space import get_model
     from autotune.cost.flops import measured_throughput
 
     warmup = int(spec["warmup_steps"])
     measured = times_s[warmup:] or times_s
     step = statistics.mean(measured)
     tokens, tflops, mfu = measured_throughput(
-        get_model(spec["model"]).architecture, get_gpu(spec["gpu"]).bf16_peak_tflops,
+        spec_model(spec).architecture, get_gpu(spec["gpu"]).bf16_peak_tflops,
         global_batch_size=spec["global_batch_size"], seq_length=spec["seq_length"], gpus=spec["gpus"],
         tp=int(spec["config"].get("tp", 1)), step_time_s=step)
     return {"status": "completed", "step_time_s": step, "tokens_per_s_per_gpu": tokens, "tflops_per_gpu": tflops,

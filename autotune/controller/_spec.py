@@ -3,8 +3,6 @@ protocol's input) and the model's prediction stored beside the measurement."""
 
 from __future__ import annotations
 
-import functools
-
 from typing import Any
 
 from autotune.backends import TrialSpec
@@ -14,7 +12,7 @@ from autotune.controller.state import SearchState
 from autotune.cost import estimate
 from autotune.megatron import benchmark_only
 from autotune.megatron.overrides import layout_overrides
-from autotune.space import SearchSpace, space_dir
+from autotune.space import SearchSpace
 from autotune.storage import Study
 
 
@@ -22,9 +20,9 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                attempt: int, config: LayoutConfig) -> TrialSpec:
     w = workload
     backend_options = dict(study.backend_options)
-    if space.document and space.document != _installed_text(w.model.name):
-        # the worker rebuilds the model from the study's own space (a file of the user's, or an older
-        # version of the installed one), not from whatever the installed file holds now
+    if space.document:
+        # the worker rebuilds the model (architecture, recipe) from the study's own space text, not from
+        # the file a worker image of another autotune version, or an edited file, holds now
         backend_options["space_document"] = space.document
         backend_options["space_source"] = space.source
     if w.cluster.network_gbps is not None:
@@ -39,14 +37,6 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                      timeout_s=float(options.trial_timeout_s), warmup_steps=int(options.warmup_steps),
                      measured_steps=int(options.measured_steps), seed=int(options.seed or 0),
                      backend_options=backend_options)
-
-
-@functools.lru_cache(maxsize=16)
-def _installed_text(model: str) -> str | None:
-    try:
-        return (space_dir() / f"{model}.yaml").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def prediction(state: SearchState, workload: Workload, config: LayoutConfig) -> dict[str, Any]:

@@ -303,3 +303,19 @@ def test_import_log_into_a_study(cli, tmp_path):
     assert oom["status"] == "oom"
     bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--storage", url)
     assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr
+
+
+def test_the_worker_builds_the_model_from_the_studys_space_text():
+    """A study's space text travels in the spec: the worker's model is that one (a model the installed
+    catalog does not have, or the installed file as it was when the study began), not the catalog's."""
+    from autotune.space import space_dir
+    from workers.result import spec_model
+
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    mine = text.replace("name: qwen3_30b", "name: my_qwen", 1).replace("num_layers: 48", "num_layers: 24", 1)
+    spec = {"model": "my_qwen", "backend_options": {"space_document": mine, "space_source": "/home/me/my_qwen.yaml"}}
+    model = spec_model(spec)
+    assert model.name == "my_qwen" and model.architecture.num_layers == 24
+    assert spec_model({"model": "qwen3_30b", "backend_options": {}}).architecture.num_layers == 48
+    overrides = short_run_overrides({**spec, "warmup_steps": 1, "measured_steps": 1}, [], None)
+    assert "model.moe_token_dispatcher_type=alltoall" in overrides  # read from the stored text's MoE model
