@@ -31,6 +31,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune.errors import ConfigError
 
     check_port("--port", args.port, allow_zero=True)
+    args.host = args.host.strip("[]")  # an IPv6 address as written in a URL: [::1]
     repo = open_repo(args, read_only=True)
     if not is_loopback(args.host):
         sys.stderr.write(f"autotune dashboard: warning: --host {args.host} serves every study, its configs and "
@@ -41,7 +42,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     host, port = server.server_address[:2]
-    print(f"autotune dashboard on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL is bracketed
+    print(f"autotune dashboard on http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autotune.cli._checks import float_in, positive
+from autotune.cli._checks import float_in, int_in, positive
 from autotune.config import (ALL_KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_BOOL_KNOBS, PERF_CHOICES,
                              PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload, coerce_knob)
 from autotune.errors import ConfigError
+
+MAX_GPUS_PER_NODE = 72
 
 
 def add_workload_options(parser: argparse.ArgumentParser, model_required: bool = True) -> None:
@@ -16,7 +18,8 @@ def add_workload_options(parser: argparse.ArgumentParser, model_required: bool =
     group.add_argument("--model", required=model_required, help="catalog name (see `autotune models`)")
     group.add_argument("--space", help="a search-space YAML file to use instead of the model's own")
     group.add_argument("--gpus", type=positive("--gpus"), help="GPUs one trial uses (the world size)")
-    group.add_argument("--gpus-per-node", type=positive("--gpus-per-node"),
+    # a bound on the flag, not on stored studies: the largest NVLink domain (NVL72) is a rack of 4-GPU nodes
+    group.add_argument("--gpus-per-node", type=int_in(1, MAX_GPUS_PER_NODE, "--gpus-per-node"),
                        help="GPUs per node (default: the recipe's, or the GPU type's with --gpu: 8, 4 on NVL72)")
     group.add_argument("--gpu", help="GPU type: a100, h100, h200, b200, b300, gb200, gb300")
     group.add_argument("--global-batch-size", type=positive("--global-batch-size"),

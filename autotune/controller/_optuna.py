@@ -135,7 +135,8 @@ def _make_room(storage: optuna.storages.RDBStorage, name: str) -> None:
         # a study of another tool, or one another `autotune start` of this name is creating right now
         # (its autotune record follows within a second): never delete it under that start
         raise StudyError(f"the storage holds an Optuna study named {name!r} that is not a leftover of a failed "
-                         "start (another tool's, or another `autotune start` creating it now): choose another --study")
+                         f"start (another tool's, or another `autotune start` creating it now; a start that failed "
+                         f"leaves one that gives way after {ORPHAN_AGE_S / 60:g} minutes): choose another --study")
     storage.delete_study(study_id)
 
 

@@ -9,6 +9,7 @@ page loads nothing from the network and works offline).
 from __future__ import annotations
 
 import json
+import os
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -307,8 +308,9 @@ class DashboardApp:
                 continue
         return None
 
-    def artifact(self, name: str, number: int, key: str) -> tuple[bytes, str] | None:
-        """An artifact's bytes, only when the recorded path resolves into the study's own run folder."""
+    def artifact(self, name: str, number: int, key: str) -> tuple[bytes, str, str] | None:
+        """An artifact's bytes, Content-Type and file name, only when the recorded path resolves into the
+        study's own run folder."""
         from autotune.dashboard._artifacts import artifact_type, read_confined
 
         study = self.repo.get_study(name)
@@ -318,7 +320,7 @@ class DashboardApp:
         data = read_confined(path, study.backend_options, study.name)
         if data is None:
             return None
-        return data, artifact_type(path)
+        return data, artifact_type(path), os.path.basename(path)
 
     def api(self, name: str) -> bytes:
         return leaderboard.to_json(leaderboard.build(self.repo, self.repo.get_study(name))).encode()

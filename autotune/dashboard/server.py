@@ -56,7 +56,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
               artifact: str | None = None) -> None:
-        """`artifact`: the file name of a launcher-written artifact (served sandboxed, see _artifacts)."""
+        """`artifact`: the file name of a launcher-written artifact (served sandboxed, see _artifacts;
+        a download keeps its name and extension, reduced to safe characters)."""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -98,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if found is None:
                     self._send(404, page("not found", "<h1>artifact not found</h1>"))
                 else:
-                    self._send(200, found[0], found[1], artifact=parts[3])
+                    self._send(200, found[0], found[1], artifact=found[2])
             else:
                 self._send(404, page("not found", "<h1>not found</h1>"))
         except StudyError as exc:

@@ -166,11 +166,13 @@ class _Reader:
             raise self.fail(key, f"must be {kind.__name__}, got {value!r}")
         return value
 
-    def text(self, value: Any, key: str, allow_empty: bool = False, limit: int = 200) -> str:
+    def text(self, value: Any, key: str, allow_empty: bool = False, limit: int = 200, lines: bool = False) -> str:
         """A string shown to people (terminal, dashboard): printable, no control characters (a terminal
-        escape sequence would reach the user's terminal), 1..limit characters."""
+        escape sequence would reach the user's terminal), 1..limit characters; with `lines`, line breaks
+        too (a YAML block scalar)."""
         value = self.typed(value, key, str)
-        if (not value and not allow_empty) or len(value) > limit or not value.isprintable():
+        shown = value.replace("\n", " ") if lines else value
+        if (not value and not allow_empty) or len(value) > limit or not shown.isprintable():
             raise self.fail(key, f"must be {'' if allow_empty else '1..'}{limit} printable characters "
                                  f"(no control characters), got {value[:40]!r}")
         return value
@@ -233,7 +235,7 @@ class _Reader:
             recipe_function=self.typed(recipe["function"], "recipe.function", str),
             recipe_target=self.typed(recipe["target"], "recipe.target", str),
             exportable=self.typed(recipe.get("exportable", True), "recipe.exportable", bool),
-            recipe_note=self.text(recipe.get("note", ""), "recipe.note", allow_empty=True),
+            recipe_note=self.text(recipe.get("note", ""), "recipe.note", allow_empty=True, limit=2000, lines=True),
             hf_model_type=self.typed(hf["model_type"], "hf.model_type", str),
             hf_architecture=self.typed(hf["architecture"], "hf.architecture", str),
             architecture=self.architecture(doc["architecture"]),

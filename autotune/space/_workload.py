@@ -11,9 +11,6 @@ from autotune.errors import ConfigError
 from autotune.space._files import SearchSpace, load_space, load_space_document
 
 
-MAX_GPUS_PER_NODE = 72
-
-
 def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
                   gpu: str | None = None, global_batch_size: int | None = None,
                   seq_length: int | None = None, precision: str | None = None,
@@ -29,8 +26,6 @@ def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node:
     for name, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    if gpus_per_node > MAX_GPUS_PER_NODE:  # the largest NVLink domain (NVL72) is a rack of 4-GPU nodes
-        raise ConfigError(f"--gpus-per-node must be at most {MAX_GPUS_PER_NODE}, got {gpus_per_node}")
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise ConfigError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}")
     if gpus < gpus_per_node and gpus_per_node % gpus:

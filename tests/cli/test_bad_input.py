@@ -86,7 +86,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("nsys-rank-beyond-the-trial", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,99999"],
      "ranks 0..15"),
-    ("gpus-per-node-1e9", ["estimate", "--model", "qwen3_30b", "--gpus-per-node", "1000000000"], "at most 72"),
+    ("gpus-per-node-1e9", ["estimate", "--model", "qwen3_30b", "--gpus-per-node", "1000000000"],
+     "--gpus-per-node must be in 1..72"),
     ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
      "--workdir"),  # where the trial specs go: refused before anything runs
     ("estimate-huge-dispatcher-sms", ["estimate", "--model", "qwen3_30b", "--ep", "16", "--dispatcher-sms",
