@@ -51,8 +51,8 @@ def _clean(value: Any) -> Any:
 def table_index(frame) -> dict[str, dict[str, Any]]:
     """Canonical layout key -> the result a run of it replays. Every row is checked first (one line
     naming the row: a status other than completed / oom / failed, a metric that is not a finite number
-    > 0). A layout with several rows (a study's table holds repeated runs) replays the mean of its
-    completed runs (their largest peak), or its first row when none completed."""
+    > 0; rows of a status that answered nothing, from older exports, are failed runs). A layout with
+    several rows (a study's table holds repeated runs) replays them merged (_merged)."""
     from autotune.backends.validation import METRIC_KEYS, RESULT_STATUSES
 
     groups: dict[str, list[dict[str, Any]]] = {}

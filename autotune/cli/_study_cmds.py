@@ -191,7 +191,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     except BaseException:
         dispatcher.shutdown()
         raise
-    # the trials carry the options as stored (what `resume` would use)
+    # slots made later (a node lost) get the options as stored, as a `resume` would; each trial's spec
+    # carries them anyway (controller/_spec.py)
     dispatcher.backend_options = study.backend_options
     if not args.json:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
