@@ -70,7 +70,7 @@ def test_rejected_layouts_of_an_optuna_numbered_study_are_numbered_apart(storage
     repo.add_rejected_many(study.id, frontier)
     repo.add_rejected(study.id, {"tp": 3}, "k3", "heads_divisible_by_tp", "32 heads / TP 3")
     for number in (0, 1):
-        repo.claim_dispatch(study.id, {"tp": 1, "n": number}, f"k{number}", number, "c1", study.budget, number=number)
+        repo.claim_dispatch(study.id, {"tp": 1, "pp": number + 1}, f"k{number}", number, "c1", study.budget, number=number)
     unnumbered = repo.claim_dispatch(study.id, {"tp": 8}, "k8", None, "c1", study.budget)  # next free run number
     assert [(t.number, t.status) for t in repo.trials(study.id)] == [
         (0, "dispatched"), (1, "dispatched"), (2, "dispatched"), (REJECTED_BASE, "rejected"),
