@@ -106,9 +106,9 @@ def export_to_sqlite(report: Path) -> Path:
 
 
 def summarize(path: str | Path) -> list[DeviceSummary]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist")
+    from autotune._paths import require_file
+
+    path = require_file(path, "trace file")
     if path.suffix in (".nsys-rep", ".qdrep"):
         path = export_to_sqlite(path)
     return summarize_sqlite(path)

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autotune._paths import is_regular_file, require_file, shown
 from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
 from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS, LayoutConfig,
                              coerce_knob, is_network_gbps)
@@ -85,24 +86,13 @@ def list_models() -> list[ModelSpec]:
 def load_space(name_or_path: str) -> SearchSpace:
     """Load a model's space by catalog name (`qwen3_30b`) or by the path of a YAML file."""
     path = Path(name_or_path)
-    shown = name_or_path if len(name_or_path) <= 80 else f"{name_or_path[:60]}... ({len(name_or_path)} characters)"
     if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not _is_file(path):
-            raise ConfigError(f"search space file {shown} does not exist")
-        return _load_path(str(path.resolve()))
+        return _load_path(str(require_file(path, "search space file").resolve()))
     candidate = space_dir() / f"{name_or_path}.yaml"
-    if not _is_file(candidate):
+    if not is_regular_file(candidate):
         known = ", ".join(available_space_names())
-        raise ConfigError(f"unknown model {shown!r} (known: {known})")
+        raise ConfigError(f"unknown model {shown(name_or_path)!r} (known: {known})")
     return _load_path(str(candidate))
-
-
-def _is_file(path: Path) -> bool:
-    """Path.is_file, False for a name the OS refuses (too long, a NUL byte) instead of raising."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
 
 
 @functools.lru_cache(maxsize=64)
@@ -171,8 +161,8 @@ class _Reader:
         escape sequence would reach the user's terminal), 1..limit characters; with `lines`, line breaks
         too (a YAML block scalar)."""
         value = self.typed(value, key, str)
-        shown = value.replace("\n", " ") if lines else value
-        if (not value and not allow_empty) or len(value) > limit or not shown.isprintable():
+        one_line = value.replace("\n", " ") if lines else value
+        if (not value and not allow_empty) or len(value) > limit or not one_line.isprintable():
             raise self.fail(key, f"must be {'' if allow_empty else '1..'}{limit} printable characters "
                                  f"(no control characters), got {value[:40]!r}")
         return value
