@@ -74,7 +74,7 @@ def _check_output(output: str, storage_url: str) -> None:
     import stat
 
     from autotune.errors import ConfigError
-    from autotune.storage._engine import sqlite_path
+    from autotune.storage import sqlite_path
 
     target = Path(output)
     store = sqlite_path(storage_url)

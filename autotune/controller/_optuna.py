@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 import warnings
 from typing import Any
 
@@ -123,8 +124,6 @@ ONE_TRANSACTION = _one_transaction_available()
 def _make_room(storage: optuna.storages.RDBStorage, name: str) -> None:
     """Before creating the Optuna study `name`: delete one that autotune created for an autotune study
     that does not exist (a start that failed half-way); refuse one that autotune did not create."""
-    import time
-
     try:
         study_id = storage.get_study_id_from_name(name)
     except KeyError:
@@ -160,8 +159,6 @@ class OptunaStudy:
                              "now): choose another --study") from None
         self.study_id = self.storage.get_study_id_from_name(study_name)
         if create:
-            import time
-
             self.storage.set_study_system_attr(self.study_id, CREATED_KEY, time.time())
             self.storage.set_study_system_attr(self.study_id, OWNER_KEY, study_name)
             with warnings.catch_warnings():  # set_metric_names is experimental since Optuna 3.2

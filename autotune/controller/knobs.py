@@ -56,12 +56,14 @@ class KnobPhase(Strategy):
         return 0 < self.budget - state.dispatched <= self.knob_slots()
 
     def propose(self, state: SearchState) -> Proposal | None:
-        if self.in_window(state) and (state.runs or state.variant_runs):
+        measured = bool(state.runs or state.variant_runs)
+        knobs_first = measured and self.in_window(state)
+        if knobs_first:
             proposal = self._knob_proposal(state)
             if proposal is not None:
                 return proposal
         proposal = self.inner.propose(state)
-        if proposal is None and (state.runs or state.variant_runs):
+        if proposal is None and measured and not knobs_first:
             # every layout is tried (a small space, a replay table): the rest of the budget tunes knobs
             return self._knob_proposal(state)
         return proposal
