@@ -75,3 +75,21 @@ def storage_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'autotune.db'}"
     return request.getfixturevalue("postgres_url")
+
+
+def wait_for_study(path, name: str, process, timeout_s: float = 120.0) -> None:
+    """Until the SQLite store at `path` holds study `name` (`autotune start` stores it once Ray is up), or
+    the process ended, or `timeout_s` passed (AssertionError). Tests that kill a start wait for this first."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                if db.execute("SELECT 1 FROM autotune_studies WHERE name = ?", (name,)).fetchone():
+                    return
+        except sqlite3.Error:  # not there yet, or its schema not yet written
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"study {name!r} was not stored within {timeout_s:g} s")

@@ -31,7 +31,7 @@ from autotune.controller.session import build_controller, create_study
 from autotune.space import load_space, make_workload
 from autotune.storage import Repository
 from autotune.storage.models import TrialRow
-from tests.conftest import FAKE_LAUNCHER
+from tests.conftest import FAKE_LAUNCHER, wait_for_study
 
 HOSTILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hostile_launcher.py")
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "AUTOTUNE_HEARTBEAT_S": "0.5"}
@@ -127,21 +127,6 @@ def _attempts(workdir: Path, study: str) -> dict[int, list[tuple[int, bool]]]:
     return {k: sorted(v) for k, v in found.items()}
 
 
-def _wait_for_study(path: Path, name: str, process, timeout_s: float = 120.0) -> None:
-    import sqlite3
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-                if db.execute("SELECT 1 FROM autotune_studies WHERE name = ?", (name,)).fetchone():
-                    return
-        except sqlite3.Error:  # not there yet, or its schema not yet written
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"study {name!r} was not stored within {timeout_s:g} s")
-
-
 @pytest.mark.slow
 def test_ten_sigkills_never_relaunch_a_run_that_had_finished(tmp_path):
     url, workdir, budget = f"sqlite:///{tmp_path / 'k.db'}", tmp_path / "runs", 10
@@ -156,7 +141,7 @@ def test_ten_sigkills_never_relaunch_a_run_that_had_finished(tmp_path):
         process = subprocess.Popen(start if cycle == 0 else resume, env=env, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
         if cycle == 0:  # start reaches Ray before it stores the study: kill it once there is one to resume
-            _wait_for_study(tmp_path / "k.db", "kills", process)
+            wait_for_study(tmp_path / "k.db", "kills", process)
         time.sleep(rng.uniform(3.0, 8.0))
         if process.poll() is not None:
             break

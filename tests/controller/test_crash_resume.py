@@ -19,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.storage import Repository
-from tests.conftest import FAKE_LAUNCHER
+from tests.conftest import FAKE_LAUNCHER, wait_for_study
 
 pytestmark = pytest.mark.slow
 KILLS = int(os.environ.get("AUTOTUNE_TEST_KILLS", "10"))
@@ -71,6 +71,8 @@ def test_sigkill_at_random_points_then_resume(tmp_path):
         command = start if cycle == 0 else resume
         process = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
+        if cycle == 0:  # start reaches Ray before it stores the study: kill it once there is one to resume
+            wait_for_study(tmp_path / "crash.db", "crash", process)
         time.sleep(rng.uniform(3.0, 9.0))
         finished = process.poll() is not None
         if not finished:
