@@ -109,7 +109,6 @@ def cmd_space(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from autotune.config import LayoutConfig
     from autotune.space import policy_violations, violations
 
     space, workload = load_space_and_workload(args)
@@ -132,16 +131,32 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _given(number: int, line: str) -> dict:
     """The knobs a stdin line gives, checked (a bad line is one error naming its number)."""
     config = _parse_line(number, line)  # checks every key and value
-    return {name: getattr(config, name) for name in json.loads(line)}
+    return {name: getattr(config, name) for name in json.loads(line, object_pairs_hook=_unique_keys)}
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose keys are all different (json keeps the last of a repeated key silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(repr(key)[:60])
+        out[key] = value
+    return out
 
 
 def _parse_line(number: int, line: str):
     from autotune.config import LayoutConfig
 
     try:
-        value = json.loads(line)
+        value = json.loads(line, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"stdin line {number} is not JSON ({exc.msg})") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"stdin line {number} gives {exc} twice: which one is meant?") from None
     except ValueError as exc:  # an integer of more than 4,300 digits
         raise ConfigError(f"stdin line {number} is not usable JSON ({str(exc)[:80]})") from None
     except RecursionError:

@@ -1,7 +1,7 @@
 """Reading `search_spaces/<model>.yaml`: a strict schema, errors that name the file and the key.
 
 A file holds values only (house rule 5): the model's architecture, its recipe, the recipe's defaults,
-the domain of every knob and the policy filters. Loaded with `yaml.safe_load`.
+the domain of every knob and the policy filters. Loaded with yaml's SafeLoader, refusing repeated keys.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import keyword
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from autotune.space._arch_checks import architecture_problem
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
+HF_EXTRA_NODES = 1000  # values in `hf.extra`, nested ones included
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,32 @@ def load_space_document(text: str, source: str) -> SearchSpace:
     return _parse(text, f"the space stored with the study (read from {source})", source)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently,
+    so `num_layers: 48` then `num_layers: 4` would model a four-layer model). Merge keys (<<) may be
+    overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {str(key)[:60]!r} given twice",
+                                                            key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def _parse(text: str, label: str, source: str) -> SearchSpace:
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -211,8 +236,6 @@ class _Reader:
         self.python_name(recipe["function"], "recipe.function", with_function=False)
         self.python_name(recipe["target"], "recipe.target", with_function=True)
         hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture", "extra"), ("model_type", "architecture"))
-        if not isinstance(hf.get("extra", {}), dict):
-            raise self.fail("hf.extra", "must be a mapping of HF config values")
         pipeline = self.mapping(doc["pipeline"], "pipeline",
                                 ("account_for_embedding", "account_for_loss", "layouts", "layout_function"))
         raw_layouts = pipeline.get("layouts") or []
@@ -226,17 +249,63 @@ class _Reader:
             recipe_target=self.typed(recipe["target"], "recipe.target", str),
             exportable=self.typed(recipe.get("exportable", True), "recipe.exportable", bool),
             recipe_note=self.text(recipe.get("note", ""), "recipe.note", allow_empty=True, limit=2000, lines=True),
-            hf_model_type=self.typed(hf["model_type"], "hf.model_type", str),
-            hf_architecture=self.typed(hf["architecture"], "hf.architecture", str),
+            hf_model_type=self.identifier(hf["model_type"], "hf.model_type"),
+            hf_architecture=self.identifier(hf["architecture"], "hf.architecture"),
             architecture=self.architecture(doc["architecture"]),
             defaults=self.defaults(doc["defaults"]),
             account_for_embedding_in_pipeline_split=bool(pipeline.get("account_for_embedding", False)),
             account_for_loss_in_pipeline_split=bool(pipeline.get("account_for_loss", False)),
             pipeline_layouts=layouts,
-            hf_extra=dict(hf.get("extra") or {}),
+            hf_extra=self.hf_extra(hf.get("extra") or {}),
             pipeline_layout_function=(self.python_name(pipeline["layout_function"], "pipeline.layout_function", True)
                                       if pipeline.get("layout_function") else ""),
         )
+
+    def hf_extra(self, value: Any) -> dict:
+        """`hf.extra`: HF config values the GPU worker passes to `AutoConfig.for_model` (RoPE, norms,
+        context length). Keys are identifiers other than those built from the checked architecture
+        (megatron.hf_config.BUILT_KEYS); values are finite numbers, booleans, null, short printable
+        strings, and lists or mappings of them, HF_EXTRA_NODES values at most (a YAML alias bomb expands
+        to millions of them when the worker writes the config)."""
+        from autotune.megatron.hf_config import BUILT_KEYS
+
+        if not isinstance(value, dict):
+            raise self.fail("hf.extra", "must be a mapping of HF config values")
+        nodes = 0
+
+        def check(item: Any, key: str, depth: int) -> Any:
+            nonlocal nodes
+            nodes += 1
+            if nodes > HF_EXTRA_NODES or depth > 3:
+                raise self.fail("hf.extra", f"holds more than {HF_EXTRA_NODES} values or nests deeper than 3")
+            if item is None or isinstance(item, bool):
+                return item
+            if isinstance(item, int):
+                if abs(item) > 2 ** 53:
+                    raise self.fail(key, f"must be at most 2**53 in size, got {str(item)[:40]}")
+                return item
+            if isinstance(item, float):
+                if not math.isfinite(item):
+                    raise self.fail(key, f"must be a finite number, got {item!r}")
+                return item
+            if isinstance(item, str):
+                return self.text(item, key, allow_empty=True)
+            if isinstance(item, list):
+                return [check(v, f"{key}[{i}]", depth + 1) for i, v in enumerate(item)]
+            if isinstance(item, dict):
+                out = {}
+                for k, v in item.items():
+                    if not isinstance(k, str) or not IDENTIFIER.fullmatch(k):
+                        raise self.fail(key, f"keys must be identifiers (letters, digits, _; at most 64), got {str(k)[:40]!r}")
+                    out[k] = check(v, f"{key}.{k}", depth + 1)
+                return out
+            raise self.fail(key, f"must be a number, boolean, string, list or mapping, got {type(item).__name__}")
+
+        extra = check(value, "hf.extra", 0)
+        built = sorted(set(extra) & BUILT_KEYS)
+        if built:
+            raise self.fail(f"hf.extra.{built[0]}", "is built from `architecture` (set it there, not in hf.extra)")
+        return extra
 
     def architecture(self, value: Any) -> Architecture:
         fields = {f.name: f for f in dataclasses.fields(Architecture)}

@@ -237,7 +237,8 @@ def test_an_unreachable_ray_address_fails_in_bounded_time(store):
 @pytest.mark.parametrize("stdin,needle", [
     ('{"tp": ' + "9" * 4301 + "}\n", "not usable JSON"),
     ("[" * 100_000 + "\n", "nests too deeply"),
-], ids=["4301-digit-integer", "100k-nested-brackets"])
+    ('{"tp": 2, "tp": 4}\n', "gives 'tp' twice"),  # json would keep the last one silently
+], ids=["4301-digit-integer", "100k-nested-brackets", "repeated-key"])
 def test_check_refuses_pathological_json(stdin, needle):
     result = run_cli("check", "--model", "qwen3_30b", stdin=stdin)
     _assert_one_line_error(result, needle)

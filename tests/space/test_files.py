@@ -87,3 +87,68 @@ def test_a_number_too_long_for_python_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_space(str(path))
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def _with_extra(tmp_path, extra: str):
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    lines = [("  extra:" + extra if line.startswith("  extra:") else line) for line in text.splitlines()]
+    path = tmp_path / "extra.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+BOMB = "\n    rope_theta: 1000000.0\n    l0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+    f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 9))
+
+
+@pytest.mark.parametrize("extra,key", [
+    (" {rope_theta: .nan}", "hf.extra.rope_theta"),
+    (" {rope_theta: 1.0e+400}", "hf.extra.rope_theta"),
+    (" {rope_theta: " + "9" * 40 + "}", "hf.extra.rope_theta"),
+    (" {rope_scaling: {factor: -.inf}}", "hf.extra.rope_scaling.factor"),
+    (" {torch_dtype: \"bf16\\e[31m\"}", "hf.extra.torch_dtype"),
+    (" {\"bad key\": 1}", "hf.extra"),
+    (" {a: {b: {c: {d: 1}}}}", "hf.extra"),
+    (BOMB, "hf.extra"),  # a billion values once expanded: refused after a thousand
+    # keys the worker builds from the checked architecture: a space file cannot swap the model under it
+    (" {num_hidden_layers: 4}", "hf.extra.num_hidden_layers"),
+    (" {model_type: llama}", "hf.extra.model_type"),
+])
+def test_hf_extra_holds_only_finite_plain_values_and_no_architecture(tmp_path, extra, key):
+    path = _with_extra(tmp_path, extra)
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert f"'{key}'" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_hf_extra_of_every_shipped_space_passes_and_reaches_the_hf_config():
+    from autotune.megatron.hf_config import BUILT_KEYS, hf_config
+
+    for name in available_space_names():
+        model = load_space(name).model
+        config = hf_config(model)
+        assert not set(model.hf_extra) & BUILT_KEYS
+        # every key hf_config builds itself is one the check keeps out of hf.extra
+        assert set(config) - set(model.hf_extra) <= BUILT_KEYS
+        assert all(config[k] == v for k, v in model.hf_extra.items())
+
+
+@pytest.mark.parametrize("line", ['  model_type: "qwen3\\n$(id)"', "  model_type: 'qwen3 moe'"])
+def test_hf_model_type_is_an_identifier(tmp_path, line):
+    path = _write_variant(tmp_path, "  model_type: qwen3_moe", line)
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert "'hf.model_type'" in str(info.value)
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    path = _write_variant(tmp_path, "  num_layers: 48\n", "  num_layers: 48\n  num_layers: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_space(str(path))
+    assert str(path) in str(info.value) and "'num_layers' given twice" in str(info.value) and "line" in str(info.value)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path):
+    # YAML's merge key (<<) is meant to be overridden by the mapping's own keys: not a repeated key
+    path = _with_extra(tmp_path, " {base: &b {factor: 1.0, beta: 2.0}, rope_scaling: {<<: *b, factor: 4.0}}")
+    assert load_space(str(path)).model.hf_extra["rope_scaling"] == {"factor": 4.0, "beta": 2.0}
