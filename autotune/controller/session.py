@@ -19,9 +19,8 @@ from autotune.controller.options import StudyOptions
 from autotune.controller.strategies import STRATEGIES, make_strategy
 from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, study_space_and_workload  # noqa: F401 (re-exported)
-from autotune.storage import Repository, Study, StudyStatus, TrialNumbering
+from autotune.storage import MAX_STUDY_NAME, Repository, Study, StudyStatus, TrialNumbering
 
-MAX_STUDY_NAME = 200  # autotune_studies.name is String(200)
 MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
 
 

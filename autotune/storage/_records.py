@@ -21,6 +21,7 @@ from autotune.errors import StorageError
 from autotune.storage.models import StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus
 
 Check = Callable[[Any], bool]
+MAX_STUDY_NAME = 200  # autotune_studies.name is String(200)
 
 
 def _integer(value: Any) -> bool:
@@ -33,6 +34,12 @@ def _count(value: Any) -> bool:
 
 def _text(value: Any) -> bool:
     return isinstance(value, str)
+
+
+def _study_name(value: Any) -> bool:
+    # what `start` takes (controller.session.check_study_name): a name with a terminal escape or a line
+    # break, edited into the store, would reach the terminal through `status` and the leaderboard
+    return isinstance(value, str) and 0 < len(value) <= MAX_STUDY_NAME and value.isprintable()
 
 
 def _mapping(value: Any) -> bool:
@@ -128,7 +135,7 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
 }
 
 STUDY_RULES: dict[str, tuple[Check, str]] = {
-    "name": (_text, "a text"),
+    "name": (_study_name, f"1..{MAX_STUDY_NAME} printable characters"),
     "model": (_text, "a text"),
     "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
                              "network_gbps when the cluster has its own)"),

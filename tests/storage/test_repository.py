@@ -375,6 +375,26 @@ def _hand_edited_row_is_refused(url: str, table: str, assignment: str, needle: s
     repo.close()
 
 
+@pytest.mark.parametrize("name", ["evil\x1b[31mRED", "two\nlines", "sep\u2028x", "", "n" * 201])
+def test_a_study_name_edited_into_the_store_is_refused_where_it_is_read(storage_url, name):
+    """`start` takes printable names only; one edited into the store would send a terminal escape or a
+    line break through `status`, the leaderboard and the final summary: refused where the row is read."""
+    if len(name) > 200 and storage_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's VARCHAR(200) refuses the edit itself")
+    repo = Repository.open(storage_url)
+    _finished_trial(repo, "edited")
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_studies SET name = :name"), {"name": name})
+    before = _raw_rows(repo)
+    for read in (repo.list_studies, lambda: repo.get_study(name)):
+        with pytest.raises(StorageError) as raised:
+            read()
+        message = str(raised.value)
+        assert "\n" not in message and "\x1b" not in message and "printable" in message, message
+    assert _raw_rows(repo) == before
+    repo.close()
+
+
 def test_a_failed_runs_implausible_step_times_are_not_stored(storage_url):
     """Only completed and OOM results are validated whole; a failed run's step times arrive as the launcher
     sent them. Stored as sent, a 0 made the study unreadable (the read side refuses it): keep the plausible."""
