@@ -188,4 +188,6 @@ class ModelSpec:
 def require_exportable(model: ModelSpec, action: str) -> None:
     """ConfigError when `model` has no Megatron-Bridge recipe of its own to `action` with."""
     if not model.exportable:
-        raise ConfigError(f"cannot {action} {model.name}: {model.recipe_note or 'it has no Megatron-Bridge recipe'}")
+        # the note may span lines (a YAML block scalar); an error is one line
+        note = " ".join(model.recipe_note.split()) or "it has no Megatron-Bridge recipe"
+        raise ConfigError(f"cannot {action} {model.name}: {note}")

@@ -660,3 +660,8 @@ def test_a_public_sweep_model_is_not_exported_nor_run_on_megatron(tmp_path):
                      backend="megatron", seed=0, backend_options={})
     assert repo.list_studies() == []
     repo.close()
+    # a note written as a YAML block scalar spans lines; the error stays one line
+    model = dataclasses.replace(space.model, recipe_note="line one\nline two\n\nline three\n")
+    with pytest.raises(ConfigError) as info:
+        require_exportable(model, "export")
+    assert str(info.value).endswith("line one line two line three")
