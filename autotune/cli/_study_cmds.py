@@ -125,7 +125,8 @@ def open_repo(args: argparse.Namespace, read_only: bool = False):
     """The store of --storage; `read_only` commands never create one (they say there is none)."""
     from autotune.storage import Repository, default_storage_url
 
-    return Repository.open(args.storage or default_storage_url(), create=not read_only)
+    # an empty --storage is an error (normalize_url), not a silent fall-back to the default store
+    return Repository.open(default_storage_url() if args.storage is None else args.storage, create=not read_only)
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:

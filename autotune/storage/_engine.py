@@ -41,6 +41,11 @@ def normalize_url(url: str) -> str:
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise StorageError(f"--storage: unsupported database {backend!r} (use sqlite or postgresql)")
+    if backend == "sqlite" and parsed.query:
+        # pysqlite would ignore ?mode=ro (with a warning) and write anyway; a `file:` URI would become a
+        # folder named `file:`: a SQLite store is a plain path
+        raise StorageError(f"--storage {url!r}: a SQLite URL takes no options (?{'&'.join(parsed.query)}); "
+                           "give the file's path, e.g. sqlite:///path.db")
     if backend == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
@@ -63,6 +68,8 @@ def prepare_sqlite_file(url: str, create: bool) -> None:
     path = sqlite_path(url)
     if path is None:
         return
+    if not str(path).isprintable():  # a NUL or an escape sequence would reach the error and the terminal
+        raise StorageError(f"--storage: the SQLite path {str(path)[:80]!r} holds a control character")
     if not create:
         if not path.is_file():
             raise StorageError(f"no autotune store at {path} (nothing to read; `autotune start` creates one)")
@@ -115,6 +122,8 @@ def make_engine(url: str, create: bool = True) -> Engine:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise StorageError(f"cannot reach storage {engine.url.render_as_string(hide_password=True)}: {first}") from None
     except (SQLAlchemyError, ValueError) as exc:
+        # e.g. "file is not a database" (a text file given as the store), "embedded null character"
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0][:120]
         raise StorageError(f"storage {engine.url.render_as_string(hide_password=True)} failed: "
-                           f"{exc.__class__.__name__}") from None
+                           f"{exc.__class__.__name__}" + (f" ({reason})" if reason else "")) from None
     return engine

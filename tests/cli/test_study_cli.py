@@ -153,6 +153,10 @@ def _dump(path) -> list[str]:
     ("postgresql+psycopg://nobody@127.0.0.1:1/nowhere", "cannot reach storage"),
     ("mysql://x@localhost/db", "unsupported database"),
     ("::::", "not a database URL"),
+    ("", "not a database URL"),  # not a silent fall-back to the default store
+    ("sqlite:////tmp/x.db?mode=ro", "takes no options"),  # pysqlite ignored it and wrote anyway
+    ("sqlite:///file:/tmp/x.db?mode=ro&uri=true", "takes no options"),  # made a folder named file:
+    ("sqlite:////tmp/%00.db", "control character"),
 ])
 def test_bad_storage_url(cli, url, needle):
     result = cli("status", "--storage", url)
@@ -160,9 +164,28 @@ def test_bad_storage_url(cli, url, needle):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_file_that_is_no_database_is_named_as_such(cli, tmp_path):
+    (tmp_path / "junk.db").write_text("hello\n")
+    result = cli("status", "--storage", f"sqlite:///{tmp_path / 'junk.db'}")
+    assert result.returncode == 2 and "file is not a database" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("action", ["current", "upgrade"])
+def test_db_commands_need_a_store_and_leave_none_behind(cli, tmp_path, action):
+    """`db current` reads a store and `db upgrade` migrates one; neither creates one (nor its folders)
+    behind a typo: `start` does."""
+    target = tmp_path / "missing" / "x.db"
+    result = cli("db", action, "--storage", f"sqlite:///{target}")
+    assert result.returncode == 2 and "no autotune store" in result.stderr
+    assert not target.parent.exists()
+
+
 def test_newer_schema_says_which_upgrade(cli, tmp_path):
+    from autotune.storage import make_engine, upgrade
+
     url = f"sqlite:///{tmp_path / 'new.db'}"
-    assert cli("db", "upgrade", "--storage", url).returncode == 0  # status would not create a store
+    upgrade(make_engine(url))  # status would not create a store
     with sqlite3.connect(tmp_path / "new.db") as db:
         db.execute("UPDATE autotune_alembic_version SET version_num = '0099_future'")
     result = cli("status", "--storage", url)
