@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune.cli._study_cmds import open_repo
-    from autotune.dashboard.server import make_server
+    from autotune.dashboard.server import is_loopback, make_server
     from autotune.errors import ConfigError
 
     check_port("--port", args.port, allow_zero=True)
@@ -51,18 +51,6 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
-
-
-def is_loopback(host: str) -> bool:
-    """True when `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any interface
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ itself.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 from html import escape
@@ -48,11 +49,44 @@ def static_file(name: str) -> tuple[bytes, str] | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """True when `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def _host_name(header: str) -> str:
+    """The host of a Host header, without its port: `[::1]:8080` -> `::1`, `localhost:80` -> `localhost`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
 class _Handler(BaseHTTPRequestHandler):
     app: DashboardApp
+    # bound to a loopback address: only requests naming a loopback host are answered. A web page on
+    # another site can make the browser send requests here under its own name (DNS rebinding) and read
+    # every study; its Host header then carries that name.
+    loopback_only: bool = True
+    _head = False  # answering HEAD: the headers of GET, no body
 
     def log_message(self, *args) -> None:  # quiet: the CLI prints the address once
         pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except ConnectionError:  # the client went away mid-answer (a reset, `curl | head`): nobody to tell
+            pass
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+        self._head = True
+        self.do_GET()
 
     def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
               artifact: str | None = None) -> None:
@@ -70,9 +104,13 @@ class _Handler(BaseHTTPRequestHandler):
         if content_type.startswith("text/javascript"):
             self.send_header("Cache-Control", "max-age=3600")
         self.end_headers()
-        self.wfile.write(body)
+        if not self._head:
+            self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.loopback_only and not is_loopback(_host_name(self.headers.get("Host", "localhost"))):
+            self._send(421, page("misdirected", "<h1>this dashboard answers to localhost only</h1>"))
+            return
         url = urlparse(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/") if p]
         query = parse_qs(url.query)
@@ -106,6 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, page("not found", f"<h1>{escape(str(exc))}</h1>"))
         except StorageError as exc:  # unreachable, or a row edited by hand: say so, escaped, and live on
             self._send(503, page("store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>"))
+        except ConnectionError:
+            raise  # the client is gone: no error page to send (handle() ends the request quietly)
         except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
             import sys
 
@@ -125,7 +165,7 @@ class _IPv6Server(ThreadingHTTPServer):
 
 
 def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"app": DashboardApp(repo)})
+    handler = type("Handler", (_Handler,), {"app": DashboardApp(repo), "loopback_only": is_loopback(host)})
     # an IPv6 address (::1, ::) needs an IPv6 socket; http.server's default family is IPv4
     server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
     server = server_class((host, port), handler)

@@ -161,3 +161,63 @@ def test_the_check_resolves_before_comparing(tmp_path):
     assert confined_path(str(twin / "f"), options, "s") is None
     (tmp_path / "runs" / "s" / "f").write_text("y")
     assert confined_path(str(tmp_path / "runs" / "s" / "f"), options, "s") == (tmp_path / "runs" / "s" / "f").resolve()
+
+
+def _raw(base: str, request: bytes) -> bytes:
+    import socket
+
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("host_header", ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "10.0.0.1"])
+def test_a_request_naming_another_host_is_refused(served, host_header):
+    """DNS rebinding: a page on another site can have the browser send requests to 127.0.0.1 under its
+    own name and read every study; a dashboard bound to loopback answers only requests naming loopback."""
+    answer = _raw(served, f"GET /api/study/s HTTP/1.0\r\nHost: {host_header}\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.0 421") and b"qwen3_30b" not in answer
+
+
+@pytest.mark.parametrize("host_header", ["localhost", "localhost:1234", "127.0.0.1:80", "[::1]:8080", "LOCALHOST"])
+def test_a_request_naming_loopback_is_answered(served, host_header):
+    answer = _raw(served, f"GET /api/study/s HTTP/1.0\r\nHost: {host_header}\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.0 200") and b"qwen3_30b" in answer
+
+
+def test_head_gives_the_headers_of_get_without_a_body(served):
+    answer = _raw(served, b"HEAD /api/study/s HTTP/1.0\r\nHost: localhost\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"Content-Length: " in head and body == b""
+    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+    assert length == len(urllib.request.urlopen(served + "/api/study/s").read())
+
+
+def test_a_client_that_resets_mid_answer_leaves_no_traceback(tmp_path):
+    """A client that goes away (a reset, `curl | head`) is nobody to answer: no traceback on the
+    dashboard's stderr, no second attempt at an error page, and the server answers the next request."""
+    import socket
+    import struct
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    Repository.open(url).close()
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--storage", url, "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            s.sendall(b"GET /static/plotly.min.js HTTP/1.0\r\nHost: localhost\r\n\r\n")  # a large answer
+            s.close()
+        time.sleep(1)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/").status == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err and "Error" not in err, err
