@@ -19,7 +19,19 @@ MAX_PORT = 65535
 
 
 def _int(text: str) -> int:
-    return int(text)  # ValueError: argparse says "invalid int value: 'abc'" (also for 4,301 digits)
+    # ValueError: argparse says "invalid int value: 'abc'" (also for 4,301 digits); Python's int() also
+    # reads other scripts' digits (fullwidth ２, Arabic-Indic ١٦), which no launcher or YAML file would
+    if not text.strip().isascii():
+        raise ValueError(text)
+    return int(text)
+
+
+def ascii_int(text: str) -> int:
+    """An argparse type: an integer written in ASCII digits (checked further where it is used)."""
+    return _int(text)
+
+
+ascii_int.__name__ = "int"  # argparse names the type in its error: "invalid int value: '２'"
 
 
 def int_in(low: int, high: int, what: str = "") -> Callable[[str], int]:
@@ -39,6 +51,8 @@ def int_in(low: int, high: int, what: str = "") -> Callable[[str], int]:
 def float_in(low: float, high: float = math.inf, low_open: bool = False, what: str = "") -> Callable[[str], float]:
     """An argparse type: a finite number in [low, high] (or (low, high] when `low_open`)."""
     def parse(text: str) -> float:
+        if not text.strip().isascii():  # float() reads other scripts' digits too (see _int)
+            raise ValueError(text)
         value = float(text)  # ValueError: argparse says "invalid float value: 'abc'"
         too_low = value <= low if low_open else value < low
         if not math.isfinite(value) or too_low or value > high:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autotune.cli._checks import float_in, int_in, positive
+from autotune.cli._checks import ascii_int, float_in, int_in, positive
 from autotune.config import (ALL_KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_BOOL_KNOBS, PERF_CHOICES,
                              PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload, coerce_knob)
 from autotune.errors import ConfigError
@@ -44,13 +44,13 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
                           ("vpp", "virtual pipeline stages per pipeline rank (1: not interleaved)"),
                           ("cp", "context parallel size"), ("ep", "expert parallel size (MoE models)"),
                           ("etp", "expert tensor parallel size (MoE models)"), ("mbs", "micro-batch size")):
-        group.add_argument(f"--{name}", type=int, help=meaning)
+        group.add_argument(f"--{name}", type=ascii_int, help=meaning)
     group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
     group.add_argument("--dist-opt", action=argparse.BooleanOptionalAction, default=None,
                        help="the distributed optimizer (optimizer state sharded over data-parallel ranks)")
     group.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
     group.add_argument("--recompute-method", choices=("uniform", "block"), help="how full recompute picks its layers")
-    group.add_argument("--recompute-num-layers", type=int,
+    group.add_argument("--recompute-num-layers", type=ascii_int,
                        help="full recompute: layers per recomputed group (uniform) or recomputed layers per "
                             "pipeline stage (block)")
     add_perf_knob_flags(parser)
@@ -65,12 +65,12 @@ BOOL_KNOB_HELP = {"ep_overlap": "expert-parallel communication overlap", "shared
 def add_perf_knob_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("performance knobs (left out: the recipe's value; see README)")
     group.add_argument("--dispatcher", choices=PERF_CHOICES["dispatcher"], help="MoE token dispatcher and flex backend")
-    group.add_argument("--dispatcher-sms", type=int, metavar="N", help="SMs of the flex dispatcher")
+    group.add_argument("--dispatcher-sms", type=ascii_int, metavar="N", help="SMs of the flex dispatcher")
     group.add_argument("--cuda-graph", choices=PERF_CHOICES["cuda_graph"], help="CUDA graphs: none, a TE scope, full iteration")
     group.add_argument("--recompute-modules", metavar="M+M",
                        help="selective recompute modules, '+'-joined: " + ", ".join(RECOMPUTE_MODULES))
     group.add_argument("--cp-comm-type", choices=PERF_CHOICES["cp_comm_type"], help="context-parallel communication")
-    group.add_argument("--cpu-offload-layers", type=int, metavar="N", help="layers whose activations go to the CPU")
+    group.add_argument("--cpu-offload-layers", type=ascii_int, metavar="N", help="layers whose activations go to the CPU")
     for name in PERF_BOOL_KNOBS:  # every on/off knob config declares gets its --X / --no-X pair
         group.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=None,
                            help=BOOL_KNOB_HELP[name])

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from autotune.cli._checks import float_in, int_in, port, positive, seconds, seed, trial_number
+from autotune.cli._checks import ascii_int, float_in, int_in, port, positive, seconds, seed, trial_number
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
 from autotune.controller.options import DEFAULTS
 
@@ -29,7 +29,7 @@ def register(sub) -> None:
     p = sub.add_parser("start", help="start a tuning study")
     add_workload_options(p)
     add_fix_option(p)
-    p.add_argument("--budget", type=int, default=40, help="profiling runs to dispatch (default 40)")
+    p.add_argument("--budget", type=ascii_int, default=40, help="profiling runs to dispatch (default 40)")
     p.add_argument("--backend", default="simulate", help="simulate (default), command, replay or megatron")
     p.add_argument("--command", help="command backend: the program run per trial (an argv, no shell)")
     p.add_argument("--replay", help="replay backend: CSV or Parquet table of measured layouts")

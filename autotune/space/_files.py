@@ -169,7 +169,11 @@ class _Reader:
             raise self.fail(key, "must be a mapping")
         for name in value:
             if name not in allowed:
-                raise self.fail(f"{key}.{name}" if key else str(name), f"unknown key (allowed: {', '.join(allowed)})")
+                # the key is the file's text (`--model /etc/shadow` has its first line as a key): shown short,
+                # and escaped when it holds a line break or a control character
+                text = str(name)[:40]
+                text = text if text.isprintable() else repr(text)[1:-1]
+                raise self.fail(f"{key}.{text}" if key else text, f"unknown key (allowed: {', '.join(allowed)})")
         for name in required:
             if name not in value:
                 raise self.fail(f"{key}.{name}" if key else name, "is missing")

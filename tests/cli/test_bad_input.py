@@ -283,3 +283,24 @@ def test_postgres_bad_names_leave_no_orphan_and_the_name_stays_usable(postgres_u
     _assert_one_line_error(result, "not a leftover of a failed start")
     assert len(optuna.load_study(study_name="theirs", storage=postgres_url).trials) == 1
     assert "theirs" not in run_cli("status", "--storage", postgres_url, env=ENV).stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["estimate", "--model", "qwen3_30b", "--tp", "\uff12"],  # fullwidth 2: Python's int() reads it
+    ["estimate", "--model", "qwen3_30b", "--ep", "\u0661\u0666"],  # Arabic-Indic 16
+    ["estimate", "--model", "qwen3_30b", "--gpus-per-node", "\uff18"],
+    ["start", "--model", "qwen3_30b", "--budget", "\uff14"],
+    ["start", "--model", "qwen3_30b", "--noise", "\uff10.1"],
+], ids=["tp-fullwidth", "ep-arabic-indic", "gpus-per-node-fullwidth", "budget-fullwidth", "noise-fullwidth"])
+def test_numbers_in_other_scripts_digits_are_refused(args):
+    _assert_one_line_error(run_cli(*args), "invalid")
+
+
+def test_an_unknown_key_is_shown_short_and_on_one_line(tmp_path):
+    # `--model FILE` names the file's first key in the error: a file that is no space (its first line as a
+    # key) must not be echoed whole, nor break the line
+    path = tmp_path / "notaspace"
+    path.write_text('"' + "secret " * 30 + '\\nmore": 1\n')
+    result = run_cli("estimate", "--model", str(path))
+    _assert_one_line_error(result, "unknown key")
+    assert "secret " * 7 not in result.stderr
