@@ -4,7 +4,26 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any
+
+_ASCII_INT = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def parse_int(text: str) -> int:
+    """An integer written as a person writes one: ASCII digits, an optional sign. Python's int() also
+    reads other scripts' digits (fullwidth ２, Arabic-Indic ١٦) and underscores (1_6 is 16), which no
+    launcher, space file or user means; ValueError for those (as int() raises for 'abc')."""
+    if not _ASCII_INT.fullmatch(text):
+        raise ValueError(f"not an integer: {text[:40]!r}")
+    return int(text)
+
+
+def parse_float(text: str) -> float:
+    """A number as float() reads it, in ASCII and without underscores (see parse_int); ValueError otherwise."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"not a number: {text[:40]!r}")
+    return float(text)
 
 
 def is_number(value: Any) -> bool:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from autotune._numbers import parse_int
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -224,7 +225,7 @@ def _as_int(name: str, value: Any) -> int:
         return int(value)
     if isinstance(value, str):
         try:
-            return int(value.strip())
+            return parse_int(value)  # ASCII digits: not ２, not 1_6
         except ValueError:
             pass
     raise ConfigError(f"knob {name} must be an integer, got {value!r}")

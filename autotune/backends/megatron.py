@@ -33,6 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from autotune._numbers import parse_int
 from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
@@ -146,7 +147,7 @@ class MegatronBackend(Backend):
         options = super().options_from_cli(args)
         if getattr(args, "nsys_ranks", None):
             try:
-                options["nsys_ranks"] = [int(r) for r in args.nsys_ranks.split(",") if r.strip()]
+                options["nsys_ranks"] = [parse_int(r) for r in args.nsys_ranks.split(",") if r.strip()]
             except ValueError:
                 raise ConfigError(f"--nsys-ranks takes comma-separated rank numbers, got {args.nsys_ranks!r}") from None
         if getattr(args, "memory_snapshot", False):

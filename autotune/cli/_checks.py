@@ -11,6 +11,7 @@ import argparse
 import math
 from typing import Callable
 
+from autotune._numbers import parse_float, parse_int
 from autotune.errors import ConfigError
 
 MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column trial numbers live in (32-bit on PostgreSQL)
@@ -19,11 +20,8 @@ MAX_PORT = 65535
 
 
 def _int(text: str) -> int:
-    # ValueError: argparse says "invalid int value: 'abc'" (also for 4,301 digits); Python's int() also
-    # reads other scripts' digits (fullwidth ２, Arabic-Indic ١٦), which no launcher or YAML file would
-    if not text.strip().isascii():
-        raise ValueError(text)
-    return int(text)
+    # ValueError: argparse says "invalid int value: 'abc'" (also for 4,301 digits, ２ and 1_6: parse_int)
+    return parse_int(text)
 
 
 def ascii_int(text: str) -> int:
@@ -51,9 +49,7 @@ def int_in(low: int, high: int, what: str = "") -> Callable[[str], int]:
 def float_in(low: float, high: float = math.inf, low_open: bool = False, what: str = "") -> Callable[[str], float]:
     """An argparse type: a finite number in [low, high] (or (low, high] when `low_open`)."""
     def parse(text: str) -> float:
-        if not text.strip().isascii():  # float() reads other scripts' digits too (see _int)
-            raise ValueError(text)
-        value = float(text)  # ValueError: argparse says "invalid float value: 'abc'"
+        value = parse_float(text)  # ValueError: argparse says "invalid float value: 'abc'"
         too_low = value <= low if low_open else value < low
         if not math.isfinite(value) or too_low or value > high:
             bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")

@@ -50,13 +50,17 @@ def static_file(name: str) -> tuple[bytes, str] | None:
 
 
 def is_loopback(host: str) -> bool:
-    """True when `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
-    if host.lower() == "localhost":
+    """True when `host` names only this machine (127.0.0.0/8, ::1 and ::ffff:127.x, localhost and the
+    names under it, which browsers resolve to loopback themselves; a trailing dot is the same name)."""
+    host = host.strip("[]").lower().removesuffix(".")
+    if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.partition("%")[0])  # an IPv6 zone (fe80::1%lo) is no address part
     except ValueError:
         return False  # a host name: it may resolve to any interface
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _host_name(header: str) -> str:

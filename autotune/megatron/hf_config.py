@@ -12,17 +12,6 @@ from typing import Any
 
 from autotune.catalog import ModelSpec
 
-# Keys hf_config builds from the checked catalog architecture (any model type): `hf.extra` in a space
-# file may not set them, or the GPU worker would build another model than the one autotune models
-# (tests/megatron: every key hf_config builds is listed here).
-BUILT_KEYS = frozenset({
-    "model_type", "architectures", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "decoder_sparse_step", "mlp_only_layers", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
-    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_group", "topk_group",
-    "num_nextn_predict_layers", "num_local_experts", "sliding_window", "layer_types"})
-
-
 def hf_config(model: ModelSpec) -> dict[str, Any]:
     a = model.architecture
     fields: dict[str, Any] = {

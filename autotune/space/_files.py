@@ -30,6 +30,7 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
 HF_EXTRA_NODES = 1000  # values in `hf.extra`, nested ones included
+HF_EXTRA_DEPTH = 6  # levels of lists and mappings inside `hf.extra` (quantization_config nests 4)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class _Reader:
         value = self.typed(value, key, str)
         one_line = value.replace("\n", " ") if lines else value
         if (not value and not allow_empty) or len(value) > limit or not one_line.isprintable():
-            raise self.fail(key, f"must be {'' if allow_empty else '1..'}{limit} printable characters "
+            raise self.fail(key, f"must be {'at most ' if allow_empty else '1..'}{limit} printable characters "
                                  f"(no control characters), got {value[:40]!r}")
         return value
 
@@ -246,7 +247,7 @@ class _Reader:
         if not isinstance(raw_layouts, list) or not all(isinstance(p, list) and len(p) == 2 for p in raw_layouts):
             raise self.fail("pipeline.layouts", "must be a list of [pp, vpp] pairs")
         layouts = tuple(tuple(self.typed(v, "pipeline.layouts", int) for v in pair) for pair in raw_layouts)
-        return ModelSpec(
+        return self._built_from_architecture(ModelSpec(
             name=self.identifier(doc["name"], "name"),
             display_name=self.text(doc["display_name"], "display_name"),
             recipe_function=self.typed(recipe["function"], "recipe.function", str),
@@ -260,19 +261,18 @@ class _Reader:
             account_for_embedding_in_pipeline_split=bool(pipeline.get("account_for_embedding", False)),
             account_for_loss_in_pipeline_split=bool(pipeline.get("account_for_loss", False)),
             pipeline_layouts=layouts,
-            hf_extra=self.hf_extra(hf.get("extra") or {}),
+            hf_extra=self.hf_extra({} if hf.get("extra") is None else hf["extra"]),
             pipeline_layout_function=(self.python_name(pipeline["layout_function"], "pipeline.layout_function", True)
                                       if pipeline.get("layout_function") else ""),
-        )
+        ))
 
     def hf_extra(self, value: Any) -> dict:
         """`hf.extra`: HF config values the GPU worker passes to `AutoConfig.for_model` (RoPE, norms,
-        context length). Keys are identifiers other than those built from the checked architecture
-        (megatron.hf_config.BUILT_KEYS); values are finite numbers, booleans, null, short printable
-        strings, and lists or mappings of them, HF_EXTRA_NODES values at most (a YAML alias bomb expands
-        to millions of them when the worker writes the config)."""
-        from autotune.megatron.hf_config import BUILT_KEYS
-
+        context length). Keys are printable names of at most 64 characters; values are finite numbers,
+        booleans, null, printable strings, and lists or mappings of them, nested at most HF_EXTRA_DEPTH
+        deep and HF_EXTRA_NODES values in all (a YAML alias bomb expands to millions of them when the
+        worker writes the config). The keys hf_config builds from the checked architecture are refused
+        afterwards (`_built_from_architecture`)."""
         if not isinstance(value, dict):
             raise self.fail("hf.extra", "must be a mapping of HF config values")
         nodes = 0
@@ -280,8 +280,10 @@ class _Reader:
         def check(item: Any, key: str, depth: int) -> Any:
             nonlocal nodes
             nodes += 1
-            if nodes > HF_EXTRA_NODES or depth > 3:
-                raise self.fail("hf.extra", f"holds more than {HF_EXTRA_NODES} values or nests deeper than 3")
+            if nodes > HF_EXTRA_NODES:
+                raise self.fail("hf.extra", f"holds more than {HF_EXTRA_NODES} values (nested ones included)")
+            if depth > HF_EXTRA_DEPTH:
+                raise self.fail(key, f"nests deeper than {HF_EXTRA_DEPTH} levels")
             if item is None or isinstance(item, bool):
                 return item
             if isinstance(item, int):
@@ -293,23 +295,35 @@ class _Reader:
                     raise self.fail(key, f"must be a finite number, got {item!r}")
                 return item
             if isinstance(item, str):
-                return self.text(item, key, allow_empty=True)
+                return self.text(item, key, allow_empty=True, limit=1000)
             if isinstance(item, list):
                 return [check(v, f"{key}[{i}]", depth + 1) for i, v in enumerate(item)]
             if isinstance(item, dict):
                 out = {}
                 for k, v in item.items():
-                    if not isinstance(k, str) or not IDENTIFIER.fullmatch(k):
-                        raise self.fail(key, f"keys must be identifiers (letters, digits, _; at most 64), got {str(k)[:40]!r}")
+                    if not isinstance(k, str) or not 0 < len(k) <= 64 or not k.isprintable():
+                        raise self.fail(key, f"keys must be 1..64 printable characters, got {repr(k)[:40]}")
                     out[k] = check(v, f"{key}.{k}", depth + 1)
                 return out
             raise self.fail(key, f"must be a number, boolean, string, list or mapping, got {type(item).__name__}")
 
-        extra = check(value, "hf.extra", 0)
-        built = sorted(set(extra) & BUILT_KEYS)
+        return check(value, "hf.extra", 0)
+
+    def _built_from_architecture(self, model: ModelSpec) -> ModelSpec:
+        """`model`, unless its `hf.extra` sets a key hf_config builds for its model type from the checked
+        architecture: the GPU worker would then build another model than the one autotune modelled."""
+        from autotune.megatron.hf_config import hf_config
+
+        bare = dataclasses.replace(model, hf_extra={})
+        try:
+            keys = set(hf_config(bare))
+        except (TypeError, ValueError, ZeroDivisionError):  # an architecture its model type cannot take:
+            keys = set(hf_config(dataclasses.replace(bare, hf_model_type="")))  # the keys every type gets
+        built = sorted(keys & set(model.hf_extra))
         if built:
-            raise self.fail(f"hf.extra.{built[0]}", "is built from `architecture` (set it there, not in hf.extra)")
-        return extra
+            raise self.fail(f"hf.extra.{built[0]}", "is built from `architecture` for this model type (set it "
+                                                    "there, not in hf.extra)")
+        return model
 
     def architecture(self, value: Any) -> Architecture:
         fields = {f.name: f for f in dataclasses.fields(Architecture)}

@@ -69,7 +69,8 @@ def prepare_sqlite_file(url: str, create: bool) -> None:
     if path is None:
         return
     if not str(path).isprintable():  # a NUL or an escape sequence would reach the error and the terminal
-        raise StorageError(f"--storage: the SQLite path {str(path)[:80]!r} holds a control character")
+        raise StorageError(f"--storage: the SQLite path {str(path)[:80]!r} holds a character that is not "
+                           "printable (a control character, a line or paragraph separator, a no-break space...)")
     if not create:
         if not path.is_file():
             raise StorageError(f"no autotune store at {path} (nothing to read; `autotune start` creates one)")

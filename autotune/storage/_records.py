@@ -42,6 +42,11 @@ def _study_name(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_STUDY_NAME and value.isprintable()
 
 
+def _printable(value: Any) -> bool:
+    # a model, sampler or backend name (what autotune writes: identifiers); printed by status and compare
+    return isinstance(value, str) and 0 < len(value) <= 100 and value.isprintable()
+
+
 def _mapping(value: Any) -> bool:
     return isinstance(value, dict)
 
@@ -136,13 +141,13 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
 
 STUDY_RULES: dict[str, tuple[Check, str]] = {
     "name": (_study_name, f"1..{MAX_STUDY_NAME} printable characters"),
-    "model": (_text, "a text"),
+    "model": (_printable, "1..100 printable characters"),
     "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
                              "network_gbps when the cluster has its own)"),
     "space": (_space, "a space (knob domains as lists)"),
     "budget": (_count, "a count"),
-    "sampler": (_text, "a text"),
-    "backend": (_text, "a text"),
+    "sampler": (_printable, "1..100 printable characters"),
+    "backend": (_printable, "1..100 printable characters"),
     "backend_options": (_mapping, "a JSON object"),
     "options": (_mapping, "a JSON object"),
     "optuna_study_name": (_text, "a text"),

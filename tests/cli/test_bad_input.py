@@ -304,3 +304,17 @@ def test_an_unknown_key_is_shown_short_and_on_one_line(tmp_path):
     result = run_cli("estimate", "--model", str(path))
     _assert_one_line_error(result, "unknown key")
     assert "secret " * 7 not in result.stderr
+
+
+@pytest.mark.parametrize("args,stdin", [
+    (["space", "--model", "llama3_8b", "--fix", "tp=\u0662"], None),
+    (["check", "--model", "llama3_8b"], '{"tp": "\uff12"}\n'),
+    (["estimate", "--model", "llama3_8b", "--gpus", "1_6"], None),
+    (["estimate", "--model", "llama3_8b", "--network-gbps", "1_00"], None),
+    (["start", "--model", "qwen3_30b", "--backend", "megatron", "--dry-run", "--nsys-ranks", "\u0660"], None),
+], ids=["fix-arabic-indic", "check-stdin-fullwidth-string", "gpus-underscore", "float-underscore", "nsys-ranks"])
+def test_numbers_reach_no_int_in_another_form(args, stdin):
+    """Every route by which a person's number reaches Python's int() or float() takes ASCII digits only."""
+    result = run_cli(*args, stdin=stdin) if stdin else run_cli(*args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

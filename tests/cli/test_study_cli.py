@@ -156,7 +156,7 @@ def _dump(path) -> list[str]:
     ("", "not a database URL"),  # not a silent fall-back to the default store
     ("sqlite:////tmp/x.db?mode=ro", "takes no options"),  # pysqlite ignored it and wrote anyway
     ("sqlite:///file:/tmp/x.db?mode=ro&uri=true", "takes no options"),  # made a folder named file:
-    ("sqlite:////tmp/%00.db", "control character"),
+    ("sqlite:////tmp/%00.db", "not printable"),
 ])
 def test_bad_storage_url(cli, url, needle):
     result = cli("status", "--storage", url)

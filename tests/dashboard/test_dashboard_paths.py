@@ -175,7 +175,8 @@ def _raw(base: str, request: bytes) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.mark.parametrize("host_header", ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "10.0.0.1"])
+@pytest.mark.parametrize("host_header", ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "10.0.0.1",
+                                         "localhost.evil.example", "[::ffff:10.0.0.1]", ""])
 def test_a_request_naming_another_host_is_refused(served, host_header):
     """DNS rebinding: a page on another site can have the browser send requests to 127.0.0.1 under its
     own name and read every study; a dashboard bound to loopback answers only requests naming loopback."""
@@ -183,7 +184,8 @@ def test_a_request_naming_another_host_is_refused(served, host_header):
     assert answer.startswith(b"HTTP/1.0 421") and b"qwen3_30b" not in answer
 
 
-@pytest.mark.parametrize("host_header", ["localhost", "localhost:1234", "127.0.0.1:80", "[::1]:8080", "LOCALHOST"])
+@pytest.mark.parametrize("host_header", ["localhost", "localhost:1234", "127.0.0.1:80", "[::1]:8080", "LOCALHOST",
+                                         "localhost.:80", "app.localhost", "[::ffff:127.0.0.1]:8080", "[::1%25lo]"])
 def test_a_request_naming_loopback_is_answered(served, host_header):
     answer = _raw(served, f"GET /api/study/s HTTP/1.0\r\nHost: {host_header}\r\n\r\n".encode())
     assert answer.startswith(b"HTTP/1.0 200") and b"qwen3_30b" in answer

@@ -107,8 +107,9 @@ BOMB = "\n    rope_theta: 1000000.0\n    l0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\
     (" {rope_theta: " + "9" * 40 + "}", "hf.extra.rope_theta"),
     (" {rope_scaling: {factor: -.inf}}", "hf.extra.rope_scaling.factor"),
     (" {torch_dtype: \"bf16\\e[31m\"}", "hf.extra.torch_dtype"),
-    (" {\"bad key\": 1}", "hf.extra"),
-    (" {a: {b: {c: {d: 1}}}}", "hf.extra"),
+    (" {\"bad\\nkey\": 1}", "hf.extra"),
+    (" {a: {b: {c: {d: {e: {f: {g: 1}}}}}}}", "hf.extra.a.b.c.d.e.f.g"),
+    (" []", "hf.extra"),
     (BOMB, "hf.extra"),  # a billion values once expanded: refused after a thousand
     # keys the worker builds from the checked architecture: a space file cannot swap the model under it
     (" {num_hidden_layers: 4}", "hf.extra.num_hidden_layers"),
@@ -122,15 +123,27 @@ def test_hf_extra_holds_only_finite_plain_values_and_no_architecture(tmp_path, e
 
 
 def test_hf_extra_of_every_shipped_space_passes_and_reaches_the_hf_config():
-    from autotune.megatron.hf_config import BUILT_KEYS, hf_config
+    import dataclasses
+
+    from autotune.megatron.hf_config import hf_config
 
     for name in available_space_names():
         model = load_space(name).model
         config = hf_config(model)
-        assert not set(model.hf_extra) & BUILT_KEYS
-        # every key hf_config builds itself is one the check keeps out of hf.extra
-        assert set(config) - set(model.hf_extra) <= BUILT_KEYS
+        assert not set(model.hf_extra) & set(hf_config(dataclasses.replace(model, hf_extra={})))
         assert all(config[k] == v for k, v in model.hf_extra.items())
+
+
+@pytest.mark.parametrize("extra", [
+    # real values of HF config.json files: a dense model's sliding_window / layer_types (built only for
+    # gpt_oss), a nested quantization config, label maps with numeric keys, negative and large numbers
+    " {sliding_window: null, layer_types: [full_attention, full_attention], max_window_layers: 28}",
+    " {quantization_config: {config_groups: {group_0: {weights: {num_bits: 8, type: int}}}}}",
+    " {id2label: {'0': LABEL_0}, label2id: {LABEL_0: 0}}",
+    " {max_position_embeddings: 1048576, bos_token_id: -1, rope_scaling: {mrope_section: [16, 24, 24]}}",
+])
+def test_real_hf_config_values_are_taken(tmp_path, extra):
+    assert load_space(str(_with_extra(tmp_path, extra))).model.hf_extra
 
 
 @pytest.mark.parametrize("line", ['  model_type: "qwen3\\n$(id)"', "  model_type: 'qwen3 moe'"])

@@ -330,6 +330,10 @@ TAMPERED_ON_BOTH = [
     ("autotune_studies", "space = '{\"domains\": {\"tp\": 5}}'", "not a space"),
     ("autotune_studies", "budget = -1", "budget = -1"),
     ("autotune_studies", "status = 'zz'", "status = 'zz'"),
+    # printed by status and compare: a terminal escape edited in would reach the terminal
+    ("autotune_studies", "model = 'llama\x1b[31m'", "model = 'llama\\x1b[31m'"),
+    ("autotune_studies", "sampler = 'auto\nx'", "sampler = 'auto\\nx'"),
+    ("autotune_studies", "backend = ''", "backend = ''"),
 ]
 TAMPERED_ON_SQLITE = [
     ("autotune_trials", "peak_mem_gib = 'abc'", "peak_mem_gib = 'abc'"),
