@@ -102,7 +102,9 @@ def test_deepseek_recipe_recomputes_its_pipeline_layout(tmp_path):
 
 
 def test_study_strings_cannot_inject_code(tmp_path):
-    repo, study, _ = _study_with_trial(tmp_path, FULL, name='x"""\nimport os; os.system("echo pwned")\n#')
+    # a study name is printable (no line break: refused by `start` and where the store is read), so the
+    # attack stays on one line: close the docstring or string, then run a statement after a semicolon
+    repo, study, _ = _study_with_trial(tmp_path, FULL, name='x"""; import os; os.system("echo pwned") #\'')
     source = export.render(repo, study, "recipe")
     tree = ast.parse(source)
     imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

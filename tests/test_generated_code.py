@@ -83,7 +83,8 @@ def test_a_space_file_with_a_hostile_name_is_refused(tmp_path, name):
 def test_hostile_study_names_stay_inside_literals(tmp_path):
     from tests.test_export import _study_with_trial
 
-    name = '"""\n__import__("os").system("touch PWNED")\n#\'\'\' \\'
+    # printable, as every study name is (`start` and the store's read refuse line breaks): one line
+    name = '"""; __import__("os").system("touch PWNED") #\'\'\' \\'
     repo, study, _ = _study_with_trial(tmp_path, {"ep": 8}, name=name)
     source = export.render(repo, study, "recipe")
     tree = ast.parse(source)
