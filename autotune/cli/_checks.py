@@ -19,14 +19,10 @@ MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
 MAX_PORT = 65535
 
 
-def _int(text: str) -> int:
-    # ValueError: argparse says "invalid int value: 'abc'" (also for 4,301 digits, ２ and 1_6: parse_int)
-    return parse_int(text)
-
-
 def ascii_int(text: str) -> int:
-    """An argparse type: an integer written in ASCII digits (checked further where it is used)."""
-    return _int(text)
+    """An argparse type: an integer written in ASCII digits (checked further where it is used). A
+    ValueError makes argparse say "invalid int value: 'abc'" (also for 4,301 digits, ２ and 1_6: parse_int)."""
+    return parse_int(text)
 
 
 ascii_int.__name__ = "int"  # argparse names the type in its error: "invalid int value: '２'"
@@ -35,7 +31,7 @@ ascii_int.__name__ = "int"  # argparse names the type in its error: "invalid int
 def int_in(low: int, high: int, what: str = "") -> Callable[[str], int]:
     """An argparse type: an integer in [low, high]."""
     def parse(text: str) -> int:
-        value = _int(text)
+        value = ascii_int(text)
         if value < low and low == 1:
             raise argparse.ArgumentTypeError(f"{what or 'value'} must be > 0, got {text[:40]}")
         if not low <= value <= high:
