@@ -19,7 +19,7 @@ from autotune.controller.options import StudyOptions
 from autotune.controller.strategies import STRATEGIES, make_strategy
 from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, study_space_and_workload  # noqa: F401 (re-exported)
-from autotune.storage import MAX_STUDY_NAME, Repository, Study, StudyStatus, TrialNumbering
+from autotune.storage import MAX_STUDY_NAME, Repository, Study, StudyStatus, TrialNumbering, is_study_name
 
 MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
 
@@ -111,7 +111,7 @@ def check_name_free(repo: Repository, name: str) -> None:
 
 def check_study_name(name: str) -> str:
     """A study name the stores take: 1..200 printable characters (no newline, no control character)."""
-    if not name or len(name) > MAX_STUDY_NAME or not name.isprintable():
+    if not is_study_name(name):  # the store refuses any other where it reads or writes a study
         raise ConfigError(f"--study must be 1..{MAX_STUDY_NAME} printable characters, got {len(name)} "
                           f"character(s): {name[:40]!r}")
     return name

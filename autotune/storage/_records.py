@@ -36,15 +36,14 @@ def _text(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _study_name(value: Any) -> bool:
-    # what `start` takes (controller.session.check_study_name): a name with a terminal escape or a line
-    # break, edited into the store, would reach the terminal through `status` and the leaderboard
-    return isinstance(value, str) and 0 < len(value) <= MAX_STUDY_NAME and value.isprintable()
+def _printable(limit: int) -> Check:
+    """1..limit printable characters: a name printed by `status`, the leaderboard and `compare`, where an
+    escape sequence or a line break edited into the store would reach the terminal."""
+    return lambda value: isinstance(value, str) and 0 < len(value) <= limit and value.isprintable()
 
 
-def _printable(value: Any) -> bool:
-    # a model, sampler or backend name (what autotune writes: identifiers); printed by status and compare
-    return isinstance(value, str) and 0 < len(value) <= 100 and value.isprintable()
+# what `start` takes as a study name (controller.session.check_study_name asks this, too)
+is_study_name = _printable(MAX_STUDY_NAME)
 
 
 def _mapping(value: Any) -> bool:
@@ -140,14 +139,14 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
 }
 
 STUDY_RULES: dict[str, tuple[Check, str]] = {
-    "name": (_study_name, f"1..{MAX_STUDY_NAME} printable characters"),
-    "model": (_printable, "1..100 printable characters"),
+    "name": (is_study_name, f"1..{MAX_STUDY_NAME} printable characters"),
+    "model": (_printable(100), "1..100 printable characters"),
     "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
                              "network_gbps when the cluster has its own)"),
     "space": (_space, "a space (knob domains as lists)"),
     "budget": (_count, "a count"),
-    "sampler": (_printable, "1..100 printable characters"),
-    "backend": (_printable, "1..100 printable characters"),
+    "sampler": (_printable(100), "1..100 printable characters"),
+    "backend": (_printable(100), "1..100 printable characters"),
     "backend_options": (_mapping, "a JSON object"),
     "options": (_mapping, "a JSON object"),
     "optuna_study_name": (_text, "a text"),
