@@ -27,13 +27,10 @@ def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
 def spec_model(spec: dict[str, Any]):
     """The trial's model: from the study's own space text when the spec carries it (a user's space file,
     or the installed one as it was when the study began), else from the installed catalog."""
-    from autotune.space import get_model, load_space_document
+    from autotune.space import space_from_document
 
     options = spec.get("backend_options") or {}
-    document = options.get("space_document")
-    if isinstance(document, str) and document:
-        return load_space_document(document, str(options.get("space_source") or spec["model"])).model
-    return get_model(spec["model"])
+    return space_from_document(options.get("space_document"), str(options.get("space_source") or spec["model"])).model
 
 
 def rank_result_path(result: str | os.PathLike, rank: int) -> Path:

@@ -31,12 +31,10 @@ from autotune.config import LayoutConfig, Workload
 
 
 def workload_from_spec(spec: TrialSpec) -> Workload:
-    from autotune.space import load_space, load_space_document, make_workload
+    from autotune.space import make_workload, space_from_document
 
     options = spec.backend_options
-    document = options.get("space_document")
-    space = (load_space_document(document, str(options.get("space_source") or spec.model))
-             if isinstance(document, str) else load_space(spec.model))
+    space = space_from_document(options.get("space_document"), str(options.get("space_source") or spec.model))
     return make_workload(space, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, gpu=spec.gpu,
                          global_batch_size=spec.global_batch_size, seq_length=spec.seq_length,
                          precision=spec.precision, network_gbps=spec.backend_options.get("network_gbps"))

@@ -117,6 +117,15 @@ def load_space_document(text: str, source: str) -> SearchSpace:
     return _parse(text, f"the space stored with the study (read from {source})", source)
 
 
+def space_from_document(document: Any, source: str) -> SearchSpace:
+    """A study's space: from the text it stored (`SearchSpace.document`, also carried by every trial
+    spec) when there is one, else from `source` (a catalog name or a path), as studies and specs made
+    before the text was kept were read."""
+    if isinstance(document, str) and document:
+        return load_space_document(document, source)
+    return load_space(source)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently,
     so `num_layers: 48` then `num_layers: 4` would model a four-layer model). Merge keys (<<) may be

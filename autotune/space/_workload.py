@@ -8,7 +8,7 @@ from typing import Any
 from autotune.catalog import get_gpu
 from autotune.config import MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PRECISIONS, Cluster, Workload, is_network_gbps
 from autotune.errors import ConfigError
-from autotune.space._files import SearchSpace, load_space, load_space_document
+from autotune.space._files import SearchSpace, space_from_document
 
 
 def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
@@ -58,10 +58,8 @@ def study_space_and_workload(study: Any) -> tuple[SearchSpace, Workload]:
     """
     # the store checks both when it reads the study (storage/_records.py: the workload's six keys, the
     # space's list-valued domains), so a hand-edited study is refused there, in one line
-    source = study.space.get("source") or study.model
     # the space as it was when the study began (studies stored before it was kept read the file again)
-    stored = study.space.get("document")
-    space = load_space_document(stored, source) if stored else load_space(source)
+    space = space_from_document(study.space.get("document"), study.space.get("source") or study.model)
     space = dataclasses.replace(space, domains={k: tuple(v) for k, v in study.space["domains"].items()},
                                 # a study stored before performance knobs existed tuned none of them
                                 perf_domains={k: tuple(v) for k, v in study.space.get("perf_domains", {}).items()},
