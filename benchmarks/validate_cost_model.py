@@ -364,6 +364,9 @@ def sweeps() -> None:
               f"{spearmanr(out, measured)[0]:>8.2f} {inside:>15.0%}")
     print(f"  A100 efficiency fitted on all four: {fit(every, names)['GENERATION_EFFICIENCY.ampere']:.4f}"
           f" (shipped {cal.GENERATION_EFFICIENCY['ampere']:.4f})")
+    # every listed layout ran (the sweeps have no OOM rows), so each should be predicted to fit its A100
+    fits = [bool(estimate_many(r.workload, [r.layout], settings=r.settings).fits[0]) for r in every]
+    print(f"  layouts predicted to fit an 80 GB A100 (every one ran): {sum(fits)}/{len(every)}")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ attention gives for free: s*b*h*(18 + 4*r) bytes with sequence parallelism (all 
 s*b*h*(10 + (8 + 4*r)/TP) without; r = ffn / h (MoE: (moe_ffn*k + shared) / h); MoE layers add the
 dispatch buffer of the permuted tokens, 2*k*s*b*h bytes. Everything / CP. The first pipeline stage
 holds min(PP, microbatches) micro-batches in flight, times (1 + (PP-1)/(PP*VPP)) when interleaved.
-Full recompute keeps each layer's input (2*s*b*h bytes) plus one group's full activations while it
-is recomputed. The last stage also holds the logits: with the fused cross entropy (GPTModelProvider's default,
+Full recompute keeps each layer's input (2*s*b*h bytes) per micro-batch in flight, plus one group's
+full activations while it is recomputed (once: one micro-batch is recomputed at a time). The last stage also holds the logits: with the fused cross entropy (GPTModelProvider's default,
 cross_entropy_loss_fusion=True) the bf16 logits and their in-place gradient, about 4 bytes per vocab
 entry (the unfused loss keeps bf16 and fp32 copies plus the fp32 softmax: about 10).
 """
@@ -178,18 +178,24 @@ def _activation_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
     per_layer = _layer_activation_bytes(x, w)
     layer_input = 2 * w.seq_length * x.mbs * a.hidden_size / x.cp / np.where(x.sp, x.tp, 1)
     n = np.maximum(1.0, x.recompute_num_layers)
+    full = x.recompute == 2
     # Full recompute: uniform checkpoints every n layers and recomputes one group at a time; block
-    # recomputes the first n layers of the stage and stores the rest in full.
-    uniform = np.ceil(layers / n) * layer_input + n * per_layer
-    block = np.minimum(n, layers) * layer_input + np.maximum(0.0, layers - n) * per_layer + per_layer
-    stored = np.where(x.recompute == 2, np.where(x.recompute_block, block, uniform), layers * per_layer)
+    # recomputes the first n layers of the stage and stores the rest in full. What a micro-batch keeps
+    # while it waits for its backward is its checkpoints; the recomputed group's full activations live
+    # only while that group's backward runs, for one micro-batch at a time, so they count once per stage
+    # and not once per micro-batch in flight (Korthikanti et al. 2022, section 4: 2*s*b*h*L plus one
+    # layer's activations).
+    uniform = np.ceil(layers / n) * layer_input
+    block = np.minimum(n, layers) * layer_input + np.maximum(0.0, layers - n) * per_layer
+    kept = np.where(full, np.where(x.recompute_block, block, uniform), layers * per_layer)
+    working = np.where(full, np.where(x.recompute_block, 1.0, n) * per_layer, 0.0)
     m = microbatches(x, w)
     in_flight = np.minimum(x.pp, m)
     interleave = np.where(x.vpp > 1, 1 + (x.pp - 1) / (x.pp * x.vpp), 1.0)
-    first_stage = stored * in_flight * interleave
+    first_stage = kept * in_flight * interleave + working
     vocab = _padded_vocab_vector(a.vocab_size, x.tp)
     logits = LOGITS_BYTES_PER_ENTRY * w.seq_length * x.mbs * vocab / (x.tp * x.cp)
-    last_stage_layers = stored * np.where(x.pp == 1, in_flight * interleave, 1.0)
+    last_stage_layers = kept * np.where(x.pp == 1, in_flight * interleave, 1.0) + working
     return np.maximum(first_stage + np.where(x.pp == 1, logits, 0), last_stage_layers + logits)
 
 

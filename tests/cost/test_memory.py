@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from autotune.config import LayoutConfig
-from autotune.cost import LayoutArrays, estimate, total_params
+from autotune.cost import LayoutArrays, TrainingSettings, estimate, estimate_many, total_params
 from autotune.cost.memory import GIB, _activation_bytes, _layer_activation_bytes, _state_bytes, param_counts
 from autotune.space import load_space, make_workload
 
@@ -83,8 +86,25 @@ def test_full_recompute_keeps_only_layer_inputs():
     acts = _activation_bytes(x, w)
     in_flight = 4  # PP micro-batches on the first stage
     assert acts[0] == pytest.approx(layers * per_layer * in_flight)
-    assert acts[1] == pytest.approx((layers * layer_input + per_layer) * in_flight)
+    # the inputs of every layer for each micro-batch in flight; one layer's full activations once, for
+    # the micro-batch whose backward recomputes them (not once per micro-batch in flight)
+    assert acts[1] == pytest.approx(layers * layer_input * in_flight + per_layer)
     assert acts[1] < acts[0] / 5
+
+
+def test_full_recompute_working_set_counts_once_per_stage():
+    """Deep pipelines hold many micro-batches; only their checkpoints grow with them."""
+    w = workload("llama3_70b", gpus=64, global_batch_size=512)
+    x = LayoutArrays.from_configs([
+        LayoutConfig(tp=8, pp=pp, recompute="full", recompute_method=method, recompute_num_layers=n)
+        for pp in (2, 8) for method, n in (("uniform", 1), ("uniform", 2), ("block", 2))])
+    layers = np.array([40, 40, 40, 10, 10, 10])
+    per_layer = _layer_activation_bytes(x, w)
+    layer_input = 2 * 8192 * 8192  # 2*s*b*h bytes, not split without SP
+    in_flight = np.array([2, 2, 2, 8, 8, 8])
+    kept = np.array([40, 20, 2, 10, 5, 2]) * layer_input + np.array([0, 0, 38, 0, 0, 8]) * per_layer
+    working = np.array([1, 2, 1, 1, 2, 1]) * per_layer
+    assert _activation_bytes(x, w)[:] == pytest.approx(kept * in_flight + working)
 
 
 def test_more_memory_for_larger_micro_batch_and_less_with_recompute():
@@ -116,3 +136,23 @@ def test_fp8_shrinks_activations():
     fp8 = dataclasses.replace(bf16, precision="fp8")
     layout = LayoutConfig(tp=4, pp=4, vpp=5, cp=2, sp=True, dist_opt=True)
     assert estimate(fp8, layout).memory["activations_gib"] < estimate(bf16, layout).memory["activations_gib"]
+
+
+PUBLIC_SWEEPS = Path(__file__).resolve().parents[2] / "benchmarks" / "public_sweeps"
+
+
+@pytest.mark.parametrize("name", ["vtrain_gpt_3p6b", "vtrain_gpt_18p4b", "vtrain_gpt_39p1b", "vtrain_gpt_175b"])
+def test_every_layout_of_the_public_a100_sweeps_is_predicted_to_fit(name):
+    """The vTrain sweeps list only layouts that ran on their 80 GB A100s (full recompute, FP16 gradients,
+    no distributed optimizer: the sweeps' stated or assumed settings), so the model must say each fits.
+    Deep pipelines at large micro-batches failed this while the recomputed layer's activations were
+    counted once per micro-batch in flight (175B TP8 PP32 MBS6: 106 GiB predicted)."""
+    w = make_workload(load_space(name))
+    table = pd.read_csv(PUBLIC_SWEEPS / f"{name}.csv")
+    layouts = [LayoutConfig(tp=r.tp, pp=r.pp, mbs=r.mbs, recompute=r.recompute, recompute_method=r.recompute_method,
+                            recompute_num_layers=r.recompute_num_layers, dist_opt=bool(r.dist_opt))
+               for r in table.itertuples()]
+    settings = TrainingSettings(grad_reduce_in_fp32=False, overlap_grad_reduce=False)
+    e = estimate_many(w, layouts, settings=settings)
+    too_big = [f"{c.short()} {p:.1f} GiB" for c, p, f in zip(layouts, e.peak_mem_gib, e.fits) if not f]
+    assert not too_big, f"predicted not to fit a {w.cluster.gpu.memory_gib:.0f} GiB A100 although they ran: {too_big}"
