@@ -98,7 +98,6 @@ def test_full_recompute_working_set_counts_once_per_stage():
     x = LayoutArrays.from_configs([
         LayoutConfig(tp=8, pp=pp, recompute="full", recompute_method=method, recompute_num_layers=n)
         for pp in (2, 8) for method, n in (("uniform", 1), ("uniform", 2), ("block", 2))])
-    layers = np.array([40, 40, 40, 10, 10, 10])
     per_layer = _layer_activation_bytes(x, w)
     layer_input = 2 * 8192 * 8192  # 2*s*b*h bytes, not split without SP
     in_flight = np.array([2, 2, 2, 8, 8, 8])
