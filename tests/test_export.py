@@ -211,6 +211,23 @@ def test_export_cli_writes_a_file(cli, tmp_path):
     assert refused.returncode == 2 and "no trial 7" in refused.stderr
 
 
+def test_export_refuses_a_file_name_promising_another_format_and_writes_parquet_by_its_suffix(cli, tmp_path):
+    """`-o` ending in another format's suffix is refused before anything is written (a JSON document
+    named .parquet would fail whoever reads it as Parquet); the table's Parquet suffix is case-blind."""
+    import pandas as pd
+
+    repo, study, _ = _study_with_trial(tmp_path, FULL)
+    for fmt, name in (("json", "t.parquet"), ("recipe", "r.yaml"), ("table", "t.json"), ("overrides", "o.py")):
+        result = cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url)
+        assert result.returncode == 2 and "names" in result.stderr and f"--format {fmt} writes" in result.stderr
+        assert not (tmp_path / name).exists()
+    for fmt, name in (("overrides", "o.sh"), ("yaml", "w.yml"), ("json", "w.JSON")):  # no suffix of another format
+        assert cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url).returncode == 0
+    result = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "t.PQ"), "--storage", repo.url)
+    assert result.returncode == 0, result.stderr
+    assert len(pd.read_parquet(tmp_path / "t.PQ")) == 1
+
+
 def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_the_memory_margin(tmp_path, cli):
     """The default export is what `autotune start` recommends: the best estimate that keeps the headroom;
     a faster run that peaked inside the margin is named on stderr, and --trial still exports it."""

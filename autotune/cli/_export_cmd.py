@@ -21,7 +21,8 @@ def register(sub) -> None:
                    help="recipe (a Python module building the trials' Megatron-Bridge recipe with the tuned layout), "
                         "overrides (run_recipe.py overrides and the torchrun line), yaml or json (layout, workload, "
                         "metrics), table (every finished trial, the replay backend's input)")
-    p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table)")
+    p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table; a name ending in "
+                        "another format's suffix, .json with --format yaml, is refused)")
     p.add_argument("--allow-benchmark-settings", action="store_true",
                    help="export a study that ran with benchmark-only settings (--benchmark-setting), including "
                         "them (refused without this flag: such numbers are not a tuned result)")
@@ -34,6 +35,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune.errors import ConfigError
     from autotune.cli._study_cmds import open_repo
 
+    if args.output:
+        _check_suffix(args.output, args.format)
     repo = open_repo(args, read_only=True)
     if args.output:
         _check_output(args.output, repo.url)
@@ -41,7 +44,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.format == "table":
             frame = export.table_frame(repo, study)
-            if args.output and Path(args.output).suffix in (".parquet", ".pq"):
+            if args.output and Path(args.output).suffix.lower() in PARQUET_SUFFIXES:
                 _write(args.output, lambda path: frame.to_parquet(path, index=False))
             else:
                 _write(args.output, frame.to_csv(index=False))
@@ -64,6 +67,25 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+# What a file name's ending promises, for the endings that name one of export's formats: a file whose
+# name promises another format than the one written would mislead whoever opens it next (a replay
+# table that is JSON, a recipe module that is YAML).
+PARQUET_SUFFIXES = (".parquet", ".pq")
+SUFFIX_FORMATS = {**{suffix: ("table", "a Parquet table") for suffix in PARQUET_SUFFIXES},
+                  ".csv": ("table", "a CSV table"), ".json": ("json", "JSON"), ".yaml": ("yaml", "YAML"),
+                  ".yml": ("yaml", "YAML"), ".py": ("recipe", "a Python module")}
+FORMAT_WRITES = {"recipe": "a Python module", "overrides": "override lines and a torchrun line", "yaml": "YAML",
+                 "json": "JSON", "table": "a CSV table (Parquet for .parquet or .pq)"}
+
+
+def _check_suffix(output: str, fmt: str) -> None:
+    """Refuse `-o` whose ending names another format than `--format` (`--format json -o x.parquet`)."""
+    from autotune.errors import ConfigError
+
+    promised = SUFFIX_FORMATS.get(Path(output).suffix.lower())
+    if promised and promised[0] != fmt:
+        raise ConfigError(f"-o {Path(output).name!r} names {promised[1]}, but --format {fmt} writes {FORMAT_WRITES[fmt]}: "
+                          f"use --format {promised[0]} or another file name")
 
 
 def _check_output(output: str, storage_url: str) -> None:

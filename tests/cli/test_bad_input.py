@@ -137,6 +137,11 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "the study store's own database"),
     ("export-over-another-store", ["export", "demo", "--format", "table", "-o", "{other_db}", "--storage", "{url}"],
      "is an SQLite database"),
+    # a file name promising another format than the one written
+    ("export-json-named-parquet", ["export", "demo", "--format", "json", "-o", "{tmp}/t.parquet", "--storage", "{url}"],
+     "names a Parquet table, but --format json writes JSON"),
+    ("export-yaml-named-json", ["export", "demo", "--format", "yaml", "-o", "{tmp}/W.JSON", "--storage", "{url}"],
+     "use --format json or another file name"),
     # Ray is reached before the study is stored: no study is left behind
     ("ray-address-garbage", [*START, "--ray-address", "garbage", "--storage", "{url}"],
      "cannot connect to the Ray cluster"),
