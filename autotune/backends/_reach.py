@@ -22,16 +22,54 @@ def split_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+# What a gRPC server (Ray's GCS, Ray Client's server) answers first: an HTTP/2 SETTINGS frame (RFC 9113,
+# section 3.4: the server's connection preface). A listener that is not gRPC (a web server, a database, a
+# port that accepts and stays silent) never sends one, and `ray.init` would retry it for minutes.
+HTTP2_CLIENT_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS = 4  # the frame type byte (offset 3 of the 9-byte frame header)
+
+
+def _first_frame_header(conn: socket.socket, deadline: float) -> bytes:
+    import time
+
+    conn.sendall(HTTP2_CLIENT_PREFACE)
+    head = b""
+    while len(head) < 9:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(9 - len(head))
+        except socket.timeout:
+            break
+        if not chunk:  # closed: whatever listens there hung up on an HTTP/2 client
+            break
+        head += chunk
+    return head
+
+
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """ConfigError (one line) when nothing listens at the Ray address within `timeout_s`."""
+    """ConfigError (one line) when nothing at the Ray address answers as a gRPC server within
+    `timeout_s`: nothing listens, or what listens is not Ray (it never sends HTTP/2's SETTINGS). With
+    Ray's TLS on (RAY_USE_TLS) the handshake is TLS first, so only the connection is checked."""
+    import os
+    import time
+
     if not address or address in ("auto", "local"):
         return
     target = split_address(address)
     if target is None:
         return
+    deadline = time.monotonic() + timeout_s
     try:
-        with socket.create_connection(target, timeout=timeout_s):
-            return
+        with socket.create_connection(target, timeout=timeout_s) as conn:
+            if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes"):
+                return
+            head = _first_frame_header(conn, deadline)
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         raise ConfigError(f"cannot reach the Ray cluster at {address} within {timeout_s:g} s: {reason}") from None
+    if len(head) < 9 or head[3] != HTTP2_SETTINGS:
+        raise ConfigError(f"what listens at {address} does not answer as a Ray cluster within {timeout_s:g} s "
+                          "(no gRPC); give Ray's GCS address (head node, port 6379 by default) or ray://host:10001")

@@ -239,6 +239,27 @@ def test_an_unreachable_ray_address_fails_in_bounded_time(store):
     assert _counts(url) == before
 
 
+def test_a_ray_address_where_something_else_listens_fails_in_bounded_time(store):
+    """A port that accepts and never speaks gRPC: `ray.init` would retry it for minutes; the check stops
+    within its 10 s and no study is stored."""
+    import socket
+
+    url, _ = store
+    before = _counts(url)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # the kernel accepts connections into the backlog; nothing ever answers
+    try:
+        started = time.monotonic()
+        result = run_cli(*START, "--ray-address", f"127.0.0.1:{silent.getsockname()[1]}", "--storage", url, env=ENV,
+                         timeout=120)
+        _assert_one_line_error(result, "does not answer as a Ray cluster")
+        assert time.monotonic() - started < 40
+    finally:
+        silent.close()
+    assert _counts(url) == before
+
+
 @pytest.mark.parametrize("stdin,needle", [
     ('{"tp": ' + "9" * 4301 + "}\n", "not usable JSON"),
     ("[" * 100_000 + "\n", "nests too deeply"),
