@@ -177,25 +177,32 @@ def _activation_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
     layers = stage_decoder_layers(x, w)
     per_layer = _layer_activation_bytes(x, w)
     layer_input = 2 * w.seq_length * x.mbs * a.hidden_size / x.cp / np.where(x.sp, x.tp, 1)
-    n = np.maximum(1.0, x.recompute_num_layers)
     full = x.recompute == 2
-    # Full recompute: uniform checkpoints every n layers and recomputes one group at a time; block
-    # recomputes the first n layers of the stage and stores the rest in full. What a micro-batch keeps
-    # while it waits for its backward is its checkpoints; the recomputed group's full activations live
-    # only while that group's backward runs, for one micro-batch at a time, so they count once per stage
-    # and not once per micro-batch in flight (Korthikanti et al. 2022, section 4: 2*s*b*h*L plus one
-    # layer's activations).
-    uniform = np.ceil(layers / n) * layer_input
-    block = np.minimum(n, layers) * layer_input + np.maximum(0.0, layers - n) * per_layer
+    # Full recompute acts on each model chunk (Megatron's TransformerBlock: with VPP a stage holds VPP
+    # chunks of layers / VPP layers, and recompute_num_layers counts within a chunk). Uniform checkpoints
+    # every n layers and recomputes one group at a time; block recomputes the first n layers of the chunk
+    # and stores the rest in full. What a micro-batch keeps while it waits for its backward is its
+    # checkpoints (and block's stored layers); the recomputed group's full activations live only while
+    # that group's backward runs, for one micro-batch at a time, so they count once per stage and not
+    # once per micro-batch in flight (Korthikanti et al. 2022, section 4: 2*s*b*h*L plus one layer's
+    # activations). Block with layers stored in full needs no more: by the time its first n layers are
+    # recomputed, the stored layers of that micro-batch have been freed by their own backward.
+    chunk = np.maximum(1.0, np.ceil(layers / x.vpp))
+    n = np.minimum(np.maximum(1.0, x.recompute_num_layers), chunk)
+    uniform = x.vpp * np.ceil(chunk / n) * layer_input
+    block = np.minimum(x.vpp * n, layers) * layer_input + np.maximum(0.0, layers - x.vpp * n) * per_layer
     kept = np.where(full, np.where(x.recompute_block, block, uniform), layers * per_layer)
-    working = np.where(full, np.where(x.recompute_block, 1.0, n) * per_layer, 0.0)
+    working = np.where(full, np.where(x.recompute_block, np.where(n >= chunk, 1.0, 0.0), n) * per_layer, 0.0)
     m = microbatches(x, w)
     in_flight = np.minimum(x.pp, m)
     interleave = np.where(x.vpp > 1, 1 + (x.pp - 1) / (x.pp * x.vpp), 1.0)
     first_stage = kept * in_flight * interleave + working
     vocab = _padded_vocab_vector(a.vocab_size, x.tp)
     logits = LOGITS_BYTES_PER_ENTRY * w.seq_length * x.mbs * vocab / (x.tp * x.cp)
-    last_stage_layers = kept * np.where(x.pp == 1, in_flight * interleave, 1.0) + working
+    # the last stage runs each micro-batch's backward right after its forward, but interleaved it holds
+    # the other chunks' forwards in flight: (VPP-1)*PP + 1 chunk-micro-batches, PP - (PP-1)/VPP stages' worth
+    last_in_flight = np.where(x.vpp > 1, in_flight - (in_flight - 1) / x.vpp, 1.0)
+    last_stage_layers = kept * np.where(x.pp == 1, in_flight * interleave, last_in_flight) + working
     return np.maximum(first_stage + np.where(x.pp == 1, logits, 0), last_stage_layers + logits)
 
 

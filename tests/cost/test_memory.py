@@ -93,17 +93,53 @@ def test_full_recompute_keeps_only_layer_inputs():
 
 
 def test_full_recompute_working_set_counts_once_per_stage():
-    """Deep pipelines hold many micro-batches; only their checkpoints grow with them."""
+    """Deep pipelines hold many micro-batches; only their checkpoints grow with them. Block recompute with
+    layers stored in full needs no working set on top: the stored layers of the micro-batch being
+    recomputed were freed by their own backward first."""
     w = workload("llama3_70b", gpus=64, global_batch_size=512)
     x = LayoutArrays.from_configs([
         LayoutConfig(tp=8, pp=pp, recompute="full", recompute_method=method, recompute_num_layers=n)
-        for pp in (2, 8) for method, n in (("uniform", 1), ("uniform", 2), ("block", 2))])
+        for pp in (2, 8) for method, n in (("uniform", 1), ("uniform", 2), ("block", 2), ("block", 10))])
     per_layer = _layer_activation_bytes(x, w)
     layer_input = 2 * 8192 * 8192  # 2*s*b*h bytes, not split without SP
-    in_flight = np.array([2, 2, 2, 8, 8, 8])
-    kept = np.array([40, 20, 2, 10, 5, 2]) * layer_input + np.array([0, 0, 38, 0, 0, 8]) * per_layer
-    working = np.array([1, 2, 1, 1, 2, 1]) * per_layer
-    assert _activation_bytes(x, w)[:] == pytest.approx(kept * in_flight + working)
+    in_flight = np.array([2, 2, 2, 2, 8, 8, 8, 8])
+    # 40 layers per stage at PP2, 10 at PP8
+    kept = (np.array([40, 20, 2, 10, 10, 5, 2, 10]) * layer_input
+            + np.array([0, 0, 38, 30, 0, 0, 8, 0]) * per_layer)
+    working = np.array([1, 2, 0, 0, 1, 2, 0, 1]) * per_layer  # block at PP8, n=10: the whole stage recomputed
+    assert _activation_bytes(x, w) == pytest.approx(kept * in_flight + working)
+
+
+def test_full_recompute_counts_its_layers_per_virtual_pipeline_chunk():
+    """With VPP, recompute_num_layers counts within each model chunk (Megatron's TransformerBlock):
+    70B on PP4 VPP5 has 20 layers per stage in five chunks of four."""
+    w = workload("llama3_70b", gpus=64, global_batch_size=512)
+    x = LayoutArrays.from_configs([
+        LayoutConfig(tp=8, pp=4, vpp=5, recompute="full", recompute_method=method, recompute_num_layers=n)
+        for method, n in (("uniform", 2), ("uniform", 4), ("block", 2), ("block", 4))])
+    per_layer = _layer_activation_bytes(x, w)
+    layer_input = 2 * 8192 * 8192
+    in_flight = 4 * (1 + 3 / 20)  # PP micro-batches, times the interleaving factor 1 + (PP-1)/(PP*VPP)
+    kept = np.array([10, 5, 10, 20]) * layer_input + np.array([0, 0, 10, 0]) * per_layer
+    working = np.array([2, 4, 0, 1]) * per_layer
+    assert _activation_bytes(x, w) == pytest.approx(kept * in_flight + working)
+
+def test_the_interleaved_last_stage_holds_its_other_chunks_in_flight():
+    """Interleaved, the last stage keeps (VPP-1)*PP + 1 chunk-micro-batches: PP - (PP-1)/VPP stages'
+    worth, not one; with full recompute and GPT-OSS's 201k vocabulary its logits make it the peak."""
+    w = workload("gpt_oss_120b", gpus=64, global_batch_size=512, seq_length=4096)
+    config = LayoutConfig(tp=1, pp=4, vpp=3, ep=8, mbs=4, recompute="full", recompute_method="uniform",
+                          recompute_num_layers=1, dist_opt=True)
+    x = LayoutArrays.from_configs([config])
+    per_layer = _layer_activation_bytes(x, w)[0]
+    layer_input = 2 * 4096 * 4 * 2880  # 2*s*b*h bytes
+    kept = 9 * layer_input  # 36 layers / PP4, a checkpoint per layer
+    vocab = 201088 + (-201088) % 128  # padded to a multiple of 128 at TP1
+    logits = 4 * 4096 * 4 * vocab  # bytes: bf16 logits and their gradient
+    first = kept * 4 * (1 + 3 / 12) + per_layer
+    last = kept * (4 - 3 / 3) + per_layer + logits
+    assert last > first  # the case this test is about
+    assert _activation_bytes(x, w)[0] == pytest.approx(last)
 
 
 def test_more_memory_for_larger_micro_batch_and_less_with_recompute():
