@@ -221,7 +221,18 @@ def test_export_refuses_a_file_name_promising_another_format_and_writes_parquet_
         result = cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url)
         assert result.returncode == 2 and "names" in result.stderr and f"--format {fmt} writes" in result.stderr
         assert not (tmp_path / name).exists()
-    for fmt, name in (("overrides", "o.sh"), ("yaml", "w.yml"), ("json", "w.JSON")):  # no suffix of another format
+    for fmt, name in (("table", "t.csv.gz"), ("json", "w.json.xz")):  # written uncompressed: refused
+        result = cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url)
+        assert result.returncode == 2 and "names a compressed file" in result.stderr
+    (tmp_path / "real.json").write_text("{}")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "real.json")  # the file written is the link's target
+    result = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "link.csv"), "--storage", repo.url)
+    assert result.returncode == 2 and "'real.json' names JSON" in result.stderr
+    assert (tmp_path / "real.json").read_text() == "{}"
+    result = cli("export", "ex", "--format", "json", "-o", "", "--storage", repo.url)
+    assert result.returncode == 2 and "-o needs a file name" in result.stderr
+    # no suffix of another format; JSON is YAML, so a JSON document may be named .yaml
+    for fmt, name in (("overrides", "o.sh"), ("yaml", "w.yml"), ("json", "w.JSON"), ("json", "j.yaml")):
         assert cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url).returncode == 0
     result = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "t.PQ"), "--storage", repo.url)
     assert result.returncode == 0, result.stderr

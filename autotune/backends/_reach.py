@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import socket
+import time
 
 from autotune.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 10.0
+HANDSHAKE_FLOOR_S = 2.0  # what the gRPC answer gets even when connecting took the whole budget
 RAY_CLIENT_PORT = 10001  # Ray Client's port when a ray:// address names none
 
 
 def split_address(address: str) -> tuple[str, int] | None:
-    """(host, port) of a `host:port` or `ray://host:port` address; None for `auto` / `local`."""
+    """(host, port) of a `host:port`, `[v6]:port` or `ray://host[:port]` address; None for `auto`,
+    `local` or another bare word (left to `ray.init`, which says what it makes of it)."""
     text = address.removeprefix("ray://")
+    bracketed = text.startswith("[") and text.endswith("]")  # an IPv6 host without a port
     host, sep, port = text.rpartition(":")
-    if not sep:
+    if not sep or bracketed:
         # `ray://host` is Ray Client's default port; a bare word other than auto/local is no address
-        return (text, RAY_CLIENT_PORT) if address.startswith("ray://") and text else None
-    if not port.isdigit() or not 0 < int(port) < 65536:
+        return (text.strip("[]"), RAY_CLIENT_PORT) if address.startswith("ray://") and text else None
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(f"--ray-address {address!r}: the port must be a number in 1..65535")
     return host.strip("[]") or "127.0.0.1", int(port)
 
@@ -29,9 +33,29 @@ HTTP2_CLIENT_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 
 HTTP2_SETTINGS = 4  # the frame type byte (offset 3 of the 9-byte frame header)
 
 
-def _first_frame_header(conn: socket.socket, deadline: float) -> bytes:
-    import time
+def _connect(target: tuple[str, int], deadline: float) -> socket.socket:
+    """A connection to the first of the host's addresses that accepts before `deadline` (each attempt
+    gets what is left of the budget, so a host whose first address drops packets still has time for
+    the next: socket.create_connection would give every address the whole timeout)."""
+    error: OSError = TimeoutError("timed out")
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(*target, type=socket.SOCK_STREAM):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        conn = socket.socket(family, kind, proto)
+        try:
+            conn.settimeout(left)
+            conn.connect(sockaddr)
+            return conn
+        except OSError as exc:
+            error = exc
+            conn.close()
+    raise error
 
+
+def _first_frame_header(conn: socket.socket, deadline: float) -> bytes:
+    """The first 9 bytes the server sends after HTTP/2's client preface (fewer: it closed or stayed silent)."""
+    conn.settimeout(max(0.01, deadline - time.monotonic()))
     conn.sendall(HTTP2_CLIENT_PREFACE)
     head = b""
     while len(head) < 9:
@@ -50,11 +74,11 @@ def _first_frame_header(conn: socket.socket, deadline: float) -> bytes:
 
 
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """ConfigError (one line) when nothing at the Ray address answers as a gRPC server within
-    `timeout_s`: nothing listens, or what listens is not Ray (it never sends HTTP/2's SETTINGS). With
-    Ray's TLS on (RAY_USE_TLS) the handshake is TLS first, so only the connection is checked."""
+    """ConfigError (one line) when nothing at the Ray address answers as a gRPC server within about
+    `timeout_s` (the answer gets at least HANDSHAKE_FLOOR_S after a slow connect): nothing listens, or
+    what listens is not Ray (it never sends HTTP/2's SETTINGS). With Ray's TLS on (RAY_USE_TLS) the
+    handshake is TLS first, so only the connection is checked."""
     import os
-    import time
 
     if not address or address in ("auto", "local"):
         return
@@ -63,13 +87,18 @@ def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -
         return
     deadline = time.monotonic() + timeout_s
     try:
-        with socket.create_connection(target, timeout=timeout_s) as conn:
-            if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes"):
-                return
-            head = _first_frame_header(conn, deadline)
-    except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise ConfigError(f"cannot reach the Ray cluster at {address} within {timeout_s:g} s: {reason}") from None
+        conn = _connect(target, deadline)
+    except (OSError, UnicodeError) as exc:  # refused, timed out, unknown host; IDNA refuses a name like a..b
+        reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
+        raise ConfigError(f"cannot reach the Ray cluster at {address!r} within {timeout_s:g} s: "
+                          f"{reason.splitlines()[0][:200]}") from None
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes"):
+            return
+        try:
+            head = _first_frame_header(conn, max(deadline, time.monotonic() + HANDSHAKE_FLOOR_S))
+        except OSError:  # reset or broken pipe: something listens there and hung up on gRPC
+            head = b""
     if len(head) < 9 or head[3] != HTTP2_SETTINGS:
-        raise ConfigError(f"what listens at {address} does not answer as a Ray cluster within {timeout_s:g} s "
+        raise ConfigError(f"what listens at {address!r} does not answer as a Ray cluster within {timeout_s:g} s "
                           "(no gRPC); give Ray's GCS address (head node, port 6379 by default) or ray://host:10001")

@@ -35,7 +35,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune.errors import ConfigError
     from autotune.cli._study_cmds import open_repo
 
-    if args.output:
+    if args.output is not None:
         _check_suffix(args.output, args.format)
     repo = open_repo(args, read_only=True)
     if args.output:
@@ -78,14 +78,28 @@ FORMAT_WRITES = {"recipe": "a Python module", "overrides": "override lines and a
                  "json": "JSON", "table": "a CSV table (Parquet for .parquet or .pq)"}
 
 
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".tgz", ".lz4")
+
+
 def _check_suffix(output: str, fmt: str) -> None:
-    """Refuse `-o` whose ending names another format than `--format` (`--format json -o x.parquet`)."""
+    """Refuse `-o` that is empty, or whose ending (or, through a symlink, its target's) names another
+    format than `--format` (`--format json -o x.parquet`) or a compression export does not apply.
+    JSON is YAML (1.2), so a JSON document may be named .yaml."""
+    import os
+
     from autotune.errors import ConfigError
 
-    promised = SUFFIX_FORMATS.get(Path(output).suffix.lower())
-    if promised and promised[0] != fmt:
-        raise ConfigError(f"-o {Path(output).name!r} names {promised[1]}, but --format {fmt} writes {FORMAT_WRITES[fmt]}: "
-                          f"use --format {promised[0]} or another file name")
+    if not output:
+        raise ConfigError("-o needs a file name (leave -o out to write to stdout)")
+    for name in dict.fromkeys((Path(output).name, Path(os.path.realpath(output)).name)):
+        suffix = Path(name).suffix.lower()
+        if suffix in COMPRESSED_SUFFIXES:
+            raise ConfigError(f"-o {name!r} names a compressed file, but export writes it uncompressed: "
+                              "compress it afterwards, or give another file name")
+        promised = SUFFIX_FORMATS.get(suffix)
+        if promised and promised[0] != fmt and not (fmt == "json" and promised[0] == "yaml"):
+            raise ConfigError(f"-o {name!r} names {promised[1]}, but --format {fmt} writes {FORMAT_WRITES[fmt]}: "
+                              f"use --format {promised[0]} or another file name")
 
 
 def _check_output(output: str, storage_url: str) -> None:

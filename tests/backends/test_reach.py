@@ -67,3 +67,43 @@ def test_with_ray_tls_only_the_connection_is_checked(monkeypatch):
         check_reachable(address, timeout_s=1.0)  # a TLS server waits for the client's hello: not judged
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("address,expected", [
+    ("ray://[::1]", ("::1", 10001)), ("[::1]:6379", ("::1", 6379)), ("ray://head", ("head", 10001)),
+    (":6379", ("127.0.0.1", 6379)), ("garbage", None)])
+def test_split_address(address, expected):
+    from autotune.backends._reach import split_address
+
+    assert split_address(address) == expected
+
+
+@pytest.mark.parametrize("address,needle", [
+    ("127.0.0.1:\u00b2", "the port must be a number"),  # '²' is a digit to str.isdigit, not to int()
+    ("127.0.0.1:\u0661\u0666", "the port must be a number"),
+    ("a..b:6379", "cannot reach the Ray cluster"),  # IDNA refuses the empty label (UnicodeError)
+    ("bad\nhost:6379", "cannot reach the Ray cluster at 'bad\\nhost:6379'"),
+])
+def test_addresses_that_cannot_be_dialled_are_one_line_errors(address, needle):
+    with pytest.raises(ConfigError) as caught:
+        check_reachable(address, timeout_s=2.0)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_listener_that_hangs_up_on_the_preface_does_not_answer_as_ray():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def reset():
+        conn, _ = server.accept()
+        conn.recv(1024)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+        conn.close()
+
+    threading.Thread(target=reset, daemon=True).start()
+    try:
+        with pytest.raises(ConfigError, match="does not answer as a Ray cluster"):
+            check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=2.0)
+    finally:
+        server.close()
