@@ -122,6 +122,17 @@ def stage_decoder_layers(x: LayoutArrays, w: Workload) -> np.ndarray:
     return np.maximum(1.0, per_stage - (m.account_for_embedding_in_pipeline_split * (x.pp > 1)))
 
 
+def full_recompute_per_chunk(x: LayoutArrays, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(layers per model chunk, recompute_num_layers as it acts in a chunk, share of the stage's layers
+    whose forward full recompute repeats). Megatron applies full recompute per TransformerBlock, one per
+    model chunk: with VPP a stage holds VPP chunks of layers / VPP layers and recompute_num_layers counts
+    within each. Uniform repeats every layer's forward; block the first n layers of each chunk."""
+    chunk = np.maximum(1.0, np.ceil(layers / x.vpp))
+    n = np.minimum(np.maximum(1.0, x.recompute_num_layers), chunk)
+    share = np.where(x.recompute == 2, np.where(x.recompute_block, np.minimum(x.vpp * n, layers) / layers, 1.0), 0.0)
+    return chunk, n, share
+
+
 def _state_bytes(x: LayoutArrays, w: Workload, settings: TrainingSettings = DEFAULT_SETTINGS) -> np.ndarray:
     a = w.model.architecture
     p = param_counts(a)
@@ -178,8 +189,7 @@ def _activation_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
     per_layer = _layer_activation_bytes(x, w)
     layer_input = 2 * w.seq_length * x.mbs * a.hidden_size / x.cp / np.where(x.sp, x.tp, 1)
     full = x.recompute == 2
-    # Full recompute acts on each model chunk (Megatron's TransformerBlock: with VPP a stage holds VPP
-    # chunks of layers / VPP layers, and recompute_num_layers counts within a chunk). Uniform checkpoints
+    # Full recompute acts on each model chunk (full_recompute_per_chunk). Uniform checkpoints
     # every n layers and recomputes one group at a time; block recomputes the first n layers of the chunk
     # and stores the rest in full. What a micro-batch keeps while it waits for its backward is its
     # checkpoints (and block's stored layers); the recomputed group's full activations live only while
@@ -187,8 +197,7 @@ def _activation_bytes(x: LayoutArrays, w: Workload) -> np.ndarray:
     # once per micro-batch in flight (Korthikanti et al. 2022, section 4: 2*s*b*h*L plus one layer's
     # activations). Block with layers stored in full needs no more: by the time its first n layers are
     # recomputed, the stored layers of that micro-batch have been freed by their own backward.
-    chunk = np.maximum(1.0, np.ceil(layers / x.vpp))
-    n = np.minimum(np.maximum(1.0, x.recompute_num_layers), chunk)
+    chunk, n, _ = full_recompute_per_chunk(x, layers)
     uniform = x.vpp * np.ceil(chunk / n) * layer_input
     block = np.minimum(x.vpp * n, layers) * layer_input + np.maximum(0.0, layers - x.vpp * n) * per_layer
     kept = np.where(full, np.where(x.recompute_block, block, uniform), layers * per_layer)

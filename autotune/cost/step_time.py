@@ -28,6 +28,7 @@ from autotune.cost.flops import flops_per_token
 from autotune.cost.memory import (
     DEFAULT_SETTINGS,
     TrainingSettings,
+    full_recompute_per_chunk,
     microbatches,
     param_counts,
     stage_decoder_layers,
@@ -138,9 +139,9 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     compute = t_dense + t_expert + t_core + t_elementwise
 
     # --- recompute -----------------------------------------------------------------------------
-    full = x.recompute == 2
-    n = np.maximum(1.0, x.recompute_num_layers)
-    recomputed_share = np.where(full, np.where(x.recompute_block, np.minimum(n, layers) / layers, 1.0), 0.0)
+    # the share of layers whose forward runs again: the same per-chunk reading as the memory model's, so a
+    # layout is never credited with block recompute's small cost and full recompute's small memory at once
+    _, _, recomputed_share = full_recompute_per_chunk(x, layers)
     recompute = recomputed_share * compute / 3 + (x.recompute == 1) * t_core / 3
     forward_repeat = 1 + recomputed_share / 2  # recomputed forwards repeat their forward communication
 

@@ -54,6 +54,20 @@ def test_recompute_costs_time():
     assert estimate(w, full).step_time_s > estimate(w, base).step_time_s * 1.15
 
 
+def test_block_recompute_repeats_its_first_layers_in_every_virtual_pipeline_chunk():
+    """Block recompute of n layers with VPP repeats n layers of each chunk (as Megatron applies it, and as
+    the memory model counts it): on 70B at PP4 VPP5 (chunks of four layers) n=2 repeats half the stage's
+    forwards, n=4 all of them, like uniform; the memory and the time of a layout read it the same way."""
+    w = workload("llama3_70b", gpus=32)
+    base = LayoutConfig(tp=4, pp=4, vpp=5, cp=2, sp=True, dist_opt=True)
+    compute = estimate(w, base).breakdown["compute"]
+    for n, share in ((1, 0.25), (2, 0.5), (4, 1.0)):
+        block = estimate(w, base.replace(recompute="full", recompute_method="block", recompute_num_layers=n))
+        assert block.breakdown["recompute"] == pytest.approx(share * compute / 3, rel=1e-6)
+    uniform = estimate(w, base.replace(recompute="full", recompute_method="uniform", recompute_num_layers=1))
+    assert uniform.breakdown["recompute"] == pytest.approx(compute / 3, rel=1e-6)
+
+
 def test_many_equals_one_by_one():
     space = load_space("qwen3_30b")
     w = make_workload(space, gpus=16)
