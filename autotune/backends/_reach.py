@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 from autotune.errors import ConfigError
@@ -33,18 +34,45 @@ HTTP2_CLIENT_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 
 HTTP2_SETTINGS = 4  # the frame type byte (offset 3 of the 9-byte frame header)
 
 
+def _resolve(target: tuple[str, int], deadline: float) -> list:
+    """getaddrinfo within the budget: a resolver that retries for longer is not waited for (the lookup
+    goes on in a daemon thread, which the process does not wait for)."""
+    found: dict = {}
+
+    def lookup() -> None:
+        try:
+            found["infos"] = socket.getaddrinfo(*target, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:  # unknown host; IDNA refuses a name like a..b
+            found["error"] = exc
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        raise TimeoutError("the name lookup timed out")
+    if "error" in found:
+        raise found["error"]
+    return found["infos"]
+
+
 def _connect(target: tuple[str, int], deadline: float) -> socket.socket:
-    """A connection to the first of the host's addresses that accepts before `deadline` (each attempt
-    gets what is left of the budget, so a host whose first address drops packets still has time for
-    the next: socket.create_connection would give every address the whole timeout)."""
+    """A connection to the first of the host's addresses that accepts before `deadline`. Each address
+    gets an equal share of what is left (the last one all of it), so a dual-stack host whose first
+    address drops packets still has time for the next (socket.create_connection gives every address
+    the whole timeout); an address this machine cannot even dial (no IPv6) is skipped."""
     error: OSError = TimeoutError("timed out")
-    for family, kind, proto, _, sockaddr in socket.getaddrinfo(*target, type=socket.SOCK_STREAM):
+    infos = _resolve(target, deadline)
+    for k, (family, kind, proto, _, sockaddr) in enumerate(infos):
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        conn = socket.socket(family, kind, proto)
         try:
-            conn.settimeout(left)
+            conn = socket.socket(family, kind, proto)
+        except OSError as exc:
+            error = exc
+            continue
+        try:
+            conn.settimeout(left / (len(infos) - k))
             conn.connect(sockaddr)
             return conn
         except OSError as exc:

@@ -107,3 +107,49 @@ def test_a_listener_that_hangs_up_on_the_preface_does_not_answer_as_ray():
             check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=2.0)
     finally:
         server.close()
+
+
+def _full_listener():
+    """A loopback address that drops connection attempts: a listener with a full accept queue (Linux
+    drops the SYN), as a filtered route of a dual-stack head node does."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    fill = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(server.getsockname())
+        except BlockingIOError:
+            pass
+        fill.append(s)
+    time.sleep(0.2)
+    return server, fill
+
+
+def test_a_host_whose_first_address_drops_packets_is_reached_by_its_next(monkeypatch):
+    """Each address gets its share of the budget, and one this machine cannot dial (an address family
+    it lacks) is skipped: the cluster answers on the host's last address."""
+    good, _ = _listener(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # SETTINGS first, as gRPC
+    black, fill = _full_listener()
+    try:
+        tcp = (socket.SOCK_STREAM, 6, "")
+        addresses = [(socket.AF_UNIX, *tcp, ("127.0.0.1", 1)),  # socket() itself fails: not TCP's family
+                     (socket.AF_INET, *tcp, black.getsockname()),
+                     (socket.AF_INET, *tcp, good.getsockname())]
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: addresses)
+        started = time.monotonic()
+        check_reachable("head.example:6379", timeout_s=3.0)
+        assert time.monotonic() - started < 3.0
+    finally:
+        for s in (good, black, *fill):
+            s.close()
+
+
+def test_a_name_lookup_that_hangs_is_bounded_by_the_budget(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: time.sleep(30))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster.*name lookup timed out"):
+        check_reachable("slow.example:6379", timeout_s=1.0)
+    assert time.monotonic() - started < 3
