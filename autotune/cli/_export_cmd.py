@@ -44,7 +44,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.format == "table":
             frame = export.table_frame(repo, study)
-            if args.output and Path(args.output).suffix.lower() in PARQUET_SUFFIXES:
+            if args.output and _written_suffix(args.output) in PARQUET_SUFFIXES:
                 _write(args.output, lambda path: frame.to_parquet(path, index=False))
             else:
                 _write(args.output, frame.to_csv(index=False))
@@ -78,7 +78,19 @@ FORMAT_WRITES = {"recipe": "a Python module", "overrides": "override lines and a
                  "json": "JSON", "table": "a CSV table (Parquet for .parquet or .pq)"}
 
 
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".tgz", ".lz4")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".tgz", ".lz4", ".lzma", ".br", ".7z", ".tar")
+
+
+def _suffix(name: str) -> str:
+    """A name's ending as it promises a format: case-blind, trailing dots and spaces ignored (`x.parquet.`)."""
+    return Path(name.rstrip(". ")).suffix.lower()
+
+
+def _written_suffix(output: str) -> str:
+    """The ending of the file export writes: a symlink's target's (it is that file that is replaced)."""
+    import os
+
+    return _suffix(Path(os.path.realpath(output)).name)
 
 
 def _check_suffix(output: str, fmt: str) -> None:
@@ -91,15 +103,22 @@ def _check_suffix(output: str, fmt: str) -> None:
 
     if not output:
         raise ConfigError("-o needs a file name (leave -o out to write to stdout)")
-    for name in dict.fromkeys((Path(output).name, Path(os.path.realpath(output)).name)):
-        suffix = Path(name).suffix.lower()
+    names = list(dict.fromkeys((Path(output).name, Path(os.path.realpath(output)).name)))
+    for name in names:
+        suffix = _suffix(name)
         if suffix in COMPRESSED_SUFFIXES:
-            raise ConfigError(f"-o {name!r} names a compressed file, but export writes it uncompressed: "
+            raise ConfigError(f"-o {name!r} names a compressed file or an archive, but export writes it uncompressed: "
                               "compress it afterwards, or give another file name")
         promised = SUFFIX_FORMATS.get(suffix)
         if promised and promised[0] != fmt and not (fmt == "json" and promised[0] == "yaml"):
             raise ConfigError(f"-o {name!r} names {promised[1]}, but --format {fmt} writes {FORMAT_WRITES[fmt]}: "
                               f"use --format {promised[0]} or another file name")
+    # a link and its target that promise different things (x.csv -> t.parquet): whichever is written,
+    # one of the two names lies about the content
+    promises = [SUFFIX_FORMATS[_suffix(n)][1] for n in names if _suffix(n) in SUFFIX_FORMATS]
+    if len(promises) == 2 and promises[0] != promises[1]:
+        raise ConfigError(f"-o {names[0]!r} names {promises[0]} but links to {names[1]!r}, {promises[1]}: "
+                          "give the file's own name")
 
 
 def _check_output(output: str, storage_url: str) -> None:
