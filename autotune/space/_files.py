@@ -25,9 +25,9 @@ from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_KNO
                              coerce_knob, is_network_gbps)
 from autotune.errors import ConfigError
 from autotune.space._arch_checks import architecture_problem
+from autotune.space.legality import POLICY_NAMES
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-POLICY_NAMES = ("tp_within_nvlink_domain", "etp_within_nvlink_domain")
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
 HF_EXTRA_NODES = 1000  # values in `hf.extra`, nested ones included
 HF_EXTRA_DEPTH = 6  # levels of lists and mappings inside `hf.extra` (quantization_config nests 4)

@@ -9,6 +9,7 @@ run the layout) but layouts no one should spend GPU time on; they are reported s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -421,6 +422,19 @@ def _tp_node(c, w):
 def _etp_node(c, w):
     if c["etp"] > w.cluster.nvlink_domain_gpus:
         return f"ETP={c['etp']} spans more than one NVLink domain ({w.cluster.nvlink_domain_gpus} GPUs)"
+
+
+@rule("recompute_num_layers_within_chunk", "pp vpp recompute",
+      "policy: Megatron recomputes per model chunk (TransformerBlock._checkpointed_forward, one block per VPP "
+      "chunk): a larger n is the same run as n = the chunk's layers", policy=True)
+def _rc_chunk(c, w):
+    n = c["recompute_num_layers"]
+    if c["recompute"] != "full" or n is None or c["vpp"] == 1 or w.model.pipeline_layouts:
+        return None  # without VPP the chunk is the stage (recompute_num_layers_within_stage)
+    chunk = math.ceil(math.ceil(stage_layers(w) / c["pp"]) / c["vpp"])  # the largest chunk of any stage
+    if n > chunk:
+        return (f"recompute_num_layers={n} acts as {chunk} with PP={c['pp']} VPP={c['vpp']}: full recompute "
+                f"works per model chunk of at most {chunk} layers, so this is the same run as {chunk}")
 
 
 RULE_NAMES = tuple(r.name for r in RULES)

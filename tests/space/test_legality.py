@@ -218,3 +218,24 @@ def test_nvl72_domain_allows_tp_across_trays():
     w = workload("llama3_70b", gpus=32, gpu="gb200")
     assert w.cluster.gpus_per_node == 4
     assert policy_violations(LayoutConfig(tp=8, sp=True), w) == []
+
+
+@pytest.mark.parametrize("method", ["uniform", "block"])
+def test_recompute_num_layers_beyond_a_model_chunk_is_filtered_as_the_same_run(method):
+    """Megatron recomputes per model chunk (one TransformerBlock per VPP chunk): with PP4 VPP4 a chunk of
+    qwen3_30b holds 48/4/4 = 3 layers, so n = 4 or 12 runs exactly as n = 3. Megatron accepts them (it
+    checks n against layers/PP only), so the filter is a policy; the cost model predicts the twins alike."""
+    from autotune.cost import estimate_many
+
+    w = workload("qwen3_30b", gpus=16)
+    chunk = dict(tp=1, pp=4, vpp=4, ep=4, dist_opt=True, recompute="full", recompute_method=method)
+    twins = [LayoutConfig(**chunk, recompute_num_layers=n) for n in (3, 4, 12)]
+    assert all(violations(t, w) == [] for t in twins)
+    assert policy_violations(twins[0], w) == []
+    for twin in twins[1:]:
+        (filtered,) = policy_violations(twin, w)
+        assert filtered.rule == "recompute_num_layers_within_chunk" and "same run as 3" in filtered.message
+    predicted = estimate_many(w, twins)
+    assert len(set(predicted.tokens_per_s_per_gpu)) == 1 and len(set(predicted.peak_mem_gib)) == 1
+    # without VPP the chunk is the stage, which the Megatron rule bounds already
+    assert policy_violations(LayoutConfig(**{**chunk, "vpp": 1}, recompute_num_layers=12), w) == []
