@@ -12,11 +12,14 @@ Activations per layer and micro-batch, with the selective recompute of core atte
 attention gives for free: s*b*h*(18 + 4*r) bytes with sequence parallelism (all of it / TP),
 s*b*h*(10 + (8 + 4*r)/TP) without; r = ffn / h (MoE: (moe_ffn*k + shared) / h); MoE layers add the
 dispatch buffer of the permuted tokens, 2*k*s*b*h bytes. Everything / CP. The first pipeline stage
-holds min(PP, microbatches) micro-batches in flight, times (1 + (PP-1)/(PP*VPP)) when interleaved.
-Full recompute keeps each layer's input (2*s*b*h bytes) per micro-batch in flight, plus one group's
-full activations while it is recomputed (once: one micro-batch is recomputed at a time). The last stage also holds the logits: with the fused cross entropy (GPTModelProvider's default,
-cross_entropy_loss_fusion=True) the bf16 logits and their in-place gradient, about 4 bytes per vocab
-entry (the unfused loss keeps bf16 and fp32 copies plus the fp32 softmax: about 10).
+holds min(PP, microbatches) micro-batches in flight, times (1 + (PP-1)/(PP*VPP)) when interleaved;
+the last stage one, or interleaved PP - (PP-1)/VPP stages' worth ((VPP-1)*PP + 1 chunk-micro-batches).
+Full recompute works per model chunk: it keeps each checkpointed layer's input (2*s*b*h bytes) per
+micro-batch in flight, plus one group's full activations while it is recomputed (once: one micro-batch
+is recomputed at a time). The last stage also holds the logits: with the fused cross entropy
+(GPTModelProvider's default, cross_entropy_loss_fusion=True) the bf16 logits and their in-place
+gradient, about 4 bytes per vocab entry (the unfused loss keeps bf16 and fp32 copies plus the fp32
+softmax: about 10).
 """
 
 from __future__ import annotations
