@@ -191,3 +191,12 @@ def test_every_layout_of_the_public_a100_sweeps_is_predicted_to_fit(name):
     e = estimate_many(w, layouts, settings=settings)
     too_big = [f"{c.short()} {p:.1f} GiB" for c, p, f in zip(layouts, e.peak_mem_gib, e.fits) if not f]
     assert not too_big, f"predicted not to fit a {w.cluster.gpu.memory_gib:.0f} GiB A100 although they ran: {too_big}"
+    # and not by predicting too little: at least the mixed-precision Adam state of the rank's share of the
+    # parameters the sweep states (16 bytes each: fp16 weights and gradients, fp32 master and two moments)
+    # plus one micro-batch's checkpointed layer inputs on the stage (2*s*b*h bytes per layer)
+    a = w.model.architecture
+    billions = {"vtrain_gpt_3p6b": 3.6, "vtrain_gpt_18p4b": 18.4, "vtrain_gpt_39p1b": 39.1, "vtrain_gpt_175b": 175.0}
+    for c, peak in zip(layouts, e.peak_mem_gib):
+        state = 16 * billions[name] * 1e9 / (c.tp * c.pp)
+        checkpoints = 2 * w.seq_length * c.mbs * a.hidden_size * a.num_layers / c.pp / c.tp
+        assert peak * 2**30 >= state + checkpoints, (c.short(), peak)
