@@ -73,6 +73,18 @@ def test_status_and_show(cli, finished_study):
     assert any(o.startswith("model.expert_model_parallel_size=") for o in shown["overrides"])
 
 
+def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained(cli, finished_study):
+    from autotune.controller.physics import STEP_NOISE_GRID_LOG_STD, TERMS
+
+    url, _ = finished_study
+    fitted = json.loads(cli("show", "demo", "--calibration", "--storage", url, "--json").stdout)
+    assert 2 <= fitted["runs"] <= 6 and set(fitted["step_time_terms"]) == set(TERMS)
+    assert all(term["scale"] > 0 for term in fitted["step_time_terms"].values())
+    assert fitted["unexplained_step_time_log_sd"] in {round(n, 3) for n in STEP_NOISE_GRID_LOG_STD}
+    shown = cli("show", "demo", "--calibration", "--storage", url)
+    assert shown.returncode == 0 and "leave unexplained: +-" in " ".join(shown.stdout.split())
+
+
 def test_resume_of_a_finished_study_is_refused(cli, finished_study):
     url, _ = finished_study
     result = cli("resume", "demo", "--storage", url, env=ENV)

@@ -619,6 +619,42 @@ def test_physics_calibration_uses_measured_trace_breakdowns(qwen16):
     assert abs(with_traces.scales["ep"] - 2.0) < abs(without.scales["ep"] - 2.0)
 
 
+def test_physics_calibration_does_not_stretch_terms_to_chase_what_no_term_explains(qwen16, monkeypatch):
+    """Runs whose deviations from the model belong to no term (an independent +-15% per layout, like knob
+    interactions) make the fit choose a large step-time noise and keep every scale within 1.5 prior sd;
+    with the run-to-run noise assumed instead (the fit before the noise was chosen), the same runs push
+    terms to their 3-sd bound (a traced study: TP, CP and PP at 6x, TP-8 layouts ranked 8,000th while the
+    optimum had TP 8). Runs that one term explains keep the run-to-run noise and recover the term."""
+    from autotune.controller import physics
+    from autotune.controller.physics import PRIOR_LOG_STD, STEP_NOISE_LOG_STD, PhysicsCalibration
+
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    breakdown = state.breakdown_matrix()
+    rng = np.random.default_rng(0)
+    sample = rng.choice(np.flatnonzero(state.predicted.fits), 32, replace=False)
+    step = breakdown[sample].sum(axis=1) * np.exp(rng.normal(0, 0.15, 32))
+
+    def stretch(fit: PhysicsCalibration) -> float:  # the largest move of a scale, in prior sds
+        return max(abs(np.log(s)) / PRIOR_LOG_STD[t] for t, s in fit.scales.items())
+
+    unexplained = PhysicsCalibration()
+    unexplained.fit(breakdown[sample], step)
+    assert unexplained.noise_log_std >= 0.08 and stretch(unexplained) <= 1.5
+    monkeypatch.setattr(physics, "STEP_NOISE_GRID_LOG_STD", (STEP_NOISE_LOG_STD,))
+    assumed = PhysicsCalibration()
+    assumed.fit(breakdown[sample], step)
+    assert stretch(assumed) >= 2.5
+    monkeypatch.undo()
+    terms = list(unexplained.terms)
+    true_scale = np.ones(len(terms))
+    true_scale[terms.index("tp")] = 2.5
+    explained = PhysicsCalibration()
+    explained.fit(breakdown[sample], (breakdown[sample] @ true_scale) * np.exp(rng.normal(0, 0.01, 32)))
+    assert explained.noise_log_std == STEP_NOISE_LOG_STD
+    assert explained.scales["tp"] == pytest.approx(2.5, rel=0.2)
+
+
 PUBLIC_SWEEPS = Path(__file__).resolve().parents[2] / "benchmarks" / "public_sweeps"
 
 
