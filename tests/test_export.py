@@ -224,7 +224,8 @@ def test_export_refuses_a_file_name_promising_another_format_and_writes_parquet_
     for fmt, name in (("table", "t.csv.gz"), ("json", "w.json.xz"), ("table", "t.tar"), ("json", "w.json.br"),
                       ("json", "t.parquet.")):  # written uncompressed, or another format behind a trailing dot
         result = cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url)
-        assert result.returncode == 2 and "names" in result.stderr
+        assert result.returncode == 2 and ("names a compressed file" in result.stderr
+                                           or "names a Parquet table" in result.stderr)
         assert not (tmp_path / name).exists()
     # a link and its target promising different tables: one of the two names would lie about the content
     for link, real, content in (("l.csv", "t.parquet", b"PAR1"), ("l.parquet", "t.csv", b"tp,pp\n")):
@@ -233,6 +234,16 @@ def test_export_refuses_a_file_name_promising_another_format_and_writes_parquet_
         result = cli("export", "ex", "--format", "table", "-o", str(tmp_path / link), "--storage", repo.url)
         assert result.returncode == 2 and "but links to" in result.stderr
         assert (tmp_path / real).read_bytes() == content
+    # a link named .parquet to a file without a suffix gets Parquet; JSON may go to YAML through a link too
+    (tmp_path / "blob").write_bytes(b"")
+    (tmp_path / "out.parquet").symlink_to(tmp_path / "blob")
+    result = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "out.parquet"), "--storage", repo.url)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "blob").read_bytes().startswith(b"PAR1")
+    (tmp_path / "doc.yaml").write_text("")
+    (tmp_path / "doc.json").symlink_to(tmp_path / "doc.yaml")
+    result = cli("export", "ex", "--format", "json", "-o", str(tmp_path / "doc.json"), "--storage", repo.url)
+    assert result.returncode == 0, result.stderr
     (tmp_path / "real.json").write_text("{}")
     (tmp_path / "link.csv").symlink_to(tmp_path / "real.json")  # the file written is the link's target
     result = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "link.csv"), "--storage", repo.url)

@@ -44,14 +44,16 @@ def _resolve(target: tuple[str, int], deadline: float) -> list:
             found["infos"] = socket.getaddrinfo(*target, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as exc:  # unknown host; IDNA refuses a name like a..b
             found["error"] = exc
+        except Exception as exc:  # anything else the resolver raises is still one line, not a thread's traceback
+            found["error"] = OSError(f"the name lookup failed: {exc.__class__.__name__}")
 
     worker = threading.Thread(target=lookup, daemon=True)
     worker.start()
     worker.join(max(0.0, deadline - time.monotonic()))
     if worker.is_alive():
         raise TimeoutError("the name lookup timed out")
-    if "error" in found:
-        raise found["error"]
+    if "error" in found or "infos" not in found:
+        raise found.get("error") or OSError("the name lookup failed")
     return found["infos"]
 
 

@@ -87,10 +87,12 @@ def _suffix(name: str) -> str:
 
 
 def _written_suffix(output: str) -> str:
-    """The ending of the file export writes: a symlink's target's (it is that file that is replaced)."""
+    """The ending that decides a table's writer: a symlink's target's when it names a format (it is that
+    file that is replaced), else the name given (a link to `blob` or a device named out.parquet)."""
     import os
 
-    return _suffix(Path(os.path.realpath(output)).name)
+    target = _suffix(Path(os.path.realpath(output)).name)
+    return target if target in SUFFIX_FORMATS else _suffix(Path(output).name)
 
 
 def _check_suffix(output: str, fmt: str) -> None:
@@ -115,9 +117,9 @@ def _check_suffix(output: str, fmt: str) -> None:
                               f"use --format {promised[0]} or another file name")
     # a link and its target that promise different things (x.csv -> t.parquet): whichever is written,
     # one of the two names lies about the content
-    promises = [SUFFIX_FORMATS[_suffix(n)][1] for n in names if _suffix(n) in SUFFIX_FORMATS]
-    if len(promises) == 2 and promises[0] != promises[1]:
-        raise ConfigError(f"-o {names[0]!r} names {promises[0]} but links to {names[1]!r}, {promises[1]}: "
+    promises = [SUFFIX_FORMATS[_suffix(n)] for n in names if _suffix(n) in SUFFIX_FORMATS]
+    if len(promises) == 2 and promises[0] != promises[1] and not (fmt == "json" and promises[0][0] == "json"):
+        raise ConfigError(f"-o {names[0]!r} names {promises[0][1]} but links to {names[1]!r}, {promises[1][1]}: "
                           "give the file's own name")
 
 

@@ -488,7 +488,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def _show_calibration(repo, study, as_json: bool) -> int:
-    from autotune.controller.physics import STEP_NOISE_LOG_STD, fit_from_trials
+    from autotune.controller.physics import STEP_NOISE_GRID_LOG_STD, STEP_NOISE_LOG_STD, fit_from_trials
 
     calibration = fit_from_trials(repo.trials(study.id, dispatched_only=True))
     if as_json:
@@ -505,8 +505,10 @@ def _show_calibration(repo, study, as_json: bool) -> int:
         table.add_row(term, f"+-{fit['prior_sd_pct']:.0f}%", f"{fit['scale']:.2f}", f"{fit['change_pct']:+.1f}%")
     console = wide_console()
     console.print(table)
-    if calibration["runs"] >= 2:
-        console.print(f"step time the terms leave unexplained: +-{calibration['unexplained_step_time_log_sd']:.0%} "
+    unexplained = calibration["unexplained_step_time_log_sd"]
+    if unexplained is not None:
+        at_cap = unexplained >= max(STEP_NOISE_GRID_LOG_STD)  # the largest level the fit tries: at least that
+        console.print(f"step time the terms leave unexplained: {'>=' if at_cap else '+-'}{unexplained:.0%} "
                       f"(1 sd, chosen by the fit; +-{STEP_NOISE_LOG_STD:.0%} is run-to-run noise alone, more means "
                       "effects of no term, which the search's GP learns instead)")
     memory = calibration["memory"]

@@ -21,8 +21,8 @@ assumed always, runs the terms cannot explain (knob interactions, an optimum no 
 with TP, CP and PP at 6x and compute at 0.69x, ranked every TP-8 layout below 8,000 others although the
 optimum had TP 8, and never ran one (0.888 of the optimum). With the noise chosen, its scales stayed
 within 0.6-1.2x and it ran TP-8 layouts. Tuning seeds 5-14, auto @40, all 12 rows of
-benchmarks/search_quality.py: mean 0.9755 -> 0.9791, better on 8 rows (up to +2.3 points: qwen3_30b@16
-interact), worse on 4 (llama3_70b mixed -1.1, qwen3_30b@16 regime and mixed -0.6).
+benchmarks/search_quality.py: mean 0.9755 -> 0.9791, better on 9 rows (up to +2.3 points: qwen3_30b@16
+interact), worse on 3 (llama3_70b mixed -1.1, qwen3_30b@16 regime and mixed -0.6).
 """
 
 from __future__ import annotations
@@ -76,9 +76,18 @@ class PhysicsCalibration:
         from scipy.optimize import least_squares
 
         prior_std = np.array([PRIOR_LOG_STD[t] for t in self.terms])
+        # a run whose record holds no breakdown (an older version's) says nothing about the terms; left in,
+        # its misfit (log 1e-12 against seconds) would set the noise level alone
+        keep = breakdown.sum(axis=1) > 0
+        index = np.cumsum(keep) - 1  # a kept run's row among the kept ones
+        traces = [(int(index[i]), groups) for i, groups in traces or [] if keep[i]]
+        breakdown, measured_step_s = breakdown[keep], np.asarray(measured_step_s)[keep]
+        self.n_runs = len(measured_step_s)
+        if self.n_runs == 0:
+            return
         log_measured = np.log(measured_step_s)
         trace_rows, trace_masks, trace_log_s = [], [], []
-        for i, groups in traces or []:
+        for i, groups in traces:
             for group, seconds in groups.items():
                 mask = np.array([t in group for t in self.terms])
                 if seconds > 0 and breakdown[i, mask].sum() > 0:
@@ -116,7 +125,6 @@ class PhysicsCalibration:
             start = result.x
         _, theta, self.noise_log_std = best
         self.log_scale = np.clip(theta, -3 * prior_std, 3 * prior_std)
-        self.n_runs = len(measured_step_s)
 
     def to_dict(self) -> dict[str, dict[str, float]]:
         """Each term's fitted scale and its change from the prior (1.0 = the published calibration)."""
@@ -141,7 +149,8 @@ def fit_from_trials(trials) -> dict:
     if len(rows) >= 2:
         physics.fit(np.array(rows), np.array(steps))
     return {"runs": len(rows), "step_time_terms": physics.to_dict(),
-            # what the terms leave unexplained (log sd of a run's step time), chosen by the fit's evidence
-            "unexplained_step_time_log_sd": round(physics.noise_log_std, 3),
+            # what the terms leave unexplained (log sd of a run's step time), chosen by the fit's evidence;
+            # None until two runs with a breakdown were fitted
+            "unexplained_step_time_log_sd": round(physics.noise_log_std, 3) if physics.n_runs >= 2 else None,
             "memory": {"runs": len(ratios), "ratio_mean": float(np.mean(ratios)) if ratios else None,
                        "ratio_sd": float(np.std(ratios)) if ratios else None}}

@@ -153,3 +153,12 @@ def test_a_name_lookup_that_hangs_is_bounded_by_the_budget(monkeypatch):
     with pytest.raises(ConfigError, match="cannot reach the Ray cluster.*name lookup timed out"):
         check_reachable("slow.example:6379", timeout_s=1.0)
     assert time.monotonic() - started < 3
+
+
+def test_a_resolver_that_raises_something_else_is_one_line(monkeypatch):
+    def broken(*a, **k):
+        raise ValueError("resolver bug")
+
+    monkeypatch.setattr(socket, "getaddrinfo", broken)
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster.*name lookup failed: ValueError"):
+        check_reachable("odd.example:6379", timeout_s=1.0)

@@ -701,3 +701,47 @@ def test_a_public_sweep_model_is_not_exported_nor_run_on_megatron(tmp_path):
     with pytest.raises(ConfigError) as info:
         require_exportable(model, "export")
     assert str(info.value).endswith("line one line two line three")
+
+
+def test_physics_calibration_analytic_fit_matches_finite_differences_and_ignores_runs_without_a_breakdown(
+        qwen16, monkeypatch):
+    """The fit's analytic Jacobian reaches the optimum a finite-difference fit of the same objective reaches
+    (traces included), and a run whose record holds no breakdown (all zeros) changes neither the scales
+    nor the chosen noise (left in, its misfit against 1e-12 s chose the largest noise by itself)."""
+    from scipy.optimize import least_squares
+
+    from autotune.controller import physics
+    from autotune.controller.physics import PRIOR_LOG_STD, TRACE_NOISE_LOG_STD, PhysicsCalibration
+
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    breakdown = state.breakdown_matrix()
+    terms = list(state.physics.terms)
+    rng = np.random.default_rng(3)
+    sample = rng.choice(np.flatnonzero(state.predicted.fits), 12, replace=False)
+    true_scale = np.exp(rng.normal(0, 0.3, len(terms)))
+    step = (breakdown[sample] @ true_scale) * np.exp(rng.normal(0, 0.02, 12))
+    comm = ("tp", "cp", "ep", "pp", "dp")
+    mask = np.array([t in comm for t in terms])
+    traces = [(0, {comm: float(breakdown[sample[0], mask] @ true_scale[mask])})]
+
+    monkeypatch.setattr(physics, "STEP_NOISE_GRID_LOG_STD", (0.05,))
+    analytic = PhysicsCalibration()
+    analytic.fit(breakdown[sample], step, traces)
+    prior = np.array([PRIOR_LOG_STD[t] for t in terms])
+
+    def residuals(theta):
+        scale = np.exp(theta)
+        return np.concatenate([(np.log(breakdown[sample] @ scale) - np.log(step)) / 0.05, theta / prior,
+                               [(np.log(breakdown[sample[0], mask] @ scale[mask]) - np.log(traces[0][1][comm]))
+                                / TRACE_NOISE_LOG_STD]])
+
+    numeric = least_squares(residuals, np.zeros(len(terms)), method="trf", x_scale=1.0)
+    assert np.allclose(analytic.log_scale, np.clip(numeric.x, -3 * prior, 3 * prior), atol=2e-3)
+    monkeypatch.undo()
+
+    clean, with_empty = PhysicsCalibration(), PhysicsCalibration()
+    clean.fit(breakdown[sample], step)
+    with_empty.fit(np.vstack([np.zeros(len(terms)), breakdown[sample]]), np.concatenate([[30.0], step]))
+    assert with_empty.noise_log_std == clean.noise_log_std and with_empty.n_runs == 12
+    assert np.allclose(with_empty.log_scale, clean.log_scale, atol=1e-6)

@@ -165,3 +165,17 @@ def test_a_merge_key_may_be_overridden(tmp_path):
     # YAML's merge key (<<) is meant to be overridden by the mapping's own keys: not a repeated key
     path = _with_extra(tmp_path, " {base: &b {factor: 1.0, beta: 2.0}, rope_scaling: {<<: *b, factor: 4.0}}")
     assert load_space(str(path)).model.hf_extra["rope_scaling"] == {"factor": 4.0, "beta": 2.0}
+
+
+def test_a_space_file_switches_the_recompute_chunk_policy_off(tmp_path):
+    """`policy: recompute_num_layers_within_chunk: false` keeps the layouts that recompute more layers than a
+    chunk holds (the same runs as the chunk's count), as before the policy existed."""
+    from autotune.space import enumerate_legal, make_workload
+
+    old = "  etp_within_nvlink_domain: true\n"
+    path = _write_variant(tmp_path, old, old + "  recompute_num_layers_within_chunk: false\n")
+    off, on = load_space(str(path)), load_space("qwen3_30b")
+    assert off.policy["recompute_num_layers_within_chunk"] is False and on.policy["recompute_num_layers_within_chunk"]
+    legal_off = enumerate_legal(off, make_workload(off, gpus=16))
+    legal_on = enumerate_legal(on, make_workload(on, gpus=16))
+    assert len(legal_off.configs) - len(legal_on.configs) == legal_on.filtered_by_policy["recompute_num_layers_within_chunk"] > 0
