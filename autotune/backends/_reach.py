@@ -52,7 +52,7 @@ def _resolve(target: tuple[str, int], deadline: float) -> list:
     worker.join(max(0.0, deadline - time.monotonic()))
     if worker.is_alive():
         raise TimeoutError("the name lookup timed out")
-    if "error" in found or "infos" not in found:
+    if "infos" not in found:
         raise found.get("error") or OSError("the name lookup failed")
     return found["infos"]
 

@@ -106,6 +106,7 @@ def _check_suffix(output: str, fmt: str) -> None:
     if not output:
         raise ConfigError("-o needs a file name (leave -o out to write to stdout)")
     names = list(dict.fromkeys((Path(output).name, Path(os.path.realpath(output)).name)))
+    promises = []  # what each name that names a format promises
     for name in names:
         suffix = _suffix(name)
         if suffix in COMPRESSED_SUFFIXES:
@@ -115,9 +116,10 @@ def _check_suffix(output: str, fmt: str) -> None:
         if promised and promised[0] != fmt and not (fmt == "json" and promised[0] == "yaml"):
             raise ConfigError(f"-o {name!r} names {promised[1]}, but --format {fmt} writes {FORMAT_WRITES[fmt]}: "
                               f"use --format {promised[0]} or another file name")
+        if promised:
+            promises.append(promised)
     # a link and its target that promise different things (x.csv -> t.parquet): whichever is written,
     # one of the two names lies about the content
-    promises = [SUFFIX_FORMATS[_suffix(n)] for n in names if _suffix(n) in SUFFIX_FORMATS]
     if len(promises) == 2 and promises[0] != promises[1] and not (fmt == "json" and promises[0][0] == "json"):
         raise ConfigError(f"-o {names[0]!r} names {promises[0][1]} but links to {names[1]!r}, {promises[1][1]}: "
                           "give the file's own name")

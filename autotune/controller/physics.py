@@ -86,16 +86,15 @@ class PhysicsCalibration:
         if self.n_runs == 0:
             return
         log_measured = np.log(measured_step_s)
-        trace_rows, trace_masks, trace_log_s = [], [], []
+        # each measured group of terms: the run's predicted seconds of those terms only, and what it measured
+        traced, trace_log_s = [], []
         for i, groups in traces:
             for group, seconds in groups.items():
-                mask = np.array([t in group for t in self.terms])
-                if seconds > 0 and breakdown[i, mask].sum() > 0:
-                    trace_rows.append(i)
-                    trace_masks.append(mask)
+                row = breakdown[i] * np.array([t in group for t in self.terms])
+                if seconds > 0 and row.sum() > 0:
+                    traced.append(row)
                     trace_log_s.append(np.log(seconds))
-        # each measured group of terms: the run's predicted seconds of those terms only
-        traced = breakdown[trace_rows] * np.array(trace_masks, dtype=float).reshape(len(trace_rows), len(self.terms))
+        traced = np.array(traced).reshape(len(trace_log_s), len(self.terms))  # (0, terms) without traces
         trace_log_s = np.array(trace_log_s)
 
         def residuals(theta: np.ndarray, noise: float) -> np.ndarray:
