@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import TrialOutcome, TrialSpec
+from autotune.backends.validation import outcome_from_record
 
 DEFAULT_WORKDIR = "/tmp/autotune-runs"
 OUTCOME_FILE = "outcome.json"
@@ -88,10 +89,10 @@ def harvest(options: dict[str, Any], study: str, trial: int, attempt: int, confi
     path = attempt_dir(options, study, trial, attempt) / OUTCOME_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-        spec, outcome = data["spec"], TrialOutcome.from_dict(data["outcome"])
+        spec, outcome = data["spec"], outcome_from_record(data["outcome"])
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if spec.get("study") != study or spec.get("trial") != trial or spec.get("config") != config:
+        return None  # no outcome, or one that is not a backend's record: the trial runs again
+    if not isinstance(spec, dict) or [spec.get(k) for k in ("study", "trial", "config")] != [study, trial, config]:
         return None  # a folder of another study that shares the safe name, or a stale leftover
     if outcome.trial != trial:
         return None

@@ -34,6 +34,13 @@ CONSISTENCY_FACTOR = 1.25
 # Below this share of the GPU's peak no training step runs (a healthy one runs at 20-60%; 1e-4 is a
 # step of hours for an 8B model on one node): such a figure is a unit error or a broken clock.
 MIN_PEAK_SHARE = 1e-4
+# Launchers count FLOPs their own way (Megatron's formula and this package's differ by up to ~30% on MoE and
+# sliding-window models): beyond this factor a reported TFLOP/s or MFU and the throughput cannot describe
+# the same run. An MFU may also be taken against the precision's peak (FP8: 2x BF16's) instead of BF16's.
+TFLOPS_BASIS_FACTOR = 2.0
+# A completed run's peak under this share of the memory model's prediction is no measurement: the weights,
+# gradients and optimizer state the model counts are a third or more of a prediction, its error is +-10-20%.
+MIN_PREDICTED_PEAK_SHARE = 0.1
 
 
 def _failed(spec: TrialSpec, times: list[float], wall_s: float, message: str) -> TrialOutcome:
@@ -93,6 +100,29 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
                         artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()})
 
 
+def outcome_from_record(data: Any) -> TrialOutcome:
+    """A TrialOutcome read back from a run folder's outcome file (runs.harvest). That file is written by
+    the backend, but anyone who can write the folder can change it, and it is read after a controller
+    died: it gets the launcher's type checks, and a ValueError when it fails them."""
+    if not isinstance(data, dict):
+        raise ValueError("an outcome record must be a JSON object")
+    status = data.get("status")
+    if status not in {s.value for s in TrialStatus}:
+        raise ValueError(f"unknown status {str(status)[:40]!r}")
+    problem = _type_problem(data)
+    if problem or not isinstance(data.get("trial"), int) or isinstance(data.get("trial"), bool):
+        raise ValueError(problem or "trial must be an integer")
+    wall = _float(data.get("wall_time_s"))
+    return TrialOutcome(data["trial"], TrialStatus(status), step_time_s=_float(data.get("step_time_s")),
+                        tokens_per_s_per_gpu=_float(data.get("tokens_per_s_per_gpu")),
+                        tflops_per_gpu=_float(data.get("tflops_per_gpu")), mfu=_float(data.get("mfu")),
+                        peak_mem_gib=_float(data.get("peak_mem_gib")),
+                        step_times_s=[_float(t) for t in data.get("step_times_s") or []],
+                        wall_time_s=wall if wall is not None and math.isfinite(wall) and wall >= 0 else 0.0,
+                        error=_as_text(data.get("error")),
+                        artifacts={str(k): v for k, v in (data.get("artifacts") or {}).items()})
+
+
 def _float(value: Any) -> float | None:
     if value is None:
         return None
@@ -112,16 +142,39 @@ def memory_bound_gib(gpu, status: str) -> float:
     return gpu.memory_gib * factor
 
 
+def _possible_step(step_s: float, workload, tp: int) -> bool:
+    """A step time a training step can take: its model TFLOP/s within MIN_PEAK_SHARE..1 of the GPU's peak."""
+    from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
+
+    if not is_positive_finite(step_s):
+        return False
+    w = workload
+    peak = peak_tflops(w.cluster.gpu, w.precision)
+    tokens = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, step_s)
+    return MIN_PEAK_SHARE * peak <= model_tflops_per_gpu(w.model.architecture, w.seq_length, tp, tokens) <= peak
+
+
+def possible_step_times(step_times_s: list[float], workload, tp: int) -> list[float]:
+    """The step times a training step can take (_possible_step): what a failed, pruned or timed-out run
+    keeps of what its launcher reported (a completed one is refused whole when one step is impossible)."""
+    return [t for t in step_times_s if _possible_step(t, workload, tp)]
+
+
 def impossible_result(status: str, metrics: dict[str, float | None], step_times_s: list[float], workload,
-                      tp: int) -> str | None:
+                      tp: int, predicted_peak_gib: float | None = None) -> str | None:
     """Why the reported (and derived) numbers cannot be a real measurement, or None when they can.
 
     `metrics` holds the five METRIC_KEYS after the controller derived the missing ones; MFU there
     is against the BF16 peak, so its bound is the study precision's peak over the BF16 peak.
     Besides each number's own bounds: a step time and a throughput reported together must describe
     the same run (CONSISTENCY_FACTOR), and a run slower than MIN_PEAK_SHARE of the GPU's peak is no
-    training step. (A step is not compared with the launcher process's lifetime: a launcher may
-    report a run it did not wait for, as the test launchers do.)
+    training step; so is each step time (warm-up included: a first step 100x slower than the
+    others is still far inside that bound). A reported TFLOP/s or MFU must agree with the throughput
+    within what different FLOP conventions allow (TFLOPS_BASIS_FACTOR; an MFU against BF16's peak or
+    the precision's), and
+    a completed run's peak may not be below MIN_PREDICTED_PEAK_SHARE of `predicted_peak_gib` (the
+    memory model's prediction, when the caller has one). (A step is not compared with the launcher
+    process's lifetime: a launcher may report a run it did not wait for, as the test launchers do.)
     """
     from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 
@@ -149,6 +202,19 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
         if tflops is not None and tflops < MIN_PEAK_SHARE * peak:
             return (f"{key} = {metrics[key]:.4g} implies {tflops:.3g} TFLOP/s per GPU, under "
                     f"{MIN_PEAK_SHARE:.0e} of the {gpu.name} peak: no training step runs that slowly")
+    for step_s in step_times_s:
+        if not _possible_step(step_s, workload, tp):
+            return (f"step_times_s holds a step of {step_s:.4g} s: at {w.global_batch_size} sequences per step "
+                    f"that is outside {MIN_PEAK_SHARE:.0e}..1 of the {gpu.name} peak of {peak:g} at {w.precision}")
+    reported, implied = metrics.get("tflops_per_gpu"), implied_tflops.get("tokens_per_s_per_gpu")
+    if reported and implied and not 1 / TFLOPS_BASIS_FACTOR <= reported / implied <= TFLOPS_BASIS_FACTOR:
+        return (f"tflops_per_gpu = {reported:.4g} contradicts tokens_per_s_per_gpu = "
+                f"{metrics['tokens_per_s_per_gpu']:.4g} ({implied:.4g} TFLOP/s per GPU)")
+    mfu = metrics.get("mfu")
+    lowest = gpu.bf16_peak_tflops / peak / TFLOPS_BASIS_FACTOR  # an MFU against the precision's peak
+    if mfu and reported and not lowest <= mfu * gpu.bf16_peak_tflops / reported <= TFLOPS_BASIS_FACTOR:
+        return f"mfu = {mfu:.4g} contradicts tflops_per_gpu = {reported:.4g} (the {gpu.name} BF16 peak is " \
+               f"{gpu.bf16_peak_tflops:g})"
     step, tokens = metrics.get("step_time_s"), metrics.get("tokens_per_s_per_gpu")
     if step and tokens:
         from_step = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, step)
@@ -159,7 +225,11 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
     if metrics.get("mfu") is not None and metrics["mfu"] > mfu_bound:
         return f"mfu = {metrics['mfu']:.4g} (at most {mfu_bound:g}: the GPU's peak)"
     bound = memory_bound_gib(gpu, status)
-    if metrics.get("peak_mem_gib") is not None and metrics["peak_mem_gib"] > bound:
-        return (f"peak_mem_gib = {metrics['peak_mem_gib']:.4g} above the {bound:.1f} GiB bound of a "
-                f"{gpu.memory_gib:g} GiB {gpu.name}")
+    peak_gib = metrics.get("peak_mem_gib")
+    if peak_gib is not None and peak_gib > bound:
+        return f"peak_mem_gib = {peak_gib:.4g} above the {bound:.1f} GiB bound of a {gpu.memory_gib:g} GiB {gpu.name}"
+    if (status == "completed" and peak_gib is not None and is_positive_finite(predicted_peak_gib)
+            and peak_gib < MIN_PREDICTED_PEAK_SHARE * predicted_peak_gib):
+        return (f"peak_mem_gib = {peak_gib:.4g} under {MIN_PREDICTED_PEAK_SHARE:g} of the {predicted_peak_gib:.1f} "
+                f"GiB the memory model predicts for this layout (its weights and optimizer state alone are more)")
     return None

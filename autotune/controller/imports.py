@@ -13,6 +13,7 @@ from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller.outcomes import optuna_attrs
 from autotune.space import study_space_and_workload
+from autotune.cost import estimate
 from autotune.cost.flops import tokens_per_s_per_gpu
 from autotune.errors import ConfigError, IllegalLayoutError
 from autotune.megatron.logparse import parse_log
@@ -41,8 +42,9 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
         tflops = parsed.mean_tflops_per_gpu  # Megatron's own figure from the log
         metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
                        mfu=tflops / workload.cluster.gpu.bf16_peak_tflops if tflops else None)
-    problem = impossible_result(status, {**dict.fromkeys(METRIC_KEYS), **metrics},
-                                parsed.measured_times(), workload, layout.tp)
+    every_step = [t for _, t in parsed.iterations if is_positive_finite(t)]  # warm-up too: all are stored
+    problem = impossible_result(status, {**dict.fromkeys(METRIC_KEYS), **metrics}, every_step, workload, layout.tp,
+                                estimate(workload, layout).peak_mem_gib)
     if problem:
         raise ConfigError(f"{source}: impossible figures in the log ({problem}); nothing imported")
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False,
@@ -52,5 +54,5 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
                                  attrs={**optuna_attrs(status, reason, None, metrics, "imported"), "log": source})
     # numbered like the study's other runs: with its Optuna trial number (models.TrialNumbering)
     return repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
-                             [t for _, t in parsed.iterations if is_positive_finite(t)], source,  # warm-up too
+                             every_step, source,
                              number=number if study.numbering == TrialNumbering.OPTUNA else None)

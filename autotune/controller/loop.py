@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
 from autotune._numbers import is_positive_finite
-from autotune.backends.validation import METRIC_KEYS
+from autotune.backends.validation import METRIC_KEYS, possible_step_times
 from autotune.config import LayoutConfig, Workload
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
@@ -302,8 +302,8 @@ class Controller:
                 continue
             tick = time.perf_counter()
             for step in steps:
-                if not is_positive_finite(step.step_time_s):
-                    continue  # a launcher's NaN / negative step must not steer the pruner
+                if not possible_step_times([step.step_time_s], self.workload, int(run.trial.config.get("tp", 1))):
+                    continue  # a launcher's NaN, negative or impossible step must not steer the pruner
                 run.steps.append(step.step_time_s)
                 if self.pruner.should_prune(run.steps, self.best_step_time_s):
                     self.dispatcher.cancel(number)
@@ -318,7 +318,9 @@ class Controller:
         trial, number = run.trial, run.trial.number
         self.running.pop(number, None)  # an adopted trial was never ours
         self._settled.add(number)
-        gpu_seconds = outcome.wall_time_s * self.workload.cluster.gpus
+        # a backend's (or a harvested outcome file's) wall time: no run held its GPUs past the watchdog
+        wall_s = outcome.wall_time_s if is_positive_finite(outcome.wall_time_s) else 0.0
+        gpu_seconds = min(wall_s, run.spec.timeout_s + WATCHDOG_GRACE_S) * self.workload.cluster.gpus
         if outcome.status == TrialStatus.LOST:
             if self.repo.worker_losses(self.study.id, number) + 1 < MAX_ATTEMPTS:
                 self.repo.retry_trial(self.study.id, number, f"attempt {trial.attempt} lost: {outcome.error}",
@@ -328,7 +330,8 @@ class Controller:
                 return
             outcome = dataclasses.replace(outcome, status=TrialStatus.FAILED,
                                           error=f"lost on {trial.attempt} attempts: {outcome.error}")
-        outcome, metrics = outcomes.checked(outcome, self.workload, LayoutConfig.from_mapping(trial.config))
+        predicted = trial.predicted.get("peak_mem_gib") if isinstance(trial.predicted, dict) else None
+        outcome, metrics = outcomes.checked(outcome, self.workload, LayoutConfig.from_mapping(trial.config), predicted)
         status = outcome.status.value
         reason = outcomes.verdict(status, outcome.error, bool(run.steps))
         stored = metrics if status in ("completed", "oom") else {"peak_mem_gib": metrics.get("peak_mem_gib")}

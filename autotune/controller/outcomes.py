@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from autotune.backends import TrialOutcome, TrialStatus
-from autotune.backends.validation import METRIC_KEYS, impossible_result
+from autotune.backends.validation import METRIC_KEYS, impossible_result, possible_step_times
 from autotune.config import LayoutConfig, Workload
 from autotune.controller.screening import constraint_kind
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
@@ -57,17 +57,21 @@ def derive_metrics(outcome: TrialOutcome, workload: Workload, config: LayoutConf
     return metrics
 
 
-def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> tuple[TrialOutcome, dict]:
+def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig,
+            predicted_peak_gib: float | None = None) -> tuple[TrialOutcome, dict]:
     """The outcome and its metrics (missing ones derived), or a failed outcome when the numbers are
-    impossible (a hostile or broken launcher: see backends.validation)."""
+    impossible (a hostile or broken launcher: see backends.validation). `predicted_peak_gib`: the memory
+    model's prediction stored with the trial, a floor for a completed run's measured peak."""
     metrics = derive_metrics(outcome, workload, config)
     if outcome.status not in (TrialStatus.COMPLETED, TrialStatus.OOM):
         peak_ok = impossible_result("failed", {"peak_mem_gib": metrics["peak_mem_gib"]}, [], workload,
                                     config.tp) is None
-        return outcome, {**metrics, "peak_mem_gib": metrics["peak_mem_gib"] if peak_ok else None}
+        kept = dataclasses.replace(outcome, step_times_s=possible_step_times(outcome.step_times_s, workload, config.tp))
+        return kept, {**metrics, "peak_mem_gib": metrics["peak_mem_gib"] if peak_ok else None}
     status = outcome.status.value  # what the launcher reported is named first, then what follows from it
-    problem = (impossible_result(status, outcome.metrics(), outcome.step_times_s, workload, config.tp)
-               or impossible_result(status, metrics, outcome.step_times_s, workload, config.tp))
+    problem = (impossible_result(status, outcome.metrics(), outcome.step_times_s, workload, config.tp,
+                                 predicted_peak_gib)
+               or impossible_result(status, metrics, outcome.step_times_s, workload, config.tp, predicted_peak_gib))
     if problem is None:
         return outcome, metrics
     failed = dataclasses.replace(outcome, status=TrialStatus.FAILED, step_times_s=[],

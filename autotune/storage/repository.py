@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autotune._numbers import is_positive_finite
+from autotune._numbers import is_finite_number, is_positive_finite
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
 from autotune.storage._records import check_study_values, check_trial_values
@@ -99,6 +99,19 @@ class Trial:
         for key in ("created_at", "dispatched_at", "finished_at", "heartbeat_at"):
             data[key] = data[key].isoformat() if data[key] else None
         return data
+
+
+# GPU time one attempt may add (1e10 GPU-seconds: 100,000 GPUs for a day): the read side refuses a row whose
+# total is not finite, so a sum that could overflow must never be written
+MAX_GPU_SECONDS_PER_ATTEMPT = 1e10
+
+
+def _gpu_time(gpu_seconds: float) -> float:
+    """An attempt's GPU time as the store keeps it; the controller bounds it (the watchdog), so anything
+    else is a programming error, refused before it makes the study unreadable."""
+    if not is_finite_number(gpu_seconds) or not 0 <= gpu_seconds <= MAX_GPU_SECONDS_PER_ATTEMPT:
+        raise ValueError(f"gpu_seconds must be within 0..{MAX_GPU_SECONDS_PER_ATTEMPT:g}, got {gpu_seconds!r}")
+    return float(gpu_seconds)
 
 
 def _next_number(session: Session, study_id: int, rejected: bool = False) -> int:
@@ -360,7 +373,7 @@ class Repository:
                      step_times_s: list[float] | None = None, gpu_seconds: float = 0.0,
                      artifacts: dict[str, Any] | None = None) -> None:
         values: dict[str, Any] = {"status": status, "reason": reason, "message": message,
-                                  "finished_at": utcnow(), "gpu_seconds": TrialRow.gpu_seconds + gpu_seconds}
+                                  "finished_at": utcnow(), "gpu_seconds": TrialRow.gpu_seconds + _gpu_time(gpu_seconds)}
         for key in METRIC_FIELDS:
             # completed and OOM results were validated whole; a failed run's figures may be anything:
             # the store keeps only measurements its read side (_records) accepts
@@ -394,7 +407,8 @@ class Repository:
                 artifacts["losses"] = [*artifacts.get("losses", []), message]
             row.status, row.attempt, row.message = TrialRecordStatus.DISPATCHED.value, row.attempt + 1, message
             row.dispatched_at = row.heartbeat_at = utcnow()
-            row.controller_id, row.gpu_seconds, row.artifacts = controller_id, row.gpu_seconds + gpu_seconds, artifacts
+            row.controller_id, row.artifacts = controller_id, artifacts
+            row.gpu_seconds = row.gpu_seconds + _gpu_time(gpu_seconds)
 
     def worker_losses(self, study_id: int, number: int) -> int:
         """How many attempts of this trial ended because its worker or node died."""

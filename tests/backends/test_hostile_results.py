@@ -61,6 +61,16 @@ RESULTS = [
     ("tokens-contradict-step", '{"status": "completed", "step_time_s": 300.0, "tokens_per_s_per_gpu": 30000}',
      "failed", "contradicts step_time_s"),
     ("wall-1e300", '{"status": "completed", "step_time_s": 30.0, "wall_time_s": 1e300}', "completed", None),
+    # found by review: one impossible step among plausible ones, figures that cannot describe the same run,
+    # and a peak no layout of this model can have (the weights alone are more)
+    ("step-times-1e300", '{"status": "completed", "step_time_s": 30.0, "step_times_s": [30, 30, 1e300, 5e-324, 30]}',
+     "failed", "step_times_s holds a step"),
+    ("tflops-contradict-tokens", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 900, "mfu": 0.9}',
+     "failed", "tflops_per_gpu = 900 contradicts"),
+    ("mfu-1e-300", '{"status": "completed", "step_time_s": 30.0, "mfu": 1e-300}', "failed", "mfu"),
+    ("memory-1e-9", '{"status": "completed", "step_time_s": 30.0, "peak_mem_gib": 1e-9}', "failed",
+     "the memory model predicts"),
+    ("mfu-another-flop-count", '{"status": "completed", "step_time_s": 30.0, "mfu": 0.15}', "completed", None),
     ("plausible", json.dumps(GOOD), "completed", None),
     ("plausible-oom", '{"status": "oom", "peak_mem_gib": 81.0, "error": "CUDA out of memory"}', "oom", "memory"),
 ]
@@ -114,13 +124,15 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
 @pytest.mark.parametrize("line", ['{"status": "failed", "step_times_s": [0, 2.5]}',
                                   '{"status": "failed", "step_times_s": [NaN, -1, 2.5]}',
                                   '{"status": "failed", "step_times_s": "abc"}',
-                                  '{"status": "failed", "peak_mem_gib": -3, "step_time_s": NaN, "mfu": "x"}'])
+                                  '{"status": "failed", "peak_mem_gib": -3, "step_time_s": NaN, "mfu": "x"}',
+                                  '{"status": "failed", "step_times_s": [1e300, 5e-324, 30.0]}'])
 def test_a_failed_runs_step_times_never_make_the_study_unreadable(tmp_path, line):
     """Found by review: only completed and OOM results are validated whole, so a failed run's step times were
     stored as the launcher sent them, and the read side (storage/_records.py) then refused the whole study."""
     repo, study, trial = _one_trial_study(tmp_path, {"HOSTILE_MODE": "result", "HOSTILE_RESULT": line})
     assert study.status == "finished" and trial.status == "failed"
     assert all(math.isfinite(t) and t > 0 for t in trial.step_times_s)
+    assert all(1.0 < t < 1e5 for t in trial.step_times_s)  # only steps a training step can take (~30 s here)
     for value in (trial.step_time_s, trial.mfu, trial.peak_mem_gib):
         assert value is None or (math.isfinite(value) and value > 0)
     leaderboard.build(repo, study)  # the study stays readable

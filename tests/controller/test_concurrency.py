@@ -118,6 +118,47 @@ def test_a_run_that_finished_while_its_controller_was_dead_is_harvested(tmp_path
     assert repo.get_study("harvest").status == "finished"
 
 
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("tamper, harvested", [
+    ({"wall_time_s": 1e308}, True),  # types right, a wall time no run lasts: bounded by the watchdog
+    ({"wall_time_s": "forever"}, False),  # not a backend's record: the trial runs again
+    ({"step_time_s": [30.0]}, False),
+    ({"status": "won"}, False),
+])
+def test_a_tampered_outcome_file_never_reaches_the_store(tmp_path, tamper, harvested):
+    """Whoever can write the run folder can change outcome.json before a controller harvests it: a wrong
+    type is no outcome (the run is launched again), an absurd wall time is bounded, and every command
+    can still read the store afterwards (an infinite GPU time once made the whole store unreadable)."""
+    repo = Repository.open(f"sqlite:///{tmp_path / 'h.db'}")
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    log = tmp_path / "launches.log"
+    options = {"command": [sys.executable, HOSTILE], "workdir": str(tmp_path / "runs"),
+               "env": {"HOSTILE_MODE": "result", "HOSTILE_LAUNCH_LOG": str(log),
+                       "HOSTILE_RESULT": json.dumps({"status": "completed", "step_time_s": 30.0})}}
+    study = create_study(repo, name="tampered", space=space, workload=workload, budget=1, sampler="auto",
+                         backend="command", backend_options=options, seed=0)
+    config = LayoutConfig.from_mapping(space.model.defaults.layout)
+    number = _stale_dispatched_trial(repo, study, config)
+    spec = TrialSpec(study="tampered", trial=number, model="qwen3_30b", gpus=16, gpus_per_node=8, gpu="h100",
+                     global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
+                     precision=workload.precision, config=config.to_dict(), overrides=[], attempt=1,
+                     backend_options=options)
+    import threading
+
+    assert CommandBackend(options).run(spec, lambda _r: None, threading.Event()).status.value == "completed"
+    path = study_dir(options, "tampered") / f"trial{number}-attempt1" / OUTCOME_FILE
+    record = json.loads(path.read_text())
+    record["outcome"].update(tamper)
+    path.write_text(json.dumps(record))
+    build_controller(repo, study, max_concurrent=1).run()
+    trial = repo.trial(study.id, number)
+    assert trial.status == "completed" and trial.step_time_s == 30.0
+    assert log.read_text().count("start") == (1 if harvested else 2)
+    assert 0 <= trial.gpu_seconds <= (spec.timeout_s + 60.0) * workload.cluster.gpus
+    assert [s.name for s in repo.list_studies()] == ["tampered"]  # the read side accepts every row
+
+
 def _attempts(workdir: Path, study: str) -> dict[int, list[tuple[int, bool]]]:
     """trial -> [(attempt, its run finished)] from the run folders."""
     found: dict[int, list[tuple[int, bool]]] = {}

@@ -409,3 +409,19 @@ def test_a_failed_runs_implausible_step_times_are_not_stored(storage_url):
                                                                                     2.5, 1e400])
     assert repo.trial(study.id, 0).step_times_s == [2.5]
     repo.close()
+
+
+@pytest.mark.parametrize("gpu_seconds", [float("inf"), float("nan"), -1.0, 1e308])
+def test_an_attempts_gpu_time_that_would_make_the_study_unreadable_is_never_written(storage_url, gpu_seconds):
+    """Found by review: one harvested outcome file with wall_time_s 1e308 stored an infinite GPU time, and
+    the read side (rightly) refused every study of the store from then on. The controller bounds the time
+    (the watchdog); the repository refuses what would still slip through, on both write paths."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo)
+    trial = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget, number=0)
+    with pytest.raises(ValueError, match="gpu_seconds"):
+        repo.finish_trial(study.id, trial.number, "completed", gpu_seconds=gpu_seconds)
+    with pytest.raises(ValueError, match="gpu_seconds"):
+        repo.retry_trial(study.id, trial.number, "again", "c1", gpu_seconds=gpu_seconds)
+    repo.finish_trial(study.id, trial.number, "failed", gpu_seconds=3600.0)
+    assert repo.trial(study.id, trial.number).gpu_seconds == 3600.0 and repo.list_studies()
