@@ -241,6 +241,11 @@ def _as_bool(name: str, value: Any) -> bool:
     raise ConfigError(f"knob {name} must be true or false, got {value!r}")
 
 
+# The largest GPU count, global batch size or sequence length a workload may have (a billion): no cluster
+# or recipe comes near it, and beyond it the cost model's sums lose their meaning (10**400 overflows them).
+MAX_WORKLOAD_COUNT = 10**9
+
+
 # A cluster's own scale-out bandwidth per GPU, GB/s: at most four times a GB300 GPU's 800 Gb/s NIC, at
 # least 1 Gb/s Ethernet (below it no training job spans nodes); outside, a typo (Gb/s written for GB/s)
 MIN_NETWORK_GBPS, MAX_NETWORK_GBPS = 0.1, 400.0

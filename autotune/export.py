@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import keyword
 import pprint
+import shlex
 from typing import Any
 
 from autotune import __version__
@@ -48,6 +49,9 @@ def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:
         trial = repo.trial(study.id, number)
         if trial.status != "completed":
             raise StudyError(f"trial {number} of {study.name!r} is {trial.status}, not completed: nothing to export")
+        if trial.tokens_per_s_per_gpu is None:  # the recommendation never picks one: the runs it ranks measured
+            raise StudyError(f"trial {number} of {study.name!r} completed without a measured throughput "
+                             "(a record autotune does not write): nothing to export")
         return trial
     pick = recommendation(repo, study)
     if pick is None:
@@ -110,9 +114,11 @@ def provenance(study: Study, trial: Trial, workload) -> dict[str, Any]:
 def torchrun_command(workload, recipe_function: str, overrides: list[str]) -> str:
     c = workload.cluster
     nodes = max(1, c.gpus // c.gpus_per_node)
+    # each override quoted for a POSIX shell: `model.recompute_modules=[core_attn,mlp]` is a glob pattern
+    # (bash would replace it by a matching file name); NODE_RANK and MASTER_ADDR are meant to expand
     return (f"torchrun --nnodes={nodes} --nproc-per-node={c.gpus_per_node} --node-rank=$NODE_RANK "
             f"--master-addr=$MASTER_ADDR --master-port={MASTER_PORT} scripts/training/run_recipe.py "
-            f"--recipe {recipe_function} " + " ".join(overrides))
+            f"--recipe {recipe_function} " + " ".join(shlex.quote(o) for o in overrides))
 
 
 def _python_name(text: str, what: str) -> str:

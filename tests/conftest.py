@@ -13,11 +13,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-def run_cli(*args: str, stdin: str | None = None, env: dict | None = None, timeout: float = 120):
+def run_cli(*args: str, stdin: str | None = None, env: dict | None = None, timeout: float = 120, cwd=None):
     """Run the real `autotune` command in a subprocess; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "autotune", *args], input=stdin, capture_output=True,
-                          text=True, env=full_env, timeout=timeout)
+                          text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
 def json_lines(text: str) -> list:

@@ -123,6 +123,29 @@ def test_overrides_round_trip_and_carry_the_torchrun_command(tmp_path):
     assert "--recipe qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config " in command  # the function the trials ran
 
 
+def test_the_torchrun_line_passes_every_override_through_a_shell_unchanged(tmp_path):
+    """A list override (`model.recompute_modules=[core_attn,mlp]`) is a glob pattern: unquoted, bash
+    replaces it by a matching file name of the working directory. Run the line's arguments through a
+    real bash in a directory holding such a file: every override must arrive as exported."""
+    import shlex
+    import subprocess
+
+    config = {**FULL, "recompute": "selective", "recompute_modules": "core_attn+mlp",
+              "recompute_method": None, "recompute_num_layers": None}
+    repo, study, layout = _study_with_trial(tmp_path, config)
+    text = export.render(repo, study, "overrides")
+    overrides = [line for line in text.splitlines() if line and not line.startswith("#")]
+    listed = [o for o in overrides if "[" in o]
+    assert listed, "the layout should give a list override"
+    for o in listed:  # a file the unquoted pattern would match: [core_attn,mlp] matches one character
+        (tmp_path / (o.split("[")[0] + "m")).write_text("")
+    command = next(line for line in text.splitlines() if "torchrun" in line).removeprefix("# ")
+    arguments = command.split(" scripts/training/run_recipe.py ", 1)[1]
+    shown = subprocess.run(["bash", "-c", f"printf '%s\\n' {arguments}"], cwd=tmp_path, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert shown[2:] == overrides and shlex.split(arguments)[2:] == overrides
+
+
 def test_yaml_and_json_documents(tmp_path):
     repo, study, layout = _study_with_trial(tmp_path, FULL)
     as_json = json.loads(export.render(repo, study, "json"))
@@ -474,3 +497,20 @@ def test_export_output_through_a_symlink_a_fifo_and_dev_stdout(cli, tmp_path):
     result = cli("export", "ex", "--format", "json", "-o", "/dev/stdout", "--storage", repo.url, timeout=60)
     assert result.returncode == 0 and json.loads(result.stdout)["trial"] == 1
     assert "wrote /dev/stdout" in result.stderr
+
+
+def test_a_completed_trial_without_a_throughput_is_refused_in_one_line(tmp_path):
+    """Found by review: a completed row whose throughput is NULL (autotune never writes one; a hand-edited
+    or foreign store may hold it) made every format raise TypeError while formatting its number."""
+    import sqlite3
+
+    repo, study, _ = _study_with_trial(tmp_path, FULL)
+    with sqlite3.connect(tmp_path / "ex.db") as db:
+        db.execute("UPDATE autotune_trials SET tokens_per_s_per_gpu = NULL")
+    from tests.conftest import run_cli
+
+    (trial,) = repo.trials(study.id)
+    for fmt in ("recipe", "overrides", "json"):
+        result = run_cli("export", study.name, "--trial", str(trial.number), "--format", fmt, "--storage", repo.url)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1000:]
+        assert len(result.stderr.strip().splitlines()) == 1 and "without a measured throughput" in result.stderr

@@ -41,9 +41,15 @@ def read_table(path: str | Path):
 
 
 def _clean(value: Any) -> Any:
+    """A cell as a plain Python value: NaN (an empty cell) as None, a NumPy scalar as its number, a
+    Parquet list or struct cell as a list or dict (which no check downstream accepts as a knob or metric)."""
+    import numpy as np
+
     if isinstance(value, float) and math.isnan(value):
         return None
-    if hasattr(value, "item"):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
         return value.item()
     return value
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 from autotune._numbers import parse_float, parse_int
 from autotune.errors import ConfigError
+from autotune.config import MAX_WORKLOAD_COUNT
 
 MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column trial numbers live in (32-bit on PostgreSQL)
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
@@ -62,7 +63,7 @@ seed = int_in(0, MAX_SEED, "the seed")
 
 def positive(name: str) -> Callable[[str], int]:
     """An argparse type for a count option `name`: an integer > 0 (and below a billion)."""
-    return int_in(1, 10**9, name)
+    return int_in(1, MAX_WORKLOAD_COUNT, name)
 
 
 port = int_in(1, MAX_PORT, "the port")

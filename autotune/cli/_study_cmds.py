@@ -562,4 +562,15 @@ def _shown(key: str, value) -> str:
         return f"{100 * value:.1f}% of dense BF16 peak"
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+    return terminal_safe(json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+
+
+def terminal_safe(text: str) -> str:
+    """`text` (a launcher's error message or stderr tail, an artifact path) with every control or format
+    character but line breaks and tabs shown as its escape: an ESC sequence in a message would otherwise
+    recolour, retitle or clear the reader's terminal, or plant a hyperlink (OSC 8); a bidi override would
+    reorder what is shown."""
+    import unicodedata
+
+    return "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 
 GIB = float(1 << 30)
 
-ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([0-9.]+)")
-THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.]+)")
-STEP_TIME = re.compile(r"Step Time\s*:\s*([0-9.]+)s\s+GPU utilization:\s*([0-9.]+)\s*MODEL_TFLOP/s/GPU")
-MEMORY = re.compile(r"\[Rank (\d+)\].*?memory \(GB\).*?mem-max-allocated-gigabytes:\s*([0-9.]+)"
-                    r"(?:.*?mem-max-reserved-gigabytes:\s*([0-9.]+))?")
+# A decimal number as Megatron prints one, and nothing that only looks like one ("1.2.3", ".", "1..0"):
+# float() of what matches never fails. Counters have at most 12 digits (int() of thousands would).
+NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?![\d.])"
+COUNT = r"(\d{1,12})(?!\d)"
+ITERATION = re.compile(rf"iteration\s+{COUNT}\s*/\s*{COUNT}\s*\|.*?elapsed time per iteration \(ms\):\s*{NUMBER}")
+THROUGHPUT = re.compile(rf"throughput per GPU \(TFLOP/s/GPU\):\s*{NUMBER}")
+STEP_TIME = re.compile(rf"Step Time\s*:\s*{NUMBER}s\s+GPU utilization:\s*{NUMBER}\s*MODEL_TFLOP/s/GPU")
+MEMORY = re.compile(rf"\[Rank {COUNT}\].*?memory \(GB\).*?mem-max-allocated-gigabytes:\s*{NUMBER}"
+                    rf"(?:.*?mem-max-reserved-gigabytes:\s*{NUMBER})?")
 
 FAILURES = (  # (class, patterns): the first class whose pattern matches wins
     ("oom", ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory",

@@ -68,7 +68,9 @@ class DeviceSummary:
 
 def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # a file URI with the name percent-encoded: pasted raw, a '#' or '?' in it would cut the name (and
+        # mode=ro with it: SQLite would create an empty file) and a '%41' would name another file
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
         rows = db.execute("SELECT k.start, k.end, k.deviceId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
                           "JOIN StringIds AS s ON s.id = k.shortName").fetchall()
     except sqlite3.Error as exc:

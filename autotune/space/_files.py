@@ -21,8 +21,8 @@ import yaml
 
 from autotune._paths import is_regular_file, require_file, shown
 from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
-from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS, LayoutConfig,
-                             coerce_knob, is_network_gbps)
+from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MAX_WORKLOAD_COUNT, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS,
+                             LayoutConfig, coerce_knob, is_network_gbps)
 from autotune.errors import ConfigError
 from autotune.space._arch_checks import architecture_problem
 from autotune.space.legality import POLICY_NAMES
@@ -354,8 +354,8 @@ class _Reader:
         keys = ("gpus", "gpus_per_node", "gpu", "global_batch_size", "seq_length", "precision", "layout")
         d = self.mapping(value, "defaults", keys + ("network_gbps",), keys)
         for key in ("gpus", "gpus_per_node", "global_batch_size", "seq_length"):
-            if self.typed(d[key], f"defaults.{key}", int) < 1:
-                raise self.fail(f"defaults.{key}", f"must be >= 1, got {d[key]}")
+            if not 1 <= self.typed(d[key], f"defaults.{key}", int) <= MAX_WORKLOAD_COUNT:
+                raise self.fail(f"defaults.{key}", f"must be within 1..{MAX_WORKLOAD_COUNT:,}, got {str(d[key])[:40]}")
         if d["precision"] not in PRECISIONS:
             raise self.fail("defaults.precision", f"must be one of {', '.join(PRECISIONS)}")
         try:

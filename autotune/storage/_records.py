@@ -83,7 +83,9 @@ def _step_times(value: Any) -> bool:
 
 
 def _positive_count(value: Any) -> bool:
-    return _integer(value) and value > 0
+    from autotune.config import MAX_WORKLOAD_COUNT
+
+    return _integer(value) and 0 < value <= MAX_WORKLOAD_COUNT
 
 
 # What a study's workload holds (space._workload.study_space_and_workload reads every key; so does the

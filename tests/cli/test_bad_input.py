@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,10 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
     ("num_attention_heads: 32", "num_attention_heads: 0", "architecture.num_attention_heads"),
     ("num_query_groups: 4", "num_query_groups: 0", "architecture.num_query_groups"),
     ("num_query_groups: 4", "num_query_groups: 5", "must divide num_attention_heads"),
+    # found by review: 10**400 overflowed the cost model (a traceback); 10**30 ran a study of no trial
+    ("seq_length: 4096", "seq_length: 1" + "0" * 400, "defaults.seq_length"),
+    ("global_batch_size: 1024", "global_batch_size: 1" + "0" * 30, "defaults.global_batch_size"),
+    ("gpus: 16", "gpus: 2000000000", "defaults.gpus"),
     ("num_moe_experts: 128", "num_moe_experts: 0", "architecture.num_moe_experts"),
     ("num_layers: 48", "num_layers: 1000000000000000000000000000000", "architecture.num_layers"),
     ("num_layers: 48", "num_layers: 1.0e+30", "must be int"),
@@ -125,6 +130,14 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-3e30-ms", ["import-log", "{log_huge}", "--study", "demo", "--storage", "{url}"],
      "no training step runs that slowly"),
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
+    # found by review: "[0-9.]+" took "1.2.3" for a number and float() raised; a 300-digit warm-up step was stored
+    ("import-log-not-a-number", ["import-log", "{log_dots}", "--study", "demo", "--storage", "{url}"],
+     "no Megatron iteration lines"),
+    ("import-log-300-digit-warmup", ["import-log", "{log_warmup}", "--study", "demo", "--storage", "{url}"],
+     "step_times_s holds a step"),
+    # found by review: a Parquet list cell raised from NumPy's .item()
+    ("replay-parquet-list-cell", [*START, "--backend", "replay", "--replay", "{list_parquet}", "--storage", "{url}"],
+     "not a layout"),
     ("space-nul-bytes", ["space", "--model", "qwen3_30b", "--space", "{nul}"], "is not valid YAML"),
     ("network-gbps-nan", [*START, "--network-gbps", "nan", "--storage", "{url}"], "--network-gbps"),
     ("network-gbps-zero", [*START, "--network-gbps", "0", "--storage", "{url}"], "--network-gbps"),
@@ -159,7 +172,15 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     other = folder / "other.db"
     with sqlite3.connect(other) as db:  # another store: any SQLite file
         db.execute("CREATE TABLE t (x)")
+    warmup = folder / "log-warmup.txt"
+    warmup.write_text(Path(_log(folder, "30000.0")).read_text().replace("30000.0", "9" * 300, 1))
+    import pandas as pd
+
+    list_parquet = folder / "list-cell.parquet"
+    pd.DataFrame({"tp": [[1, 2]], "pp": [1], "ep": [8], "status": ["completed"], "step_time_s": [30.0]}).to_parquet(
+        list_parquet)
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
+              "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "list_parquet": str(list_parquet),
               "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
               "binary": str(binary), "nul": str(nul), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}
     return [a.format(**values) if "{" in a and "}" in a and "(" not in a else a for a in args]
@@ -283,6 +304,25 @@ def test_trace_summarize_skips_kernel_rows_without_name_or_device(tmp_path):
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     (device,) = json.loads(result.stdout)["devices"]
     assert device["kernels"] == 2 and device["overlapped_s"] == pytest.approx(500e-9)
+
+
+def test_a_trace_name_holding_uri_characters_is_that_file_and_opened_read_only(tmp_path):
+    """Found by review: the name was pasted into an SQLite URI, so `run#1.sqlite` opened (and created,
+    read-write: `?mode=ro` was cut off with the '#') an empty file `run`, and `t%41.sqlite` named tA.sqlite."""
+    path = tmp_path / "run#1?x=%41.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+        db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+                   "shortName INTEGER)")
+        db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, 1000, 0, 1)")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = run_cli("trace", "summarize", path.name, "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["devices"][0]["kernels"] == 1
+    missing = run_cli("trace", "summarize", "none%41.sqlite", cwd=tmp_path)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing created beside it
 
 
 @pytest.mark.postgres

@@ -85,6 +85,26 @@ def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained
     assert shown.returncode == 0 and "leave unexplained: +-" in " ".join(shown.stdout.split())
 
 
+def test_show_never_passes_a_launchers_control_characters_to_the_terminal(cli, finished_study, tmp_path):
+    """Found by review: a launcher's error text (or artifact path) reached the terminal raw, so an ESC
+    sequence in it could recolour, retitle or clear the reader's terminal or plant an OSC 8 hyperlink."""
+    import shutil
+
+    url, _ = finished_study
+    copy = tmp_path / "copy.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    hostile = "E \x1b[31mRED \x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ \x07\u202eevil"
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE autotune_trials SET message = ?, artifacts = ? WHERE number = 1",
+                   (hostile, json.dumps({"log": "/tmp/\x1b[2Jx.log"})))
+    shown = cli("show", "demo", "1", "--storage", f"sqlite:///{copy}")
+    assert shown.returncode == 0, shown.stderr
+    assert not any(c in shown.stdout for c in "\x1b\x07\u202e"), repr(shown.stdout[-400:])
+    assert "\\x1b[31mRED" in shown.stdout and "\\u202eevil" in shown.stdout  # shown, as escapes
+    as_json = json.loads(cli("show", "demo", "1", "--storage", f"sqlite:///{copy}", "--json").stdout)
+    assert as_json["message"] == hostile  # the JSON output keeps the text as stored (JSON escapes it)
+
+
 def test_resume_of_a_finished_study_is_refused(cli, finished_study):
     url, _ = finished_study
     result = cli("resume", "demo", "--storage", url, env=ENV)
