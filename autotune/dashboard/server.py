@@ -32,10 +32,13 @@ from autotune.storage import Repository
 
 __all__ = ["DashboardApp", "make_server", "serve_in_background"]
 
+# frame-ancestors 'none': no other site may frame the pages (read-only, but a framed page can still be
+# dressed up to mislead: clickjacking)
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'")
+       "font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 # a launcher's file: no script, no fetch, its own opaque origin even if a browser rendered it as a page
-ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox"
+ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
+READ_METHODS = "GET, HEAD"
 
 
 def static_file(name: str) -> tuple[bytes, str] | None:
@@ -92,6 +95,29 @@ class _Handler(BaseHTTPRequestHandler):
         self._head = True
         self.do_GET()
 
+    def _not_allowed(self) -> None:
+        """Any method but GET and HEAD: the dashboard only reads (405 with the same headers as every page,
+        rather than http.server's bare 501)."""
+        self.close_connection = True  # a body the client may have sent is never read
+        self._allow = True
+        self._send(405, page("method not allowed", "<h1>the dashboard only reads: GET and HEAD</h1>"))
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
+
+    def end_headers(self) -> None:
+        """Every answer gets the security headers, http.server's own errors (400, 414, 501) included."""
+        if not self._secured:
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Content-Security-Policy", CSP)
+        if self._allow:
+            self.send_header("Allow", READ_METHODS)
+        self.send_header("X-Frame-Options", "DENY")
+        self._secured = self._allow = False  # the next answer on this connection sets its own
+        super().end_headers()
+
+    _secured = False  # _send added its own Content-Security-Policy and nosniff
+    _allow = False  # a 405: name the methods that are allowed
+
     def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
               artifact: str | None = None) -> None:
         """`artifact`: the file name of a launcher-written artifact (served sandboxed, see _artifacts;
@@ -101,6 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", ARTIFACT_CSP if artifact is not None else CSP)
+        self._secured = True
         if artifact is not None and content_type == DOWNLOAD_TYPE:
             # the name is the launcher's: only safe characters reach the header
             safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in artifact)[:100]

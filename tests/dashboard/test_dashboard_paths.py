@@ -191,6 +191,23 @@ def test_a_request_naming_loopback_is_answered(served, host_header):
     assert answer.startswith(b"HTTP/1.0 200") and b"qwen3_30b" in answer
 
 
+@pytest.mark.parametrize("request_line,status", [
+    (b"POST /api/study/s HTTP/1.0", 405), (b"PUT / HTTP/1.0", 405), (b"DELETE /study/s HTTP/1.0", 405),
+    (b"OPTIONS * HTTP/1.0", 405), (b"BREW / HTTP/1.0", 501), (b"GET /" + b"a" * 70000 + b" HTTP/1.0", 414)])
+def test_every_answer_carries_the_security_headers(served, request_line, status):
+    """Found by review: methods other than GET and HEAD got http.server's bare 501 page, and its own errors
+    (an unknown method, a 414) carried no Content-Security-Policy, nosniff or framing refusal. The dashboard
+    only reads: 405 naming GET and HEAD (501 for a method HTTP does not know), every answer with the headers."""
+    answer = _raw(served, request_line + b"\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
+    head = answer.partition(b"\r\n\r\n")[0]
+    assert b"qwen3_30b" not in answer
+    assert int(head.split(b" ")[1]) == status
+    if status == 405:
+        assert b"Allow: GET, HEAD" in head
+    assert b"X-Content-Type-Options: nosniff" in head and b"frame-ancestors 'none'" in head
+    assert b"X-Frame-Options: DENY" in head
+
+
 def test_head_gives_the_headers_of_get_without_a_body(served):
     answer = _raw(served, b"HEAD /api/study/s HTTP/1.0\r\nHost: localhost\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
