@@ -26,8 +26,14 @@ OUTCOME_FILE = "outcome.json"
 
 
 def safe_name(study: str) -> str:
-    """The study name as one path component (no separators, no `..`)."""
-    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in study)
+    """The study name as one path component (no separators, no `..`), one per name: a name that had to be
+    changed gets a digest of itself, so `a/b` and `a_b` (or `a b`) never share a run folder, where each
+    study's dashboard could serve the other's artifacts."""
+    import hashlib
+
+    name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in study)
+    if name != study or not name.strip("."):
+        name = f"{name[:100]}-{hashlib.sha256(study.encode()).hexdigest()[:12]}"
     return name if name.strip(".") else f"_{name}"
 
 

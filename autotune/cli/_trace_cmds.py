@@ -60,7 +60,7 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     path = require_file(args.log, "log file")
     repo = open_repo(args, read_only=True)  # the study must exist already
     trial = import_log(repo, repo.get_study(args.study), layout_from_flags(args), path.read_text(errors="replace"),
-                       source=str(path))
+                       source=str(path.resolve()))  # absolute: the dashboard does not run where this did
     if args.json:
         print(json.dumps(trial.to_dict(), indent=2, default=str))
     else:

@@ -240,3 +240,16 @@ def test_a_client_that_resets_mid_answer_leaves_no_traceback(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_two_studies_never_share_a_run_folder():
+    """Found by review: `a/b` and `a_b` mapped to one run folder, so each study's dashboard could serve
+    artifacts the other's launcher wrote there. A changed name now carries a digest of itself."""
+    from autotune.backends.runs import safe_name
+
+    names = ["a/b", "a_b", "a b", "a\\b", "a:b", "..", ".", "a..b", "é", "e", "_", "-" * 200, "x" * 200, "demo"]
+    folders = [safe_name(n) for n in names]
+    assert len(set(folders)) == len(names)
+    for folder in folders:
+        assert "/" not in folder and "\\" not in folder and folder.strip(".") and len(folder) <= 200
+    assert safe_name("demo") == "demo" and safe_name("a_b") == "a_b"  # unchanged names keep their folder
