@@ -171,10 +171,10 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
     training step; so is each step time (warm-up included: a first step 100x slower than the
     others is still far inside that bound). A reported TFLOP/s or MFU must agree with the throughput
     within what different FLOP conventions allow (TFLOPS_BASIS_FACTOR; an MFU against BF16's peak or
-    the precision's), and
-    a completed run's peak may not be below MIN_PREDICTED_PEAK_SHARE of `predicted_peak_gib` (the
-    memory model's prediction, when the caller has one). (A step is not compared with the launcher
-    process's lifetime: a launcher may report a run it did not wait for, as the test launchers do.)
+    the precision's), and a completed run's peak may not be below MIN_PREDICTED_PEAK_SHARE of
+    `predicted_peak_gib` (the memory model's prediction, when the caller has one). (A step is not
+    compared with the launcher process's lifetime: a launcher may report a run it did not wait for,
+    as the test launchers do.)
     """
     from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 

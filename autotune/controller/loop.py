@@ -43,6 +43,7 @@ from autotune.controller.state import SearchState
 from autotune.controller.strategies import REMEASURE, Strategy, run_noise_std
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
+from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT
 
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
@@ -320,7 +321,8 @@ class Controller:
         self._settled.add(number)
         # a backend's (or a harvested outcome file's) wall time: no run held its GPUs past the watchdog
         wall_s = outcome.wall_time_s if is_positive_finite(outcome.wall_time_s) else 0.0
-        gpu_seconds = min(wall_s, run.spec.timeout_s + WATCHDOG_GRACE_S) * self.workload.cluster.gpus
+        gpu_seconds = min(min(wall_s, run.spec.timeout_s + WATCHDOG_GRACE_S) * self.workload.cluster.gpus,
+                          MAX_GPU_SECONDS_PER_ATTEMPT)  # what the store takes (a decade's timeout on 10**9 GPUs)
         if outcome.status == TrialStatus.LOST:
             if self.repo.worker_losses(self.study.id, number) + 1 < MAX_ATTEMPTS:
                 self.repo.retry_trial(self.study.id, number, f"attempt {trial.attempt} lost: {outcome.error}",
