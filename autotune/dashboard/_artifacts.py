@@ -16,6 +16,7 @@ text as text/plain, anything else (HTML, SVG, scripts, traces) as a download (th
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,28 @@ def confined_path(path: str, backend_options: dict[str, Any], study: str) -> Pat
 
 
 def read_confined(path: str, backend_options: dict[str, Any], study: str) -> bytes | None:
+    """The file's bytes (at most MAX_ARTIFACT_BYTES), opened one path component at a time from the run
+    folder with O_NOFOLLOW on each: a folder swapped for a symlink between the check above and the open
+    (a launcher still running can do it) fails the open instead of leading outside."""
+    from autotune.backends.runs import study_dir
+
     resolved = confined_path(path, backend_options, study)
     if resolved is None:
         return None
+    opened: list[int] = []
     try:
-        descriptor = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+        root = study_dir(backend_options or {}, study).resolve(strict=True)
+        opened.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY))
+        *folders, name = resolved.relative_to(root).parts
+        for folder in folders:
+            opened.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[-1]))
+        descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=opened[-1])
+    except (OSError, ValueError):
         return None
+    finally:
+        for fd in opened:
+            os.close(fd)
     with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # a FIFO or device put there since the check
+            return None
         return handle.read(MAX_ARTIFACT_BYTES)

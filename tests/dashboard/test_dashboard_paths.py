@@ -253,3 +253,25 @@ def test_two_studies_never_share_a_run_folder():
     for folder in folders:
         assert "/" not in folder and "\\" not in folder and folder.strip(".") and len(folder) <= 200
     assert safe_name("demo") == "demo" and safe_name("a_b") == "a_b"  # unchanged names keep their folder
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_leads_nowhere(tmp_path, monkeypatch):
+    """Found by review: the artifact was opened by its full path with O_NOFOLLOW, which guards the last
+    component only; a launcher still running could swap a folder of the path for a symlink between the
+    check and the open. Replayed here by handing the open a path checked before the swap."""
+    from autotune.dashboard import _artifacts
+
+    options = {"workdir": str(tmp_path / "runs")}
+    folder = study_dir(options, "s") / "trial1-attempt1" / "logs"
+    folder.mkdir(parents=True)
+    (folder / "out.txt").write_text("inside")
+    outside = tmp_path / "secret"
+    outside.mkdir()
+    (outside / "out.txt").write_text("SECRET")
+    checked = _artifacts.confined_path(str(folder / "out.txt"), options, "s")
+    assert _artifacts.read_confined(str(folder / "out.txt"), options, "s") == b"inside"
+    (folder / "out.txt").unlink()
+    folder.rmdir()
+    folder.symlink_to(outside, target_is_directory=True)
+    monkeypatch.setattr(_artifacts, "confined_path", lambda *_args: checked)  # the check ran before the swap
+    assert _artifacts.read_confined(str(folder / "out.txt"), options, "s") is None
