@@ -150,6 +150,6 @@ class CommandBackend(Backend):
 def _json_object(line: str) -> dict[str, Any] | None:
     try:
         value = json.loads(line)
-    except (json.JSONDecodeError, ValueError):
+    except (ValueError, RecursionError):  # RecursionError: a line of 100,000 nested brackets
         return None
     return value if isinstance(value, dict) else None

@@ -274,7 +274,7 @@ class MegatronBackend(Backend):
 def _json_object(text: str | None) -> dict | None:
     try:
         value = json.loads(text) if text else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: 100,000 nested brackets
         return None
     return value if isinstance(value, dict) else None
 

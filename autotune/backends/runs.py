@@ -30,10 +30,18 @@ def safe_name(study: str) -> str:
     changed gets a digest of itself, so `a/b` and `a_b` (or `a b`) never share a run folder, where each
     study's dashboard could serve the other's artifacts."""
     import hashlib
+    import re
 
     name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in study)
-    if name != study or not name.strip("."):
+    # a kept name that ends like a digest gets one too: `a_b-c14cddc033f6` is otherwise the folder of `a/b`
+    if name != study or not name.strip(".") or re.search(r"-[0-9a-f]{12}$", name):
         name = f"{name[:100]}-{hashlib.sha256(study.encode()).hexdigest()[:12]}"
+    return name
+
+
+def _legacy_name(study: str) -> str:
+    """The folder name versions before 2026-11-25 gave a study (no digest; `a/b` and `a_b` alike)."""
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in study)
     return name if name.strip(".") else f"_{name}"
 
 
@@ -70,12 +78,18 @@ def study_dir(options: dict[str, Any], study: str) -> Path:
     return Path(options.get("workdir") or DEFAULT_WORKDIR) / safe_name(study)
 
 
+def study_dirs(options: dict[str, Any], study: str) -> list[Path]:
+    """Where a study's runs may be: its folder, then (a study begun before safe_name gave changed names a
+    digest) the folder an older version gave it, so its artifacts and unharvested outcomes are still found."""
+    workdir = Path(options.get("workdir") or DEFAULT_WORKDIR)
+    return list(dict.fromkeys([workdir / safe_name(study), workdir / _legacy_name(study)]))
+
+
 def trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
     return study_dir(options, spec.study) / f"trial{spec.trial}-attempt{spec.attempt}"
 
 
-def attempt_dir(options: dict[str, Any], study: str, trial: int, attempt: int) -> Path:
-    return study_dir(options, study) / f"trial{trial}-attempt{attempt}"
+MAX_OUTCOME_BYTES = 1 << 20  # an outcome file larger than this is read as none
 
 
 def write_outcome(options: dict[str, Any], spec: TrialSpec, outcome: TrialOutcome) -> None:
@@ -92,11 +106,22 @@ def write_outcome(options: dict[str, Any], spec: TrialSpec, outcome: TrialOutcom
 
 def harvest(options: dict[str, Any], study: str, trial: int, attempt: int, config: dict[str, Any]) -> TrialOutcome | None:
     """The recorded outcome of that attempt when its run finished and its spec matches `config`."""
-    path = attempt_dir(options, study, trial, attempt) / OUTCOME_FILE
+    for folder in study_dirs(options, study):
+        outcome = _harvested(folder / f"trial{trial}-attempt{attempt}" / OUTCOME_FILE, study, trial, config)
+        if outcome is not None:
+            return outcome
+    return None
+
+
+def _harvested(path: Path, study: str, trial: int, config: dict[str, Any]) -> TrialOutcome | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        with path.open("rb") as handle:  # a backend's record is a few kB; a larger file is not one
+            raw = handle.read(MAX_OUTCOME_BYTES + 1)
+        if len(raw) > MAX_OUTCOME_BYTES:
+            return None
+        data = json.loads(raw.decode("utf-8", errors="replace"))
         spec, outcome = data["spec"], outcome_from_record(data["outcome"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested brackets
         return None  # no outcome, or one that is not a backend's record: the trial runs again
     if not isinstance(spec, dict) or [spec.get(k) for k in ("study", "trial", "config")] != [study, trial, config]:
         return None  # a folder of another study that shares the safe name, or a stale leftover

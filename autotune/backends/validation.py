@@ -34,9 +34,11 @@ CONSISTENCY_FACTOR = 1.25
 # Below this share of the GPU's peak no training step runs (a healthy one runs at 20-60%; 1e-4 is a
 # step of hours for an 8B model on one node): such a figure is a unit error or a broken clock.
 MIN_PEAK_SHARE = 1e-4
-# Launchers count FLOPs their own way (Megatron's formula and this package's differ by up to ~30% on MoE and
-# sliding-window models): beyond this factor a reported TFLOP/s or MFU and the throughput cannot describe
-# the same run. An MFU may also be taken against the precision's peak (FP8: 2x BF16's) instead of BF16's.
+# Launchers count FLOPs their own way: 6 x active parameters x tokens leaves attention out (a third of this
+# package's count for qwen3_30b at 32k tokens), older Megatron counts the full attention square and no sliding
+# window (2-3x this package's for GPT-OSS at 32k-128k). A reported TFLOP/s or MFU more than this factor off
+# what the throughput implies in this package's convention is replaced by that (controller.outcomes): a
+# convention is no reason to discard a run, and the store keeps one convention where it must choose.
 TFLOPS_BASIS_FACTOR = 2.0
 # A completed run's peak under this share of the memory model's prediction is no measurement: the weights,
 # gradients and optimizer state the model counts are a third or more of a prediction, its error is +-10-20%.
@@ -169,12 +171,11 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
     Besides each number's own bounds: a step time and a throughput reported together must describe
     the same run (CONSISTENCY_FACTOR), and a run slower than MIN_PEAK_SHARE of the GPU's peak is no
     training step; so is each step time (warm-up included: a first step 100x slower than the
-    others is still far inside that bound). A reported TFLOP/s or MFU must agree with the throughput
-    within what different FLOP conventions allow (TFLOPS_BASIS_FACTOR; an MFU against BF16's peak or
-    the precision's), and a completed run's peak may not be below MIN_PREDICTED_PEAK_SHARE of
-    `predicted_peak_gib` (the memory model's prediction, when the caller has one). (A step is not
-    compared with the launcher process's lifetime: a launcher may report a run it did not wait for,
-    as the test launchers do.)
+    others is still far inside that bound). A completed run's peak may not be below
+    MIN_PREDICTED_PEAK_SHARE of `predicted_peak_gib` (the memory model's prediction, when the caller
+    has one). A TFLOP/s or MFU in another FLOP convention than the throughput's is not refused here
+    (TFLOPS_BASIS_FACTOR). (A step is not compared with the launcher process's lifetime: a launcher
+    may report a run it did not wait for, as the test launchers do.)
     """
     from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 
@@ -206,15 +207,6 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
         if not _possible_step(step_s, workload, tp):
             return (f"step_times_s holds a step of {step_s:.4g} s: at {w.global_batch_size} sequences per step "
                     f"that is outside {MIN_PEAK_SHARE:.0e}..1 of the {gpu.name} peak of {peak:g} at {w.precision}")
-    reported, implied = metrics.get("tflops_per_gpu"), implied_tflops.get("tokens_per_s_per_gpu")
-    if reported and implied and not 1 / TFLOPS_BASIS_FACTOR <= reported / implied <= TFLOPS_BASIS_FACTOR:
-        return (f"tflops_per_gpu = {reported:.4g} contradicts tokens_per_s_per_gpu = "
-                f"{metrics['tokens_per_s_per_gpu']:.4g} ({implied:.4g} TFLOP/s per GPU)")
-    mfu = metrics.get("mfu")
-    lowest = gpu.bf16_peak_tflops / peak / TFLOPS_BASIS_FACTOR  # an MFU against the precision's peak
-    if mfu and reported and not lowest <= mfu * gpu.bf16_peak_tflops / reported <= TFLOPS_BASIS_FACTOR:
-        return f"mfu = {mfu:.4g} contradicts tflops_per_gpu = {reported:.4g} (the {gpu.name} BF16 peak is " \
-               f"{gpu.bf16_peak_tflops:g})"
     step, tokens = metrics.get("step_time_s"), metrics.get("tokens_per_s_per_gpu")
     if step and tokens:
         from_step = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, step)

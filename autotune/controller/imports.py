@@ -7,11 +7,10 @@ like any measurement. It does not use up the study's dispatch budget: autotune d
 
 from __future__ import annotations
 
-from autotune._numbers import is_positive_finite
 from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
-from autotune.controller.outcomes import optuna_attrs
+from autotune.controller.outcomes import flops_in_one_convention, optuna_attrs
 from autotune.space import study_space_and_workload
 from autotune.cost import estimate
 from autotune.cost.flops import tokens_per_s_per_gpu
@@ -39,10 +38,11 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, 
         if not step > 0:
             raise ConfigError(f"{source}: the log's mean iteration time is {step * 1000:g} ms: not a measurement")
         tokens = tokens_per_s_per_gpu(workload.global_batch_size, workload.seq_length, workload.cluster.gpus, step)
-        tflops = parsed.mean_tflops_per_gpu  # Megatron's own figure from the log
+        tflops = parsed.mean_tflops_per_gpu  # Megatron's own figure from the log, in its own FLOP count
         metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
                        mfu=tflops / workload.cluster.gpu.bf16_peak_tflops if tflops else None)
-    every_step = [t for _, t in parsed.iterations if is_positive_finite(t)]  # warm-up too: all are stored
+        metrics.update(flops_in_one_convention(metrics, workload, layout))
+    every_step = [t for _, t in parsed.iterations]  # warm-up too, all stored: an infinite one refuses the log
     problem = impossible_result(status, {**dict.fromkeys(METRIC_KEYS), **metrics}, every_step, workload, layout.tp,
                                 estimate(workload, layout).peak_mem_gib)
     if problem:

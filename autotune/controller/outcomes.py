@@ -13,7 +13,9 @@ import dataclasses
 import numpy as np
 
 from autotune.backends import TrialOutcome, TrialStatus
-from autotune.backends.validation import METRIC_KEYS, impossible_result, possible_step_times
+from autotune._numbers import is_positive_finite
+from autotune.backends.validation import (METRIC_KEYS, TFLOPS_BASIS_FACTOR, impossible_result, peak_tflops,
+                                          possible_step_times)
 from autotune.config import LayoutConfig, Workload
 from autotune.controller.screening import constraint_kind
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
@@ -42,7 +44,10 @@ def verdict(status: str, error: str | None, saw_steps: bool) -> str | None:
 
 
 def derive_metrics(outcome: TrialOutcome, workload: Workload, config: LayoutConfig) -> dict[str, float | None]:
-    """Fill throughput, TFLOP/s and MFU that a backend left out, from step time and model FLOPs."""
+    """Fill throughput, TFLOP/s and MFU that a backend left out, from step time and model FLOPs; a
+    reported TFLOP/s more than TFLOPS_BASIS_FACTOR off what the throughput implies in this package's FLOP
+    convention is replaced by that, and then an MFU that is not that TFLOP/s over BF16's or the precision's
+    peak (within the same factor) is too: launchers count FLOPs their own way (backends.validation)."""
     metrics = outcome.metrics()
     step = metrics["step_time_s"]
     if step:
@@ -50,11 +55,31 @@ def derive_metrics(outcome: TrialOutcome, workload: Workload, config: LayoutConf
         tokens = metrics["tokens_per_s_per_gpu"] or tokens_per_s_per_gpu(w.global_batch_size, w.seq_length,
                                                                          w.cluster.gpus, step)
         metrics["tokens_per_s_per_gpu"] = tokens
-        if metrics["tflops_per_gpu"] is None:
-            metrics["tflops_per_gpu"] = model_tflops_per_gpu(w.model.architecture, w.seq_length, config.tp, tokens)
-        if metrics["mfu"] is None:
-            metrics["mfu"] = metrics["tflops_per_gpu"] / workload.cluster.gpu.bf16_peak_tflops
+        metrics.update(flops_in_one_convention(metrics, workload, config))
     return metrics
+
+
+def flops_in_one_convention(metrics: dict, workload: Workload, config: LayoutConfig) -> dict[str, float]:
+    """TFLOP/s and MFU for a run of `metrics["tokens_per_s_per_gpu"]`: the reported ones where they agree
+    with it within TFLOPS_BASIS_FACTOR (an MFU against BF16's peak or the precision's), this package's
+    count where they are missing or do not (derive_metrics)."""
+    w = workload
+    ours = model_tflops_per_gpu(w.model.architecture, w.seq_length, config.tp, metrics["tokens_per_s_per_gpu"])
+    tflops, mfu = metrics.get("tflops_per_gpu"), metrics.get("mfu")
+    if not _agrees(tflops, ours, 1.0):
+        tflops, mfu = ours, None
+    bf16 = w.cluster.gpu.bf16_peak_tflops
+    precision_share = bf16 / peak_tflops(w.cluster.gpu, w.precision)  # an MFU against the precision's peak
+    if not (_agrees(mfu, tflops / bf16, 1.0) or _agrees(mfu, tflops / bf16, precision_share)):
+        mfu = tflops / bf16
+    return {"tflops_per_gpu": tflops, "mfu": mfu}
+
+
+def _agrees(reported: float | None, implied: float, scale: float) -> bool:
+    """True when `reported` is a finite positive number within TFLOPS_BASIS_FACTOR of implied * scale."""
+    if reported is None or not is_positive_finite(reported) or not is_positive_finite(implied):
+        return False
+    return 1 / TFLOPS_BASIS_FACTOR <= reported / (implied * scale) <= TFLOPS_BASIS_FACTOR
 
 
 def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig,

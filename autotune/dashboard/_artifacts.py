@@ -40,32 +40,41 @@ def artifact_type(path: str) -> str:
 
 def confined_path(path: str, backend_options: dict[str, Any], study: str) -> Path | None:
     """The resolved file inside the study's run folder, or None when it is elsewhere or missing."""
-    from autotune.backends.runs import study_dir
+    found = _confined(path, backend_options, study)
+    return found[1] if found else None
+
+
+def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[Path, Path] | None:
+    """(the run folder, the resolved file inside it), or None; the run folder an older version gave the
+    study counts too (runs.study_dirs)."""
+    from autotune.backends.runs import study_dirs
 
     if "\0" in path:
         return None
     try:
-        root = study_dir(backend_options or {}, study).resolve(strict=True)
         resolved = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):
         return None
-    if resolved == root or not resolved.is_relative_to(root) or not resolved.is_file():
-        return None
-    return resolved
+    for folder in study_dirs(backend_options or {}, study):
+        try:
+            root = folder.resolve(strict=True)
+        except (OSError, RuntimeError):
+            continue
+        if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
+            return root, resolved
+    return None
 
 
 def read_confined(path: str, backend_options: dict[str, Any], study: str) -> bytes | None:
     """The file's bytes (at most MAX_ARTIFACT_BYTES), opened one path component at a time from the run
     folder with O_NOFOLLOW on each: a folder swapped for a symlink between the check above and the open
     (a launcher still running can do it) fails the open instead of leading outside."""
-    from autotune.backends.runs import study_dir
-
-    resolved = confined_path(path, backend_options, study)
-    if resolved is None:
+    found = _confined(path, backend_options, study)
+    if found is None:
         return None
+    root, resolved = found
     opened: list[int] = []
     try:
-        root = study_dir(backend_options or {}, study).resolve(strict=True)
         opened.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY))
         *folders, name = resolved.relative_to(root).parts
         for folder in folders:

@@ -65,9 +65,13 @@ RESULTS = [
     # and a peak no layout of this model can have (the weights alone are more)
     ("step-times-1e300", '{"status": "completed", "step_time_s": 30.0, "step_times_s": [30, 30, 1e300, 5e-324, 30]}',
      "failed", "step_times_s holds a step"),
+    # a TFLOP/s or MFU in another FLOP convention (or none) is replaced by this package's count, not refused
     ("tflops-contradict-tokens", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 900, "mfu": 0.9}',
-     "failed", "tflops_per_gpu = 900 contradicts"),
-    ("mfu-1e-300", '{"status": "completed", "step_time_s": 30.0, "mfu": 1e-300}', "failed", "mfu"),
+     "completed", None),
+    ("mfu-1e-300", '{"status": "completed", "step_time_s": 30.0, "mfu": 1e-300}', "completed", None),
+    ("tflops-6nd-convention", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 70}', "completed", None),
+    ("tflops-kept", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 150, "mfu": 0.1}', "completed",
+     None),
     ("memory-1e-9", '{"status": "completed", "step_time_s": 30.0, "peak_mem_gib": 1e-9}', "failed",
      "the memory model predicts"),
     ("mfu-another-flop-count", '{"status": "completed", "step_time_s": 30.0, "mfu": 0.15}', "completed", None),
@@ -111,6 +115,14 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
         assert needle in (trial.message or ""), trial.message
     for value in (trial.step_time_s, trial.tokens_per_s_per_gpu, trial.tflops_per_gpu, trial.mfu, trial.peak_mem_gib):
         assert value is None or (math.isfinite(value) and value > 0)
+    if status == "completed":  # one FLOP convention in the store: TFLOP/s within 2x of what the throughput implies
+        from autotune.cost.flops import model_tflops_per_gpu
+
+        ours = model_tflops_per_gpu(load_space("qwen3_30b").model.architecture, 4096, trial.config["tp"],
+                                    trial.tokens_per_s_per_gpu)
+        assert 0.5 <= trial.tflops_per_gpu / ours <= 2 and trial.mfu <= 1.0
+        if case == "tflops-kept":  # within the factor of this package's count: the launcher's own figures stay
+            assert trial.tflops_per_gpu == 150 and trial.mfu == 0.1
     board = leaderboard.build(repo, study)
     _strict_json(leaderboard.to_json(board))  # valid JSON: no bare Infinity / NaN
     # the GPU time charged is at most what the launcher process lived, whatever wall time it claims

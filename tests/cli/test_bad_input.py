@@ -135,6 +135,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "no Megatron iteration lines"),
     ("import-log-300-digit-warmup", ["import-log", "{log_warmup}", "--study", "demo", "--storage", "{url}"],
      "step_times_s holds a step"),
+    ("import-log-400-digit-warmup", ["import-log", "{log_inf}", "--study", "demo", "--storage", "{url}"],
+     "not a finite number"),
     # found by review: a Parquet list cell raised from NumPy's .item()
     ("replay-parquet-list-cell", [*START, "--backend", "replay", "--replay", "{list_parquet}", "--storage", "{url}"],
      "not a layout"),
@@ -174,13 +176,16 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
         db.execute("CREATE TABLE t (x)")
     warmup = folder / "log-warmup.txt"
     warmup.write_text(Path(_log(folder, "30000.0")).read_text().replace("30000.0", "9" * 300, 1))
+    infinite = folder / "log-inf.txt"  # float() reads 400 digits as infinity
+    infinite.write_text(Path(_log(folder, "30000.0")).read_text().replace("30000.0", "9" * 400, 1))
     import pandas as pd
 
     list_parquet = folder / "list-cell.parquet"
     pd.DataFrame({"tp": [[1, 2]], "pp": [1], "ep": [8], "status": ["completed"], "step_time_s": [30.0]}).to_parquet(
         list_parquet)
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
-              "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "list_parquet": str(list_parquet),
+              "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "log_inf": str(infinite),
+              "list_parquet": str(list_parquet),
               "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
               "binary": str(binary), "nul": str(nul), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}
     return [a.format(**values) if "{" in a and "}" in a and "(" not in a else a for a in args]

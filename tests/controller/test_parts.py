@@ -402,3 +402,28 @@ def test_two_slots_freed_at_once_never_run_the_same_remeasurement_twice(tmp_path
     assert notes[8] == "remeasure"
     assert not [t for t in trials if t.reason == "duplicate"]
     repo.close()
+
+
+@pytest.mark.parametrize("precision,gpu", [("fp8", "h100"), ("nvfp4", "gb300")])
+def test_a_launchers_own_flop_convention_is_kept_or_replaced_never_refused(precision, gpu):
+    """Launchers count FLOPs their own way (6 x active parameters x tokens leaves attention out; an MFU may be
+    against the precision's peak). Within 2x of this package's count the reported figures stay; beyond, they
+    are replaced by it, and the run is never failed for it (found by the second review: long-context runs
+    counted by 6ND were refused whole)."""
+    space = load_space("qwen3_30b")
+    w = make_workload(space, gpus=16, gpu=gpu, precision=precision, seq_length=32768)
+    config = LayoutConfig.from_mapping(space.model.defaults.layout)
+    peak = w.cluster.gpu.peak_tflops[precision]
+    at_30_s = outcomes.derive_metrics(TrialOutcome(0, TrialStatus.COMPLETED, step_time_s=30.0), w, config)
+    step = 30.0 * at_30_s["tflops_per_gpu"] / (0.3 * peak)  # a step at 30% of the precision's peak
+    ours = outcomes.derive_metrics(TrialOutcome(0, TrialStatus.COMPLETED, step_time_s=step), w, config)
+    tflops = ours["tflops_per_gpu"]
+    kept = outcomes.derive_metrics(TrialOutcome(0, TrialStatus.COMPLETED, step_time_s=step,
+                                                tflops_per_gpu=0.8 * tflops, mfu=0.8 * tflops / peak), w, config)
+    assert kept["tflops_per_gpu"] == 0.8 * tflops and kept["mfu"] == 0.8 * tflops / peak  # against its precision
+    six_nd = outcomes.derive_metrics(TrialOutcome(0, TrialStatus.COMPLETED, step_time_s=step,
+                                                  tflops_per_gpu=0.3 * tflops, mfu=0.3 * tflops / peak), w, config)
+    assert six_nd["tflops_per_gpu"] == tflops and six_nd["mfu"] == ours["mfu"]
+    outcome, metrics = outcomes.checked(TrialOutcome(0, TrialStatus.COMPLETED, step_time_s=step,
+                                                     tflops_per_gpu=0.3 * tflops), w, config)
+    assert outcome.status == TrialStatus.COMPLETED and metrics["tflops_per_gpu"] == tflops

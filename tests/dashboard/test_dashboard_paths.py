@@ -247,7 +247,8 @@ def test_two_studies_never_share_a_run_folder():
     artifacts the other's launcher wrote there. A changed name now carries a digest of itself."""
     from autotune.backends.runs import safe_name
 
-    names = ["a/b", "a_b", "a b", "a\\b", "a:b", "..", ".", "a..b", "é", "e", "_", "-" * 200, "x" * 200, "demo"]
+    names = ["a/b", "a_b", "a b", "a\\b", "a:b", "..", ".", "a..b", "é", "e", "_", "-" * 200, "x" * 200, "demo",
+             safe_name("a/b")]  # a name spelt like another's folder (found by the second review)
     folders = [safe_name(n) for n in names]
     assert len(set(folders)) == len(names)
     for folder in folders:
@@ -268,10 +269,25 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_leads_nowhere(tmp_path, 
     outside = tmp_path / "secret"
     outside.mkdir()
     (outside / "out.txt").write_text("SECRET")
-    checked = _artifacts.confined_path(str(folder / "out.txt"), options, "s")
+    checked = _artifacts._confined(str(folder / "out.txt"), options, "s")
     assert _artifacts.read_confined(str(folder / "out.txt"), options, "s") == b"inside"
     (folder / "out.txt").unlink()
     folder.rmdir()
     folder.symlink_to(outside, target_is_directory=True)
-    monkeypatch.setattr(_artifacts, "confined_path", lambda *_args: checked)  # the check ran before the swap
+    monkeypatch.setattr(_artifacts, "_confined", lambda *_args: checked)  # the check ran before the swap
     assert _artifacts.read_confined(str(folder / "out.txt"), options, "s") is None
+
+
+def test_a_study_begun_before_run_folders_had_digests_keeps_its_artifacts(tmp_path):
+    """A study whose name had to be changed (`qwen3 tpe/16`) got the folder `qwen3_tpe_16` before; it has
+    a digest now. The dashboard still serves what its older runs recorded there (and nothing elsewhere)."""
+    from autotune.backends.runs import study_dir, study_dirs
+    from autotune.dashboard._artifacts import read_confined
+
+    options = {"workdir": str(tmp_path / "runs")}
+    old = tmp_path / "runs" / "qwen3_tpe_16" / "trial1-attempt1"
+    old.mkdir(parents=True)
+    (old / "log.txt").write_text("older run")
+    assert study_dir(options, "qwen3 tpe/16") != old.parent and study_dirs(options, "qwen3 tpe/16")[1] == old.parent
+    assert read_confined(str(old / "log.txt"), options, "qwen3 tpe/16") == b"older run"
+    assert read_confined(str(old / "log.txt"), options, "other") is None
