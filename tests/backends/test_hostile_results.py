@@ -194,3 +194,17 @@ def test_no_descendant_of_the_launcher_outlives_its_trial(tmp_path, setsid):
     assert not _alive(pid), f"grandchild {pid} outlived the trial"
     written = json.loads((tmp_path / "runs" / "tree" / "trial1-attempt1" / "outcome.json").read_text())
     assert written["outcome"]["status"] == "completed"  # the run folder records how it ended
+
+
+@pytest.mark.parametrize("content", ['{"spec": ' + "[" * 100_000, '{"spec": {}, "outcome": {"trial": 1, "status": '
+                                     '"completed", "error": "' + "x" * (2 << 20) + '"}}'])
+def test_an_outcome_file_nested_too_deep_or_too_large_is_no_outcome(tmp_path, content):
+    """Found by the second review: json.loads of 100,000 nested brackets raises RecursionError, which the
+    harvest did not catch, so the controller aborted on adopting the trial, and again on every resume."""
+    from autotune.backends.runs import OUTCOME_FILE, harvest, study_dir
+
+    options = {"workdir": str(tmp_path / "runs")}
+    folder = study_dir(options, "s") / "trial1-attempt1"
+    folder.mkdir(parents=True)
+    (folder / OUTCOME_FILE).write_text(content)
+    assert harvest(options, "s", 1, 1, {}) is None
