@@ -69,6 +69,9 @@ RESULTS = [
     ("tflops-contradict-tokens", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 900, "mfu": 0.9}',
      "completed", None),
     ("mfu-1e-300", '{"status": "completed", "step_time_s": 30.0, "mfu": 1e-300}', "completed", None),
+    # a first step of days (set-up, compilation) among 30 s steps is slow, not impossible
+    ("slow-first-step", '{"status": "completed", "step_time_s": 30.0, "step_times_s": [300000, 30, 30, 30]}',
+     "completed", None),
     ("tflops-6nd-convention", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 70}', "completed", None),
     ("tflops-kept", '{"status": "completed", "step_time_s": 30.0, "tflops_per_gpu": 150, "mfu": 0.1}', "completed",
      None),
