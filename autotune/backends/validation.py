@@ -96,13 +96,18 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
     if is_positive_finite(wall) and wall_s > 0:
         # the launcher may leave its start-up out, but its run cannot have lasted longer than the process
         wall = min(wall, wall_s)
-    return TrialOutcome(spec.trial, TrialStatus(status), step_time_s=_float(step_time),
+    return _outcome(spec.trial, status, result, step_time, result.get("step_times_s") or times,
+                    wall if is_positive_finite(wall) else wall_s)
+
+
+def _outcome(trial: int, status: str, result: dict[str, Any], step_time: Any, step_times: list,
+             wall_time_s: float) -> TrialOutcome:
+    """The TrialOutcome of a type-checked result object (_type_problem passed): numbers as floats."""
+    return TrialOutcome(trial, TrialStatus(status), step_time_s=_float(step_time),
                         tokens_per_s_per_gpu=_float(result.get("tokens_per_s_per_gpu")),
                         tflops_per_gpu=_float(result.get("tflops_per_gpu")), mfu=_float(result.get("mfu")),
-                        peak_mem_gib=_float(result.get("peak_mem_gib")),
-                        step_times_s=[_float(t) for t in result.get("step_times_s") or times],
-                        wall_time_s=wall if is_positive_finite(wall) else wall_s,
-                        error=_as_text(result.get("error")),
+                        peak_mem_gib=_float(result.get("peak_mem_gib")), step_times_s=[_float(t) for t in step_times],
+                        wall_time_s=wall_time_s, error=_as_text(result.get("error")),
                         artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()})
 
 
@@ -119,14 +124,8 @@ def outcome_from_record(data: Any) -> TrialOutcome:
     if problem or not isinstance(data.get("trial"), int) or isinstance(data.get("trial"), bool):
         raise ValueError(problem or "trial must be an integer")
     wall = _float(data.get("wall_time_s"))
-    return TrialOutcome(data["trial"], TrialStatus(status), step_time_s=_float(data.get("step_time_s")),
-                        tokens_per_s_per_gpu=_float(data.get("tokens_per_s_per_gpu")),
-                        tflops_per_gpu=_float(data.get("tflops_per_gpu")), mfu=_float(data.get("mfu")),
-                        peak_mem_gib=_float(data.get("peak_mem_gib")),
-                        step_times_s=[_float(t) for t in data.get("step_times_s") or []],
-                        wall_time_s=wall if wall is not None and math.isfinite(wall) and wall >= 0 else 0.0,
-                        error=_as_text(data.get("error")),
-                        artifacts={str(k): v for k, v in (data.get("artifacts") or {}).items()})
+    return _outcome(data["trial"], status, data, data.get("step_time_s"), data.get("step_times_s") or [],
+                    wall if wall is not None and math.isfinite(wall) and wall >= 0 else 0.0)
 
 
 def _float(value: Any) -> float | None:
@@ -148,22 +147,27 @@ def memory_bound_gib(gpu, status: str) -> float:
     return gpu.memory_gib * factor
 
 
-def _possible_step(step_s: float, workload, tp: int) -> bool:
-    """A step time a training step can take: its model TFLOP/s within MIN_STEP_PEAK_SHARE..1 of the GPU's peak."""
+def _step_tflops(step_s: float, workload, tp: int) -> float:
+    """The model TFLOP/s per GPU that a step of `step_s` seconds implies at the workload's global batch."""
     from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
 
+    w = workload
+    tokens = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, step_s)
+    return model_tflops_per_gpu(w.model.architecture, w.seq_length, tp, tokens)
+
+
+def possible_step(step_s: float, workload, tp: int) -> bool:
+    """A step time a training step can take: its model TFLOP/s within MIN_STEP_PEAK_SHARE..1 of the GPU's peak."""
     if not is_positive_finite(step_s):
         return False
-    w = workload
-    peak = peak_tflops(w.cluster.gpu, w.precision)
-    tokens = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, step_s)
-    return MIN_STEP_PEAK_SHARE * peak <= model_tflops_per_gpu(w.model.architecture, w.seq_length, tp, tokens) <= peak
+    peak = peak_tflops(workload.cluster.gpu, workload.precision)
+    return MIN_STEP_PEAK_SHARE * peak <= _step_tflops(step_s, workload, tp) <= peak
 
 
 def possible_step_times(step_times_s: list[float], workload, tp: int) -> list[float]:
-    """The step times a training step can take (_possible_step): what a failed, pruned or timed-out run
+    """The step times a training step can take (possible_step): what a failed, pruned or timed-out run
     keeps of what its launcher reported (a completed one is refused whole when one step is impossible)."""
-    return [t for t in step_times_s if _possible_step(t, workload, tp)]
+    return [t for t in step_times_s if possible_step(t, workload, tp)]
 
 
 def impossible_result(status: str, metrics: dict[str, float | None], step_times_s: list[float], workload,
@@ -198,8 +202,7 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
         implied_tflops["tokens_per_s_per_gpu"] = model_tflops_per_gpu(
             w.model.architecture, w.seq_length, tp, metrics["tokens_per_s_per_gpu"])
     if metrics.get("step_time_s"):
-        tokens = tokens_per_s_per_gpu(w.global_batch_size, w.seq_length, w.cluster.gpus, metrics["step_time_s"])
-        implied_tflops["step_time_s"] = model_tflops_per_gpu(w.model.architecture, w.seq_length, tp, tokens)
+        implied_tflops["step_time_s"] = _step_tflops(metrics["step_time_s"], workload, tp)
     for key, tflops in implied_tflops.items():
         if tflops is not None and not tflops <= peak:
             return (f"{key} = {metrics[key]:.4g} implies {tflops:.4g} TFLOP/s per GPU, above the "
@@ -208,7 +211,7 @@ def impossible_result(status: str, metrics: dict[str, float | None], step_times_
             return (f"{key} = {metrics[key]:.4g} implies {tflops:.3g} TFLOP/s per GPU, under "
                     f"{MIN_PEAK_SHARE:.0e} of the {gpu.name} peak: no training step runs that slowly")
     for step_s in step_times_s:
-        if not _possible_step(step_s, workload, tp):
+        if not possible_step(step_s, workload, tp):
             return (f"step_times_s holds a step of {step_s:.4g} s: at {w.global_batch_size} sequences per step "
                     f"that is outside {MIN_STEP_PEAK_SHARE:.0e}..1 of the {gpu.name} peak of {peak:g} at {w.precision}")
     step, tokens = metrics.get("step_time_s"), metrics.get("tokens_per_s_per_gpu")

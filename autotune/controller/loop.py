@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
 from autotune._numbers import is_positive_finite
-from autotune.backends.validation import METRIC_KEYS, possible_step_times
+from autotune.backends.validation import METRIC_KEYS, possible_step
 from autotune.config import LayoutConfig, Workload
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
@@ -303,7 +303,7 @@ class Controller:
                 continue
             tick = time.perf_counter()
             for step in steps:
-                if not possible_step_times([step.step_time_s], self.workload, int(run.trial.config.get("tp", 1))):
+                if not possible_step(step.step_time_s, self.workload, int(run.trial.config.get("tp", 1))):
                     continue  # a launcher's NaN, negative or impossible step must not steer the pruner
                 run.steps.append(step.step_time_s)
                 if self.pruner.should_prune(run.steps, self.best_step_time_s):

@@ -89,8 +89,11 @@ def _stale_dispatched_trial(repo: Repository, study, config: LayoutConfig) -> in
     return trial.number
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_a_run_that_finished_while_its_controller_was_dead_is_harvested(tmp_path):
+def _run_finished_while_its_controller_was_dead(tmp_path, name: str):
+    """A study with one trial whose controller went stale after its command-backend run finished (the
+    run's outcome.json written): (repo, study, trial number, run folder options, launch log, spec)."""
+    import threading
+
     repo = Repository.open(f"sqlite:///{tmp_path / 'h.db'}")
     space = load_space("qwen3_30b")
     workload = make_workload(space, gpus=16)
@@ -98,18 +101,22 @@ def test_a_run_that_finished_while_its_controller_was_dead_is_harvested(tmp_path
     options = {"command": [sys.executable, HOSTILE], "workdir": str(tmp_path / "runs"),
                "env": {"HOSTILE_MODE": "result", "HOSTILE_LAUNCH_LOG": str(log),
                        "HOSTILE_RESULT": json.dumps({"status": "completed", "step_time_s": 30.0})}}
-    study = create_study(repo, name="harvest", space=space, workload=workload, budget=1, sampler="auto",
+    study = create_study(repo, name=name, space=space, workload=workload, budget=1, sampler="auto",
                          backend="command", backend_options=options, seed=0)
     config = LayoutConfig.from_mapping(space.model.defaults.layout)
     number = _stale_dispatched_trial(repo, study, config)
-    spec = TrialSpec(study="harvest", trial=number, model="qwen3_30b", gpus=16, gpus_per_node=8, gpu="h100",
+    spec = TrialSpec(study=name, trial=number, model="qwen3_30b", gpus=16, gpus_per_node=8, gpu="h100",
                      global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
                      precision=workload.precision, config=config.to_dict(), overrides=[], attempt=1,
                      backend_options=options)
-    import threading
-
     assert CommandBackend(options).run(spec, lambda _r: None, threading.Event()).status.value == "completed"
     assert log.read_text().count("start") == 1  # the dead controller's run, finished
+    return repo, study, number, options, log, spec
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_run_that_finished_while_its_controller_was_dead_is_harvested(tmp_path):
+    repo, study, number, _, log, _ = _run_finished_while_its_controller_was_dead(tmp_path, "harvest")
     build_controller(repo, study, max_concurrent=1).run()
     trial = repo.trial(study.id, number)
     assert trial.status == "completed" and trial.step_time_s == 30.0 and trial.attempt == 1
@@ -129,24 +136,7 @@ def test_a_tampered_outcome_file_never_reaches_the_store(tmp_path, tamper, harve
     """Whoever can write the run folder can change outcome.json before a controller harvests it: a wrong
     type is no outcome (the run is launched again), an absurd wall time is bounded, and every command
     can still read the store afterwards (an infinite GPU time once made the whole store unreadable)."""
-    repo = Repository.open(f"sqlite:///{tmp_path / 'h.db'}")
-    space = load_space("qwen3_30b")
-    workload = make_workload(space, gpus=16)
-    log = tmp_path / "launches.log"
-    options = {"command": [sys.executable, HOSTILE], "workdir": str(tmp_path / "runs"),
-               "env": {"HOSTILE_MODE": "result", "HOSTILE_LAUNCH_LOG": str(log),
-                       "HOSTILE_RESULT": json.dumps({"status": "completed", "step_time_s": 30.0})}}
-    study = create_study(repo, name="tampered", space=space, workload=workload, budget=1, sampler="auto",
-                         backend="command", backend_options=options, seed=0)
-    config = LayoutConfig.from_mapping(space.model.defaults.layout)
-    number = _stale_dispatched_trial(repo, study, config)
-    spec = TrialSpec(study="tampered", trial=number, model="qwen3_30b", gpus=16, gpus_per_node=8, gpu="h100",
-                     global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
-                     precision=workload.precision, config=config.to_dict(), overrides=[], attempt=1,
-                     backend_options=options)
-    import threading
-
-    assert CommandBackend(options).run(spec, lambda _r: None, threading.Event()).status.value == "completed"
+    repo, study, number, options, log, spec = _run_finished_while_its_controller_was_dead(tmp_path, "tampered")
     path = study_dir(options, "tampered") / f"trial{number}-attempt1" / OUTCOME_FILE
     record = json.loads(path.read_text())
     record["outcome"].update(tamper)
@@ -155,7 +145,7 @@ def test_a_tampered_outcome_file_never_reaches_the_store(tmp_path, tamper, harve
     trial = repo.trial(study.id, number)
     assert trial.status == "completed" and trial.step_time_s == 30.0
     assert log.read_text().count("start") == (1 if harvested else 2)
-    assert 0 <= trial.gpu_seconds <= (spec.timeout_s + 60.0) * workload.cluster.gpus
+    assert 0 <= trial.gpu_seconds <= (spec.timeout_s + 60.0) * spec.gpus
     assert [s.name for s in repo.list_studies()] == ["tampered"]  # the read side accepts every row
 
 
