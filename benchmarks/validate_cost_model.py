@@ -197,8 +197,8 @@ def model_interval(log_ratio: np.ndarray, models: np.ndarray) -> tuple[float, fl
     return centre - cal.Z_80 * sd, centre + cal.Z_80 * sd
 
 
-def nested_coverage(rows: list[Row], lomo: np.ndarray) -> float:
-    """Share of rows inside the 80% interval built from the other models' held-out residuals only."""
+def nested_coverage(rows: list[Row], lomo: np.ndarray) -> np.ndarray:
+    """Per row: inside the 80% interval built from the other models' held-out residuals only?"""
     ratio = np.log(lomo / np.array([r.measured_tokens for r in rows]))
     models = np.array([r.model for r in rows])
     inside = []
@@ -206,7 +206,7 @@ def nested_coverage(rows: list[Row], lomo: np.ndarray) -> float:
         others = models != r.model
         p10, p90 = model_interval(ratio[others], models[others])
         inside.append(p10 <= ratio[i] <= p90)
-    return float(np.mean(inside))
+    return np.array(inside)
 
 
 def scatter(rows: list[Row], columns: dict[str, np.ndarray], path: Path) -> None:
@@ -294,8 +294,11 @@ def main() -> None:
               f"leave-one-model-out residuals): log-ratio p10 {p10:+.3f}, p90 {p90:+.3f} "
               f"(calibration.THROUGHPUT_LOG_RATIO_P10/P90: {cal.THROUGHPUT_LOG_RATIO_P10:+.3f}, "
               f"{cal.THROUGHPUT_LOG_RATIO_P90:+.3f})")
+        nested = nested_coverage(rows, lomo)
+        moe = np.array([r.workload.model.architecture.is_moe for r in rows])
         print(f"80% interval coverage of held-out rows: leave-one-model-out {shares[0]:.0%} (nested, the interval "
-              f"built without the held-out model: {nested_coverage(rows, lomo):.0%}), leave-one-system-out {shares[1]:.0%}")
+              f"built without the held-out model: {nested.mean():.0%}; dense {nested[~moe].sum()}/{(~moe).sum()}, "
+              f"MoE {nested[moe].sum()}/{moe.sum()}), leave-one-system-out {shares[1]:.0%}")
         scatter(rows, columns, SCATTER_PNG)
         print(f"scatter plot: {SCATTER_PNG.relative_to(HERE.parent)}")
     agree, total = ordering()

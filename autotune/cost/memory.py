@@ -53,6 +53,11 @@ class TrainingSettings:
     # performance knob of the same name (cost/knobs.py rescales an overlapped DP term relative to the
     # recipe's value): the benchmarks set this one for software that has no such knob (vTrain's sweeps)
     overlap_grad_reduce: bool = True
+    # Megatron-Bridge's fused MoE path (its full-iteration MXFP8 performance recipes: Transformer Engine's
+    # op fuser runs each expert MLP as fused grouped kernels, under a full-iteration CUDA graph with paged
+    # activation stashing and the expert-parallel communication overlapped). Not a knob the tuner varies:
+    # the published rows say which recipe ran it (published.FUSED_MOE_RECIPES).
+    moe_fused_path: bool = False
 
     @property
     def grad_bytes(self) -> float:

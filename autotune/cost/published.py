@@ -13,6 +13,7 @@ the CSV on purpose (they measure transfer to an unseen family) and are never add
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,13 @@ MODEL_NAMES = {"LLAMA3_8B": "llama3_8b", "LLAMA3_70B": "llama3_70b", "LLAMA3.1_4
                "DeepSeekV3": "deepseek_v3", "GPT OSS 120B": "gpt_oss_120b"}
 SYSTEM_GPUS = {"DGX-H100": "h100", "DGX-B200": "b200", "DGX-B300": "b300", "DGX-GB200": "gb200", "DGX-GB300": "gb300"}
 DEFAULT_CSV_ENV = "AUTOTUNE_PUBLISHED_CSV"
+# (release, model, system, precision) whose performance recipe runs the fused MoE path
+# (TrainingSettings.moe_fused_path), read from Megatron-Bridge 067f987 (the 26.08 tables' source):
+# perf_recipes/deepseek/common.py _enable_deepseek_full_iteration_mxfp8 (GB200, GB300; B300's recipe
+# took it in #5015, after its 26.06 row, which ran PP8 MBS2 with Transformer Engine's scoped graphs)
+# and perf_recipes/gpt_oss/common.py _apply_gpt_oss_120b_full_iter_fp8mx_configs (GB200, GB300; not B300).
+FUSED_MOE_RECIPES = {("26.08", "deepseek_v3", "DGX-GB300", "mxfp8"), ("26.08", "deepseek_v3", "DGX-GB200", "mxfp8"),
+                     ("26.08", "gpt_oss_120b", "DGX-GB300", "mxfp8"), ("26.08", "gpt_oss_120b", "DGX-GB200", "mxfp8")}
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,8 @@ def _case(r: dict[str, str]) -> PublishedCase:
     ep = _int(r["ep"])
     layout = LayoutConfig(tp=tp, pp=_int(r["pp"]), vpp=_int(r["vp"]), cp=_int(r["cp"]), ep=ep, etp=_int(r["etp"]),
                           sp=tp > 1, mbs=_int(r["mbs"]), dist_opt=True)
+    fused = (r["container_release"], MODEL_NAMES[r["model"]], r["system"], precision) in FUSED_MOE_RECIPES
     return PublishedCase(r["container_release"], MODEL_NAMES[r["model"]], r["system"], precision, workload, layout,
                          float(r["tokens_per_sec_per_gpu"]), float(r["model_tflops_per_gpu"]), r["variant"],
-                         r.get("workload") or "pretrain")
+                         r.get("workload") or "pretrain",
+                         dataclasses.replace(PERF_RECIPE_SETTINGS, moe_fused_path=fused))

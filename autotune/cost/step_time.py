@@ -126,6 +126,8 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
         tokens_per_expert = tokens_per_rank * x.etp * a.moe_router_topk * x.ep / a.num_moe_experts
         expert_shape = _shape_factor(tokens_per_expert, a.moe_ffn_hidden_size / x.etp)
         t_expert = tokens_per_gpu_step * expert_fpt * cal.MOE_EXPERT_GEMM_SLOWDOWN / (peak * eff * expert_shape)
+        if settings.moe_fused_path:  # fused grouped expert MLPs (calibration.MOE_FUSED_PATH_SPEEDUP)
+            t_expert = t_expert / cal.MOE_FUSED_PATH_SPEEDUP
     else:
         tokens_per_rank = gemm_tokens / x.tp
         t_expert = np.zeros(len(x))
@@ -148,8 +150,8 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     # --- fixed overhead and MoE permutation ----------------------------------------------------
     per_layer = moe_share * cal.MOE_LAYER_OVERHEAD_S + (1 - moe_share) * cal.DENSE_LAYER_OVERHEAD_S
     permute_bytes = tokens_per_rank * a.moe_router_topk * h * 2 * cal.MOE_PERMUTE_PASSES if a.is_moe else 0.0
-    overhead = m * layers * (per_layer * (1 + recomputed_share / 3)
-                             + moe_share * permute_bytes / (gpu.hbm_tbps * 1e12))
+    launch = m * layers * per_layer * (1 + recomputed_share / 3)
+    overhead = launch + m * layers * moe_share * permute_bytes / (gpu.hbm_tbps * 1e12)
 
     # --- communication -------------------------------------------------------------------------
     act_bytes = gemm_tokens * h * 2  # one micro-batch's hidden states on one CP rank, bf16
@@ -177,6 +179,13 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     pp_link = np.where(2 * stage_span <= w.cluster.nvlink_domain_gpus, gpu.nvlink_gbps, w.cluster.scale_out_gbps) * 1e9
     pp = np.where(x.pp > 1, m * x.vpp * pp_bytes / (pp_link * cal.LINK_EFFICIENCY), 0.0) * cal.EXPOSED_PP
 
+    if settings.moe_fused_path and a.is_moe:
+        # The fused path's full-iteration CUDA graph and expert-parallel overlap, by the knob model's own
+        # constants (relative to the scoped graphs of the recipes without it), so that the one constant
+        # fitted for the path (the expert speed-up above) does not also absorb these two.
+        from autotune.cost.knobs import EP_OVERLAP_HIDDEN, UNGRAPHED_SHARE  # knobs imports this package
+        overhead = overhead - launch * (1 - UNGRAPHED_SHARE["full_iteration"] / UNGRAPHED_SHARE["te_attn_router"])
+        ep = ep * (1 - EP_OVERLAP_HIDDEN)
     busy = compute + recompute + overhead + tp + cp + ep + pp
     bubble = (x.pp - 1) / (x.vpp * m) * busy
 
