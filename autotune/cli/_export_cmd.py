@@ -184,6 +184,10 @@ def _write(output: str | None, content) -> None:
             with open(output, "w", encoding="utf-8") as handle:
                 handle.write(content)
         return
+    if mode is None and not os.path.isdir(os.path.dirname(output) or "."):
+        # resolved by the kernel as a shell would: realpath below folds `missing/../..` lexically and would
+        # write where `missing` never led
+        raise FileNotFoundError(2, "No such file or directory", output)
     target = Path(os.path.realpath(output))  # a regular file (or a new one): through any symlink
     fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:

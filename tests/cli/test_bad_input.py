@@ -246,6 +246,18 @@ def test_read_only_commands_never_create_a_store(tmp_path, command):
     assert not (tmp_path / "missing").exists()
 
 
+def test_export_through_a_missing_folder_and_dotdot_writes_nowhere(store, tmp_path):
+    """`missing/../../r.py`: a shell refuses it (the kernel walks `missing` first); folding the `..` lexically
+    would write one folder above the one named, next to whatever is there."""
+    url, _ = store
+    inside = tmp_path / "here"
+    inside.mkdir()
+    result = run_cli("export", "demo", "--format", "recipe", "-o", f"{inside}/missing/../../r.py", "--storage", url,
+                     env=ENV)
+    _assert_one_line_error(result, "cannot write")
+    assert not (tmp_path / "r.py").exists() and not (inside / "r.py").exists()
+
+
 def test_a_folder_without_write_permission_is_one_line(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root may write anywhere: the permission check cannot fail")
