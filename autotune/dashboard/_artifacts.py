@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
 # shown in the browser: images that cannot hold script, and text that is never rendered as markup
@@ -65,10 +65,11 @@ def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[P
     return None
 
 
-def read_confined(path: str, backend_options: dict[str, Any], study: str) -> bytes | None:
-    """The file's bytes (at most MAX_ARTIFACT_BYTES), opened one path component at a time from the run
-    folder with O_NOFOLLOW on each: a folder swapped for a symlink between the check above and the open
-    (a launcher still running can do it) fails the open instead of leading outside."""
+def open_confined(path: str, backend_options: dict[str, Any], study: str) -> BinaryIO | None:
+    """The file opened for reading (the caller closes it; serve at most MAX_ARTIFACT_BYTES of it), opened one
+    path component at a time from the run folder with O_NOFOLLOW on each: a folder swapped for a symlink
+    between the check above and the open (a launcher still running can do it) fails the open instead of
+    leading outside."""
     found = _confined(path, backend_options, study)
     if found is None:
         return None
@@ -85,7 +86,17 @@ def read_confined(path: str, backend_options: dict[str, Any], study: str) -> byt
     finally:
         for fd in opened:
             os.close(fd)
-    with os.fdopen(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # a FIFO or device put there since the check
-            return None
+    handle = os.fdopen(descriptor, "rb")
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # a FIFO or device put there since the check
+        handle.close()
+        return None
+    return handle
+
+
+def read_confined(path: str, backend_options: dict[str, Any], study: str) -> bytes | None:
+    """The file's bytes (at most MAX_ARTIFACT_BYTES), as open_confined opens it."""
+    handle = open_confined(path, backend_options, study)
+    if handle is None:
+        return None
+    with handle:
         return handle.read(MAX_ARTIFACT_BYTES)

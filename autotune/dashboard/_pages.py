@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from html import escape
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from autotune import leaderboard
@@ -308,19 +308,19 @@ class DashboardApp:
                 continue
         return None
 
-    def artifact(self, name: str, number: int, key: str) -> tuple[bytes, str, str] | None:
-        """An artifact's bytes, Content-Type and file name, only when the recorded path resolves into the
-        study's own run folder."""
-        from autotune.dashboard._artifacts import artifact_type, read_confined
+    def artifact(self, name: str, number: int, key: str) -> tuple[BinaryIO, str, str] | None:
+        """An artifact's open file (the caller streams and closes it), Content-Type and file name, only when
+        the recorded path resolves into the study's own run folder."""
+        from autotune.dashboard._artifacts import artifact_type, open_confined
 
         study = self.repo.get_study(name)
         path = (self.repo.trial(study.id, number).artifacts or {}).get(key)
         if not isinstance(path, str):
             return None
-        data = read_confined(path, study.backend_options, study.name)
-        if data is None:
+        handle = open_confined(path, study.backend_options, study.name)
+        if handle is None:
             return None
-        return data, artifact_type(path), os.path.basename(path)
+        return handle, artifact_type(path), os.path.basename(path)
 
     def api(self, name: str) -> bytes:
         return leaderboard.to_json(leaderboard.build(self.repo, self.repo.get_study(name))).encode()

@@ -18,14 +18,16 @@ itself.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, unquote, urlparse
 
-from autotune.dashboard._artifacts import DOWNLOAD_TYPE
+from autotune.dashboard._artifacts import DOWNLOAD_TYPE, MAX_ARTIFACT_BYTES
 from autotune.dashboard._pages import DashboardApp, page
 from autotune.errors import StorageError, StudyError
 from autotune.storage import Repository
@@ -36,6 +38,7 @@ __all__ = ["DashboardApp", "make_server", "serve_in_background"]
 # dressed up to mislead: clickjacking)
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+STREAM_CHUNK_BYTES = 1 << 20  # an artifact is sent this much at a time
 # a launcher's file: no script, no fetch, its own opaque origin even if a browser rendered it as a page
 ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
 READ_METHODS = "GET, HEAD"
@@ -118,13 +121,15 @@ class _Handler(BaseHTTPRequestHandler):
     _secured = False  # _send added its own Content-Security-Policy and nosniff
     _allow = False  # a 405: name the methods that are allowed
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
+    def _send(self, status: int, body: bytes | BinaryIO, content_type: str = "text/html; charset=utf-8",
               artifact: str | None = None) -> None:
         """`artifact`: the file name of a launcher-written artifact (served sandboxed, see _artifacts;
-        a download keeps its name and extension, reduced to safe characters)."""
+        a download keeps its name and extension, reduced to safe characters). `body` is bytes, or an
+        artifact's open file, streamed in chunks (a trace of hundreds of MiB never sits in memory whole)."""
+        length = len(body) if isinstance(body, bytes) else min(os.fstat(body.fileno()).st_size, MAX_ARTIFACT_BYTES)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(length))
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", ARTIFACT_CSP if artifact is not None else CSP)
         self._secured = True
@@ -135,8 +140,19 @@ class _Handler(BaseHTTPRequestHandler):
         if content_type.startswith("text/javascript"):
             self.send_header("Cache-Control", "max-age=3600")
         self.end_headers()
-        if not self._head:
+        if self._head:
+            return
+        if isinstance(body, bytes):
             self.wfile.write(body)
+            return
+        left = length
+        while left > 0:
+            chunk = body.read(min(left, STREAM_CHUNK_BYTES))
+            if not chunk:  # shrank since the length was sent: the client sees a short body, the connection ends
+                self.close_connection = True
+                return
+            self.wfile.write(chunk)
+            left -= len(chunk)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if self.loopback_only and not is_loopback(_host_name(self.headers.get("Host", "localhost"))):
@@ -168,7 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if found is None:
                     self._send(404, page("not found", "<h1>artifact not found</h1>"))
                 else:
-                    self._send(200, found[0], found[1], artifact=found[2])
+                    with found[0] as handle:
+                        self._send(200, handle, found[1], artifact=found[2])
             else:
                 self._send(404, page("not found", "<h1>not found</h1>"))
         except StudyError as exc:

@@ -148,7 +148,9 @@ def test_trial_page_formats_numbers_and_shows_predicted_and_measured_step(repo):
     bars = figure(page, "breakdown-chart")
     predicted, measured = bars["data"]
     assert predicted["y"] == ["whole step", "compute", "ep"] and measured["y"] == ["whole step"]
-    assert app.artifact(name, 1, "nsys") == (b"NSYS", "application/octet-stream", "trace.nsys-rep")
+    handle, kind, file_name = app.artifact(name, 1, "nsys")
+    with handle:
+        assert (handle.read(), kind, file_name) == (b"NSYS", "application/octet-stream", "trace.nsys-rep")
     assert app.artifact(name, 1, "../../etc/passwd") is None  # only recorded artifacts are served
 
 

@@ -20,6 +20,7 @@ from autotune.config import LayoutConfig
 from autotune.dashboard.server import serve_in_background
 from autotune.storage import Repository
 
+BIG = bytes(range(256)) * (3 * 4096) + b"tail!"  # 3 MiB and 5 bytes: more than one streamed chunk
 SECRET = "/etc/passwd"  # readable here; /etc/shadow is tried too (root can read it)
 
 
@@ -41,6 +42,7 @@ def served(tmp_path):
     (run / "plot.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>")
     (run / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     (run / "train.log").write_text("<b>iteration 1</b>")
+    (run / "big.sqlite").write_bytes(BIG)
     (run / "link-out").symlink_to(SECRET)
     (run / "dir-out").symlink_to("/etc")
     outside = tmp_path / "outside.txt"
@@ -50,7 +52,7 @@ def served(tmp_path):
                  "symlink-file": str(run / "link-out"), "symlink-dir": str(run / "dir-out" / "passwd"),
                  "sibling": str(outside), "the-folder": str(run), "nul": str(run / "report.nsys-rep") + "\0x",
                  "page": str(run / "report.html"), "js": str(run / "x.js"), "svg": str(run / "plot.svg"),
-                 "png": str(run / "loss.png"), "log": str(run / "train.log")}
+                 "png": str(run / "loss.png"), "log": str(run / "train.log"), "big": str(run / "big.sqlite")}
     layout = LayoutConfig.from_mapping({"ep": 16})
     trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 1)
     repo.finish_trial(study.id, trial.number, "failed", reason="failed", artifacts=artifacts)
@@ -78,6 +80,21 @@ def test_artifacts_outside_the_study_run_folder_are_refused(served, key):
 
 def test_an_artifact_inside_the_run_folder_is_served(served):
     assert _get(f"{served}/artifact/s/1/ok") == (200, b"NSYS")
+
+
+def test_a_large_artifact_is_streamed_whole_and_capped(served, monkeypatch):
+    """Sent in chunks from the open file (never read whole into memory): every byte arrives; past
+    MAX_ARTIFACT_BYTES only the cap is sent, and Content-Length says so."""
+    from autotune.dashboard import server
+
+    assert _get(f"{served}/artifact/s/1/big") == (200, BIG)
+    monkeypatch.setattr(server, "MAX_ARTIFACT_BYTES", (1 << 20) + 3)
+    with urllib.request.urlopen(f"{served}/artifact/s/1/big", timeout=10) as response:
+        assert response.headers["Content-Length"] == str((1 << 20) + 3)
+        assert response.read() == BIG[:(1 << 20) + 3]
+    head = urllib.request.Request(f"{served}/artifact/s/1/big", method="HEAD")
+    with urllib.request.urlopen(head, timeout=10) as response:
+        assert response.headers["Content-Length"] == str((1 << 20) + 3) and response.read() == b""
 
 
 FILES = {"page": "report.html", "js": "x.js", "svg": "plot.svg", "ok": "report.nsys-rep"}
