@@ -119,6 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().end_headers()
 
     _secured = False  # _send added its own Content-Security-Policy and nosniff
+    _streaming = False  # an artifact's body is being sent (its headers are out)
     _allow = False  # a 405: name the methods that are allowed
 
     def _send(self, status: int, body: bytes | BinaryIO, content_type: str = "text/html; charset=utf-8",
@@ -146,6 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
             return
         left = length
+        self._streaming = True  # the status line is out: a failure from here on can only end the connection
         while left > 0:
             chunk = body.read(min(left, STREAM_CHUNK_BYTES))
             if not chunk:  # shrank since the length was sent: the client sees a short body, the connection ends
@@ -198,7 +200,12 @@ class _Handler(BaseHTTPRequestHandler):
             import sys
 
             sys.stderr.write(f"autotune dashboard: {self.path[:200]!r}: {exc.__class__.__name__}: {str(exc)[:200]}\n")
+            if self._streaming:  # a second answer would land inside the first one's body: cut it short instead
+                self.close_connection = True
+                return
             self._send(500, page("error", "<h1>this page could not be rendered</h1>"))
+        finally:
+            self._streaming = False
 
 
 MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column of trial numbers: a larger one is no trial, not an OverflowError

@@ -97,6 +97,48 @@ def test_a_large_artifact_is_streamed_whole_and_capped(served, monkeypatch):
         assert response.headers["Content-Length"] == str((1 << 20) + 3) and response.read() == b""
 
 
+def test_a_read_failing_mid_stream_cuts_the_answer_short_and_closes_the_file(served, monkeypatch):
+    """Once an artifact's headers are out, a failing read (EIO on a dying disk) can only end the connection:
+    no 500 page inside the 200's body, and the file is closed."""
+    import http.client
+
+    from autotune.dashboard import _artifacts
+
+    opened = []
+    real_open = _artifacts.open_confined
+
+    class Failing:
+        def __init__(self, handle):
+            self.handle, self.reads = handle, 0
+            opened.append(self)
+
+        def fileno(self):
+            return self.handle.fileno()
+
+        def read(self, size):
+            self.reads += 1
+            if self.reads > 1:
+                raise OSError(5, "Input/output error")
+            return self.handle.read(size)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+    monkeypatch.setattr(_artifacts, "open_confined", lambda *a: Failing(real_open(*a)))
+    connection = http.client.HTTPConnection(served.removeprefix("http://"), timeout=10)
+    connection.request("GET", "/artifact/s/1/big")
+    response = connection.getresponse()
+    assert response.status == 200 and response.headers["Content-Length"] == str(len(BIG))
+    with pytest.raises(http.client.IncompleteRead) as cut:
+        response.read()
+    assert cut.value.partial == BIG[:1 << 20] and b"HTTP/1" not in cut.value.partial
+    connection.close()
+    assert len(opened) == 1 and opened[0].handle.closed
+
+
 FILES = {"page": "report.html", "js": "x.js", "svg": "plot.svg", "ok": "report.nsys-rep"}
 
 
