@@ -184,7 +184,7 @@ def _write(output: str | None, content) -> None:
             with open(output, "w", encoding="utf-8") as handle:
                 handle.write(content)
         return
-    if mode is None and not os.path.isdir(os.path.dirname(output) or "."):
+    if mode is None and not _folder_exists_for_the_kernel(output):
         # resolved by the kernel as a shell would: realpath below folds `missing/../..` lexically and would
         # write where `missing` never led
         raise FileNotFoundError(2, "No such file or directory", output)
@@ -203,6 +203,20 @@ def _write(output: str | None, content) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def _folder_exists_for_the_kernel(path: str) -> bool:
+    """Would the kernel find the folder a new file at `path` goes into? A dangling symlink is followed hop by
+    hop (its target may itself name `missing/..`), at most 40 hops as the kernel allows."""
+    import os
+
+    for _ in range(40):
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            return False
+        if not os.path.islink(path):
+            return True
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
 
 
 def _umask() -> int:

@@ -256,6 +256,10 @@ def test_export_through_a_missing_folder_and_dotdot_writes_nowhere(store, tmp_pa
                      env=ENV)
     _assert_one_line_error(result, "cannot write")
     assert not (tmp_path / "r.py").exists() and not (inside / "r.py").exists()
+    (inside / "link.py").symlink_to("sub/missing/../../r3.py")  # dangling, and its target names `missing/..`
+    result = run_cli("export", "demo", "--format", "recipe", "-o", str(inside / "link.py"), "--storage", url, env=ENV)
+    _assert_one_line_error(result, "cannot write")
+    assert not (inside / "r3.py").exists() and not (tmp_path / "r3.py").exists()
 
 
 def test_a_folder_without_write_permission_is_one_line(tmp_path):
