@@ -15,7 +15,7 @@ from __future__ import annotations
 # Share of the dense BF16 peak that large BF16 GEMMs reach, per GPU generation. Fitted: Hopper and
 # Blackwell to the published Megatron-Bridge rows, Ampere to the public vTrain A100 sweeps.
 GENERATION_EFFICIENCY: dict[str, float] = {
-    "ampere": 0.622,
+    "ampere": 0.632,
     "hopper": 0.660,
     "blackwell": 0.626,
 }
@@ -71,8 +71,9 @@ MOE_EXPERT_GEMM_SLOWDOWN = 2.313
 # runs each expert MLP as fused grouped kernels, under a full-iteration CUDA graph with the EP
 # communication overlapped) runs the routed-expert GEMMs this many times faster. Fitted across both MoE
 # models (never per model); each alone gives about the same: 1.29 from DeepSeek-V3's rows (GPT-OSS
-# held out), 1.20 from GPT-OSS-120B's (DeepSeek-V3 held out). The graph and the overlap themselves are
-# the knob model's constants (step_time), not this one.
+# held out), 1.20 from GPT-OSS-120B's (DeepSeek-V3 held out); it moves with the shared constants too
+# (1.34-1.69 with a dense model held out). The graph and the overlap themselves are the knob model's
+# constants (step_time), not this one.
 MOE_FUSED_PATH_SPEEDUP = 1.353
 
 # Elementwise work on GEMM activations (norms, SwiGLU, bias-dropout-add, casts, their backward) is

@@ -56,7 +56,9 @@ class TrainingSettings:
     # Megatron-Bridge's fused MoE path (its full-iteration MXFP8 performance recipes: Transformer Engine's
     # op fuser runs each expert MLP as fused grouped kernels, under a full-iteration CUDA graph with paged
     # activation stashing and the expert-parallel communication overlapped). Not a knob the tuner varies:
-    # the published rows say which recipe ran it (published.FUSED_MOE_RECIPES).
+    # the published rows say which recipe ran it (published.FUSED_MOE_RECIPES). Its graph and EP overlap are
+    # costed in step_time: not to be combined with the cuda_graph / ep_overlap knobs (cost/knobs.py), which
+    # the published rows never set.
     moe_fused_path: bool = False
 
     @property
