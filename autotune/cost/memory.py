@@ -60,6 +60,9 @@ class TrainingSettings:
     # costed in step_time: not to be combined with the cuda_graph / ep_overlap knobs (cost/knobs.py), which
     # the published rows never set.
     moe_fused_path: bool = False
+    # Megatron's overlap_moe_expert_parallel_comm (the recipes' moe_a2a_overlap): EP dispatch / combine hidden
+    # behind the other micro-batch's compute; the fused path's recipes all set it. Published rows only, as above.
+    moe_ep_overlap: bool = False
 
     @property
     def grad_bytes(self) -> float:

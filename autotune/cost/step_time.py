@@ -179,12 +179,13 @@ def step_time_breakdown(x: LayoutArrays, w: Workload,
     pp_link = np.where(2 * stage_span <= w.cluster.nvlink_domain_gpus, gpu.nvlink_gbps, w.cluster.scale_out_gbps) * 1e9
     pp = np.where(x.pp > 1, m * x.vpp * pp_bytes / (pp_link * cal.LINK_EFFICIENCY), 0.0) * cal.EXPOSED_PP
 
-    if settings.moe_fused_path and a.is_moe:
-        # The fused path's full-iteration CUDA graph and expert-parallel overlap, by the knob model's own
-        # constants (relative to the scoped graphs of the recipes without it), so that the one constant
-        # fitted for the path (the expert speed-up above) does not also absorb these two.
+    if (settings.moe_fused_path or settings.moe_ep_overlap) and a.is_moe:
+        # The fused path's full-iteration CUDA graph and a recipe's expert-parallel overlap, by the knob
+        # model's own constants (relative to the scoped graphs of the recipes without it), so that the one
+        # constant fitted for the path (the expert speed-up above) does not also absorb these two.
         from autotune.cost.knobs import EP_OVERLAP_HIDDEN, UNGRAPHED_SHARE  # knobs imports this package
-        overhead = overhead - launch * (1 - UNGRAPHED_SHARE["full_iteration"] / UNGRAPHED_SHARE["te_attn_router"])
+        if settings.moe_fused_path:
+            overhead = overhead - launch * (1 - UNGRAPHED_SHARE["full_iteration"] / UNGRAPHED_SHARE["te_attn_router"])
         ep = ep * (1 - EP_OVERLAP_HIDDEN)
     busy = compute + recompute + overhead + tp + cp + ep + pp
     bubble = (x.pp - 1) / (x.vpp * m) * busy
