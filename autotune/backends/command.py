@@ -34,7 +34,7 @@ from autotune.backends._process import (KILL_GRACE_S, check_command, die_with_pa
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import check_workdir, trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
-from autotune.backends.validation import parse_result
+from autotune.backends.validation import json_object, parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -127,7 +127,7 @@ class CommandBackend(Backend):
             if not line:
                 continue
             lines.append(line)
-            value = _json_object(line)
+            value = json_object(line)
             if value is not None and "step" in value and "status" not in value:
                 try:
                     step, seconds = int(value["step"]), float(value["step_time_s"])
@@ -141,15 +141,7 @@ class CommandBackend(Backend):
     @staticmethod
     def _last_json(lines) -> dict[str, Any] | None:
         for line in reversed(lines):
-            value = _json_object(line)
+            value = json_object(line)
             if value is not None and not ("step" in value and "status" not in value):
                 return value
         return None
-
-
-def _json_object(line: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: a line of 100,000 nested brackets
-        return None
-    return value if isinstance(value, dict) else None

@@ -40,7 +40,7 @@ from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends._process import KILL_GRACE_S, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
-from autotune.backends.validation import parse_result
+from autotune.backends.validation import json_object, parse_result
 from autotune.errors import ConfigError
 from autotune.megatron.logparse import classify_failure, parse_log
 
@@ -241,12 +241,12 @@ class MegatronBackend(Backend):
 
         result_text = ray.get(launchers[0].read.remote(str(directory / "result.json")))
         artifacts = self._artifacts(launchers, directory, options)
-        result = _json_object(result_text)
+        result = json_object(result_text)
         if result is not None:
             outcome = parse_result(spec, result, result.get("step_times_s", times), wall)
             return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts})
         failures = [f for l in launchers for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
-                    if (f := _json_object(text)) is not None]
+                    if (f := json_object(text)) is not None]
         failure = merge_rank_failures(failures)
         logs = "".join(ray.get([l.log_tail.remote() for l in launchers]))
         if failure is None:  # no file at all: fall back to the log
@@ -271,19 +271,11 @@ class MegatronBackend(Backend):
         return found
 
 
-def _json_object(text: str | None) -> dict | None:
-    try:
-        value = json.loads(text) if text else None
-    except (ValueError, RecursionError):  # RecursionError: 100,000 nested brackets
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _step_line(line: str) -> tuple[int, float] | None:
     """(step, seconds) of a rank-0 step line; None for any other line or a malformed / impossible one."""
     if not line.startswith(STEP_MARKER):
         return None
-    value = _json_object(line[len(STEP_MARKER):])
+    value = json_object(line[len(STEP_MARKER):])
     try:
         step, seconds = int(value["step"]), float(value["step_time_s"])
     except (TypeError, KeyError, ValueError, OverflowError):

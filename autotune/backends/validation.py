@@ -49,6 +49,16 @@ TFLOPS_BASIS_FACTOR = 2.0
 MIN_PREDICTED_PEAK_SHARE = 0.1
 
 
+def json_object(text: str | None) -> dict[str, Any] | None:
+    """The JSON object a launcher wrote on one line or in one file; None for anything else (not JSON, not an
+    object, empty, or 100,000 nested brackets: RecursionError)."""
+    try:
+        value = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _failed(spec: TrialSpec, times: list[float], wall_s: float, message: str) -> TrialOutcome:
     return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
                         error=f"invalid result: {message}")
