@@ -91,12 +91,3 @@ def open_confined(path: str, backend_options: dict[str, Any], study: str) -> Bin
         handle.close()
         return None
     return handle
-
-
-def read_confined(path: str, backend_options: dict[str, Any], study: str) -> bytes | None:
-    """The file's bytes (at most MAX_ARTIFACT_BYTES), as open_confined opens it."""
-    handle = open_confined(path, backend_options, study)
-    if handle is None:
-        return None
-    with handle:
-        return handle.read(MAX_ARTIFACT_BYTES)

@@ -62,6 +62,14 @@ def served(tmp_path):
     repo.close()
 
 
+def _read(handle) -> bytes | None:
+    """What the dashboard would serve from open_confined's answer (None: nothing)."""
+    if handle is None:
+        return None
+    with handle:
+        return handle.read()
+
+
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -329,24 +337,24 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_leads_nowhere(tmp_path, 
     outside.mkdir()
     (outside / "out.txt").write_text("SECRET")
     checked = _artifacts._confined(str(folder / "out.txt"), options, "s")
-    assert _artifacts.read_confined(str(folder / "out.txt"), options, "s") == b"inside"
+    assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s")) == b"inside"
     (folder / "out.txt").unlink()
     folder.rmdir()
     folder.symlink_to(outside, target_is_directory=True)
     monkeypatch.setattr(_artifacts, "_confined", lambda *_args: checked)  # the check ran before the swap
-    assert _artifacts.read_confined(str(folder / "out.txt"), options, "s") is None
+    assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s")) is None
 
 
 def test_a_study_begun_before_run_folders_had_digests_keeps_its_artifacts(tmp_path):
     """A study whose name had to be changed (`qwen3 tpe/16`) got the folder `qwen3_tpe_16` before; it has
     a digest now. The dashboard still serves what its older runs recorded there (and nothing elsewhere)."""
     from autotune.backends.runs import study_dir, study_dirs
-    from autotune.dashboard._artifacts import read_confined
+    from autotune.dashboard._artifacts import open_confined
 
     options = {"workdir": str(tmp_path / "runs")}
     old = tmp_path / "runs" / "qwen3_tpe_16" / "trial1-attempt1"
     old.mkdir(parents=True)
     (old / "log.txt").write_text("older run")
     assert study_dir(options, "qwen3 tpe/16") != old.parent and study_dirs(options, "qwen3 tpe/16")[1] == old.parent
-    assert read_confined(str(old / "log.txt"), options, "qwen3 tpe/16") == b"older run"
-    assert read_confined(str(old / "log.txt"), options, "other") is None
+    assert _read(open_confined(str(old / "log.txt"), options, "qwen3 tpe/16")) == b"older run"
+    assert _read(open_confined(str(old / "log.txt"), options, "other")) is None
