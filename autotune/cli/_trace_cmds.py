@@ -56,11 +56,16 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     from autotune.cli._options import layout_from_flags
     from autotune.cli._study_cmds import open_repo
     from autotune.controller.imports import import_log
+    from autotune.megatron.logparse import read_lines
 
     path = require_file(args.log, "log file")
     repo = open_repo(args, read_only=True)  # the study must exist already
-    trial = import_log(repo, repo.get_study(args.study), layout_from_flags(args), path.read_text(errors="replace"),
-                       source=str(path.resolve()))  # absolute: the dashboard does not run where this did
+    study = repo.get_study(args.study)
+    layout = layout_from_flags(args)
+    # read line by line: a log of many GB (a whole training run's) is never held in memory
+    with path.open(encoding="utf-8", errors="replace") as log:
+        trial = import_log(repo, study, layout, read_lines(log),
+                           source=str(path.resolve()))  # absolute: the dashboard does not run where this did
     if args.json:
         print(json.dumps(trial.to_dict(), indent=2, default=str))
     else:

@@ -7,6 +7,8 @@ like any measurement. It does not use up the study's dispatch budget: autotune d
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
@@ -15,17 +17,21 @@ from autotune.space import study_space_and_workload
 from autotune.cost import estimate
 from autotune.cost.flops import tokens_per_s_per_gpu
 from autotune.errors import ConfigError, IllegalLayoutError
-from autotune.megatron.logparse import parse_log
+from autotune.megatron.logparse import TooManyIterations, parse_log
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial, TrialNumbering
 
 
-def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str, source: str) -> Trial:
+def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str | Iterable[str], source: str) -> Trial:
+    """The run whose Megatron log is `text` (its whole text, or its lines one at a time) as a trial of `study`."""
     space, workload = study_space_and_workload(study)
     bad = violations(layout, workload)
     if bad:
         raise IllegalLayoutError(f"the layout given for the log breaks {bad[0].rule}: {bad[0].message}", bad)
-    parsed = parse_log(text)
+    try:
+        parsed = parse_log(text)
+    except TooManyIterations as e:
+        raise ConfigError(f"{source}: {e}: import a profiling run's log (or cut this one with head)") from None
     if parsed.failure == "oom":
         status = "oom"
     elif parsed.step_time_s is not None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TextIO
 
 GIB = float(1 << 30)
 
@@ -36,12 +38,36 @@ FAILURES = (  # (class, patterns): the first class whose pattern matches wins
 )
 
 
+# Megatron's log lines are a few hundred characters; a longer one (binary junk, a line without end) is
+# read this far and the rest skipped, so a hostile log never needs more memory than this per line
+MAX_LINE_CHARS = 64 * 1024
+# iteration lines kept from one log: a profiling run has tens, a long training run up to ~10^6
+MAX_ITERATIONS = 1_000_000
+
+
 def classify_failure(text: str) -> str:
     """The failure class of a log or stderr tail: oom, nccl_timeout, nccl_error, config_error, crash."""
-    for name, patterns in FAILURES:
-        if any(p in text for p in patterns):
-            return name
-    return "crash"
+    return _first_failure({name for name, patterns in FAILURES if any(p in text for p in patterns)}) or "crash"
+
+
+def _first_failure(found: set[str]) -> str | None:
+    """The class that wins among those whose patterns a log holds (FAILURES' order), None for none."""
+    return next((name for name, _ in FAILURES if name in found), None)
+
+
+def read_lines(stream: TextIO, max_chars: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """The lines of an open text file, each cut at `max_chars` (the rest of an overlong line is skipped
+    unread into memory): a log of any size is parsed in constant memory per line."""
+    while True:
+        line = stream.readline(max_chars)
+        if not line:
+            return
+        if len(line) == max_chars and not line.endswith("\n"):
+            while True:  # skip the rest of this line in bounded pieces
+                rest = stream.readline(max_chars)
+                if not rest or rest.endswith("\n"):
+                    break
+        yield line
 
 
 @dataclass
@@ -70,11 +96,21 @@ class ParsedLog:
         return statistics.mean(values) if values else None
 
 
-def parse_log(text: str) -> ParsedLog:
+class TooManyIterations(ValueError):
+    """A log with more than MAX_ITERATIONS iteration lines (parse_log)."""
+
+
+def parse_log(text: str | Iterable[str]) -> ParsedLog:
+    """Iterations, throughput, peak memory and failure class of a log: its whole text, or its lines one
+    at a time (read_lines on an open file: the log is never held whole)."""
     parsed = ParsedLog()
-    for line in text.splitlines():
+    found: set[str] = set()  # failure classes whose patterns a line holds (every pattern fits in one line)
+    for line in text.splitlines() if isinstance(text, str) else text:
+        found.update(name for name, patterns in FAILURES if name not in found and any(p in line for p in patterns))
         match = ITERATION.search(line)
         if match:
+            if len(parsed.iterations) >= MAX_ITERATIONS:
+                raise TooManyIterations(f"more than {MAX_ITERATIONS} iteration lines")
             parsed.iterations.append((int(match.group(1)), float(match.group(3)) / 1000.0))
             throughput = THROUGHPUT.search(line)
             if throughput:
@@ -90,7 +126,7 @@ def parse_log(text: str) -> ParsedLog:
             if match.group(3):
                 reserved = float(match.group(3)) * 1e9 / GIB
                 parsed.max_reserved_gib = max(parsed.max_reserved_gib or 0.0, reserved)
-    failure = classify_failure(text) if any(p in text for _, ps in FAILURES for p in ps) else None
+    failure = _first_failure(found)
     parsed.failure = failure if failure != "config_error" or not parsed.iterations else None
     return parsed
 

@@ -13,7 +13,8 @@ import pytest
 
 from autotune.backends import TrialStatus
 from autotune.backends.megatron import MegatronBackend, NodeLauncher, dry_run_lines, node_command
-from autotune.megatron.logparse import classify_failure, parse_log
+from autotune.megatron import logparse
+from autotune.megatron.logparse import classify_failure, parse_log, read_lines
 from autotune.megatron.trace import intersection, summarize, union
 from tests.backends.backend_suite import make_spec
 from workers.launcher import short_run_overrides
@@ -38,6 +39,40 @@ def test_log_parsing_skips_warmup_and_converts_gb_to_gib():
     assert parsed.max_allocated_gib == pytest.approx(60.5e9 / 2 ** 30)
     assert parsed.max_reserved_gib == pytest.approx(66.1e9 / 2 ** 30)
     assert parsed.failure is None
+
+
+def test_a_log_read_line_by_line_parses_like_its_whole_text(tmp_path):
+    # import-log streams the file: what it finds must not depend on holding the log whole
+    log = tmp_path / "run.log"
+    log.write_text("ValueError: a warning printed by a data loader\n" + LOG)
+    with log.open() as f:
+        streamed = parse_log(read_lines(f))
+    whole = parse_log(log.read_text())
+    assert streamed == whole and len(streamed.iterations) == 3 and streamed.failure is None
+    # failure classes are ranked across lines as over the whole text: OOM wins over an earlier config error
+    log.write_text("AssertionError: x\n" + LOG.splitlines()[1] + "\ntorch.OutOfMemoryError: CUDA out of memory\n")
+    with log.open() as f:
+        assert parse_log(read_lines(f)).failure == classify_failure(log.read_text()) == "oom"
+
+
+def test_an_overlong_line_is_cut_and_the_log_still_parsed(tmp_path):
+    # a line without end (binary junk, a corrupted write) is read only up to the cap, in bounded pieces
+    log = tmp_path / "junk.log"
+    with log.open("w") as f:
+        f.write("x" * (3 * logparse.MAX_LINE_CHARS + 17) + "\n")
+        f.write(LOG)
+    with log.open() as f:
+        lines = list(read_lines(f))
+    assert len(lines[0]) == logparse.MAX_LINE_CHARS and max(map(len, lines)) <= logparse.MAX_LINE_CHARS
+    with log.open() as f:
+        parsed = parse_log(read_lines(f))
+    assert [i for i, _ in parsed.iterations] == [1, 2, 3]
+
+
+def test_a_log_with_too_many_iterations_is_refused(monkeypatch):
+    monkeypatch.setattr(logparse, "MAX_ITERATIONS", 2)
+    with pytest.raises(logparse.TooManyIterations):
+        parse_log(LOG)
 
 
 @pytest.mark.parametrize("text,kind", [
@@ -281,7 +316,7 @@ def test_megatron_backend_checks_options():
         MegatronBackend.check_options({"nsys_ranks": ["zero"]})
 
 
-def test_import_log_into_a_study(cli, tmp_path):
+def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     url = f"sqlite:///{tmp_path / 'imp.db'}"
     started = cli("start", "--model", "qwen3_30b", "--budget", "1", "--study", "imp", "--storage", url,
                   "--sim-seconds", "0", env={"RAY_AUTH_MODE": "disabled"}, timeout=300)
@@ -303,6 +338,19 @@ def test_import_log_into_a_study(cli, tmp_path):
     assert oom["status"] == "oom"
     bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--storage", url)
     assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr
+    # a log longer than any profiling run (here: more than 2 iteration lines) is refused in one line, and
+    # nothing is stored (in-process, so the limit can be lowered instead of writing a million lines)
+    from autotune.cli import main
+
+    before = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
+    monkeypatch.setattr(logparse, "MAX_ITERATIONS", 2)
+    capsys.readouterr()
+    assert main(["import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                 "--storage", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "more than 2 iteration lines" in err and len(err.splitlines()) == 1
+    after = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
+    assert after == before
 
 
 def test_the_worker_builds_the_model_from_the_studys_space_text():
