@@ -28,13 +28,14 @@ OUTCOME_FILE = "outcome.json"
 def safe_name(study: str) -> str:
     """The study name as one path component (no separators, no `..`), one per name: a name that had to be
     changed gets a digest of itself, so `a/b` and `a_b` (or `a b`) never share a run folder, where each
-    study's dashboard could serve the other's artifacts."""
+    study's dashboard could serve the other's artifacts. So does a name with a capital letter: on a
+    case-insensitive file system (macOS, Windows) `Demo` and `demo` would otherwise be one folder."""
     import hashlib
     import re
 
     name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in study)
     # a kept name that ends like a digest gets one too: `a_b-c14cddc033f6` is otherwise the folder of `a/b`
-    if name != study or not name.strip(".") or re.search(r"-[0-9a-f]{12}$", name):
+    if name != study or name != name.lower() or not name.strip(".") or re.search(r"-[0-9a-f]{12}$", name):
         name = f"{name[:100]}-{hashlib.sha256(study.encode()).hexdigest()[:12]}"
     return name
 

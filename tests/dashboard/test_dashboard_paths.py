@@ -315,9 +315,10 @@ def test_two_studies_never_share_a_run_folder():
     from autotune.backends.runs import safe_name
 
     names = ["a/b", "a_b", "a b", "a\\b", "a:b", "..", ".", "a..b", "é", "e", "_", "-" * 200, "x" * 200, "demo",
-             safe_name("a/b")]  # a name spelt like another's folder (found by the second review)
+             safe_name("a/b"),  # a name spelt like another's folder (found by the second review)
+             "Demo", "DEMO", safe_name("Demo").lower()]  # one folder on a case-insensitive file system
     folders = [safe_name(n) for n in names]
-    assert len(set(folders)) == len(names)
+    assert len({f.lower() for f in folders}) == len(names)
     for folder in folders:
         assert "/" not in folder and "\\" not in folder and folder.strip(".") and len(folder) <= 200
     assert safe_name("demo") == "demo" and safe_name("a_b") == "a_b"  # unchanged names keep their folder
