@@ -8,7 +8,10 @@ from autotune.errors import ConfigError
 
 
 def shown(text: str) -> str:
-    """A name as an error message shows it: a very long one (a 300-character model name) shortened."""
+    """A name as an error message shows it: on one line (a newline or other unprintable character is
+    written as its escape, so a file name cannot fake a second message) and a very long one (a
+    300-character model name) shortened."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 

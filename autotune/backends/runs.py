@@ -81,7 +81,9 @@ def study_dir(options: dict[str, Any], study: str) -> Path:
 
 def study_dirs(options: dict[str, Any], study: str) -> list[Path]:
     """Where a study's runs may be: its folder, then (a study begun before safe_name gave changed names a
-    digest) the folder an older version gave it, so its artifacts and unharvested outcomes are still found."""
+    digest) the folder an older version gave it, so its unharvested outcomes are still found (each outcome
+    file names its study: `harvest` takes only this study's). The dashboard serves artifacts from the
+    study's own folder only (dashboard/_artifacts.py)."""
     workdir = Path(options.get("workdir") or DEFAULT_WORKDIR)
     return list(dict.fromkeys([workdir / safe_name(study), workdir / _legacy_name(study)]))
 

@@ -52,20 +52,35 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_import_log(args: argparse.Namespace) -> int:
-    from autotune._paths import require_file
+    import io
+    import os
+    import stat
+
+    from autotune._paths import require_file, shown
     from autotune.cli._options import layout_from_flags
     from autotune.cli._study_cmds import open_repo
     from autotune.controller.imports import import_log
+    from autotune.errors import ConfigError
     from autotune.megatron.logparse import read_lines
 
     path = require_file(args.log, "log file")
     repo = open_repo(args, read_only=True)  # the study must exist already
     study = repo.get_study(args.study)
     layout = layout_from_flags(args)
-    # read line by line: a log of many GB (a whole training run's) is never held in memory
-    with path.open(encoding="utf-8", errors="replace") as log:
-        trial = import_log(repo, study, layout, read_lines(log),
-                           source=str(path.resolve()))  # absolute: the dashboard does not run where this did
+    try:
+        # non-blocking, then checked again on the open file: a pipe or folder swapped in after require_file
+        # neither hangs the open nor is read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"log file {shown(str(path))} is not a regular file")
+        # read line by line: a log of many GB (a whole training run's) is never held in memory; nothing is
+        # stored before the whole log has been read
+        with io.open(fd, encoding="utf-8", errors="replace") as log:
+            trial = import_log(repo, study, layout, read_lines(log),
+                               source=str(path.resolve()))  # absolute: the dashboard does not run where this did
+    except OSError as exc:  # unreadable (permissions, an I/O error mid-way, /proc/self/mem)
+        raise ConfigError(f"log file {shown(str(path))}: cannot be read ({exc.strerror or exc})") from None
     if args.json:
         print(json.dumps(trial.to_dict(), indent=2, default=str))
     else:

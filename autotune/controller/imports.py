@@ -24,6 +24,9 @@ from autotune.storage import Repository, Study, Trial, TrialNumbering
 
 def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str | Iterable[str], source: str) -> Trial:
     """The run whose Megatron log is `text` (its whole text, or its lines one at a time) as a trial of `study`."""
+    from autotune._paths import shown
+
+    name = shown(source)  # on one line, whatever the file's name holds
     space, workload = study_space_and_workload(study)
     bad = violations(layout, workload)
     if bad:
@@ -31,18 +34,18 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     try:
         parsed = parse_log(text)
     except TooManyIterations as e:
-        raise ConfigError(f"{source}: {e}: import a profiling run's log (or cut this one with head)") from None
+        raise ConfigError(f"{name}: {e}: import a profiling run's log (or cut this one with head)") from None
     if parsed.failure == "oom":
         status = "oom"
     elif parsed.step_time_s is not None:
         status = "completed"
     else:
-        raise ConfigError(f"{source}: no Megatron iteration lines and no recognisable failure in the log")
+        raise ConfigError(f"{name}: no Megatron iteration lines and no recognisable failure in the log")
     metrics = {"peak_mem_gib": parsed.max_reserved_gib or parsed.max_allocated_gib}
     if status == "completed":
         step = parsed.step_time_s
         if not step > 0:
-            raise ConfigError(f"{source}: the log's mean iteration time is {step * 1000:g} ms: not a measurement")
+            raise ConfigError(f"{name}: the log's mean iteration time is {step * 1000:g} ms: not a measurement")
         tokens = tokens_per_s_per_gpu(workload.global_batch_size, workload.seq_length, workload.cluster.gpus, step)
         tflops = parsed.mean_tflops_per_gpu  # Megatron's own figure from the log, in its own FLOP count
         metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
@@ -52,7 +55,7 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     problem = impossible_result(status, {**dict.fromkeys(METRIC_KEYS), **metrics}, every_step, workload, layout.tp,
                                 estimate(workload, layout).peak_mem_gib)
     if problem:
-        raise ConfigError(f"{source}: impossible figures in the log ({problem}); nothing imported")
+        raise ConfigError(f"{name}: impossible figures in the log ({problem}); nothing imported")
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False,
                          backend=study.backend)
     reason = "out_of_memory" if status == "oom" else None

@@ -45,9 +45,10 @@ def confined_path(path: str, backend_options: dict[str, Any], study: str) -> Pat
 
 
 def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[Path, Path] | None:
-    """(the run folder, the resolved file inside it), or None; the run folder an older version gave the
-    study counts too (runs.study_dirs)."""
-    from autotune.backends.runs import study_dirs
+    """(the run folder, the resolved file inside it), or None. Only the study's own folder (runs.study_dir):
+    the folder an older version gave it can be another study's folder now (`a/b` had `a_b`'s; on a
+    case-insensitive file system `Demo` had `demo`'s), and nothing in a file says which study wrote it."""
+    from autotune.backends.runs import study_dir
 
     if "\0" in path:
         return None
@@ -55,7 +56,7 @@ def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[P
         resolved = Path(path).resolve(strict=True)
     except (OSError, RuntimeError, ValueError):
         return None
-    for folder in study_dirs(backend_options or {}, study):
+    for folder in [study_dir(backend_options or {}, study)]:
         try:
             root = folder.resolve(strict=True)
         except (OSError, RuntimeError):

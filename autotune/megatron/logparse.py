@@ -8,6 +8,7 @@ Memory in the log is in GB (1e9 bytes); results are reported in GiB.
 
 from __future__ import annotations
 
+import io
 import re
 import statistics
 from collections.abc import Iterable, Iterator
@@ -39,15 +40,25 @@ FAILURES = (  # (class, patterns): the first class whose pattern matches wins
 
 
 # Megatron's log lines are a few hundred characters; a longer one (binary junk, a line without end) is
-# read this far and the rest skipped, so a hostile log never needs more memory than this per line
+# read in pieces of this size and only searched for failure messages (a figure on it could be cut in two),
+# so a hostile log never needs more memory than this per line
 MAX_LINE_CHARS = 64 * 1024
 # iteration lines kept from one log: a profiling run has tens, a long training run up to ~10^6
 MAX_ITERATIONS = 1_000_000
+_ANY_FAILURE = re.compile("|".join(re.escape(p) for _, patterns in FAILURES for p in patterns))
+_LONGEST_PATTERN = max(len(p) for _, patterns in FAILURES for p in patterns)
 
 
 def classify_failure(text: str) -> str:
     """The failure class of a log or stderr tail: oom, nccl_timeout, nccl_error, config_error, crash."""
-    return _first_failure({name for name, patterns in FAILURES if any(p in text for p in patterns)}) or "crash"
+    return _first_failure(_failures_in(text)) or "crash"
+
+
+def _failures_in(text: str) -> set[str]:
+    """The failure classes whose patterns `text` holds (one alternation first: most lines hold none)."""
+    if not _ANY_FAILURE.search(text):
+        return set()
+    return {name for name, patterns in FAILURES if any(p in text for p in patterns)}
 
 
 def _first_failure(found: set[str]) -> str | None:
@@ -55,19 +66,29 @@ def _first_failure(found: set[str]) -> str | None:
     return next((name for name, _ in FAILURES if name in found), None)
 
 
+class LinePiece(str):
+    """A piece of a line longer than MAX_LINE_CHARS (read_lines): searched for failure messages only."""
+
+
 def read_lines(stream: TextIO, max_chars: int = MAX_LINE_CHARS) -> Iterator[str]:
-    """The lines of an open text file, each cut at `max_chars` (the rest of an overlong line is skipped
-    unread into memory): a log of any size is parsed in constant memory per line."""
+    """The lines of an open text file (opened with universal newlines: \\n, \\r\\n and \\r end a line); a
+    line longer than `max_chars` comes as LinePiece pieces of at most that size, so a log of any size
+    is read in bounded memory per line."""
     while True:
         line = stream.readline(max_chars)
         if not line:
             return
-        if len(line) == max_chars and not line.endswith("\n"):
-            while True:  # skip the rest of this line in bounded pieces
-                rest = stream.readline(max_chars)
-                if not rest or rest.endswith("\n"):
-                    break
-        yield line
+        if len(line) < max_chars or line.endswith("\n"):
+            yield line
+            continue
+        yield LinePiece(line)
+        while True:  # the rest of this line, in bounded pieces
+            rest = stream.readline(max_chars)
+            if not rest:
+                return
+            yield LinePiece(rest)
+            if rest.endswith("\n") or len(rest) < max_chars:
+                break
 
 
 @dataclass
@@ -102,11 +123,20 @@ class TooManyIterations(ValueError):
 
 def parse_log(text: str | Iterable[str]) -> ParsedLog:
     """Iterations, throughput, peak memory and failure class of a log: its whole text, or its lines one
-    at a time (read_lines on an open file: the log is never held whole)."""
+    at a time (read_lines on an open file: the log is never held whole). A text is split into lines
+    exactly as read_lines splits a file, so both give the same result."""
     parsed = ParsedLog()
     found: set[str] = set()  # failure classes whose patterns a line holds (every pattern fits in one line)
-    for line in text.splitlines() if isinstance(text, str) else text:
-        found.update(name for name, patterns in FAILURES if name not in found and any(p in line for p in patterns))
+    carry = ""  # the end of the last piece of an overlong line: a message may straddle two pieces
+    lines = read_lines(io.StringIO(text, newline=None)) if isinstance(text, str) else text
+    for line in lines:
+        if isinstance(line, LinePiece):
+            window = carry + line
+            found |= _failures_in(window)
+            carry = "" if line.endswith("\n") else window[-(_LONGEST_PATTERN - 1):]
+            continue
+        carry = ""
+        found |= _failures_in(line)
         match = ITERATION.search(line)
         if match:
             if len(parsed.iterations) >= MAX_ITERATIONS:

@@ -126,6 +126,9 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "impossible figures"),
     ("import-log-a-device", ["import-log", "/dev/zero", "--study", "demo", "--storage", "{url}"],
      "not a regular file"),
+    # found by review: a file that is regular but cannot be read raised a traceback mid-read (EIO here)
+    ("import-log-unreadable", ["import-log", "/proc/self/mem", "--study", "demo", "--storage", "{url}"],
+     "cannot be read"),
     ("replay-a-folder", [*START, "--backend", "replay", "--replay", "{tmp}", "--storage", "{url}"], "is a folder"),
     ("import-log-3e30-ms", ["import-log", "{log_huge}", "--study", "demo", "--storage", "{url}"],
      "no training step runs that slowly"),
@@ -391,6 +394,20 @@ def test_an_unknown_key_is_shown_short_and_on_one_line(tmp_path):
     result = run_cli("estimate", "--model", str(path))
     _assert_one_line_error(result, "unknown key")
     assert "secret " * 7 not in result.stderr
+
+
+def test_a_file_name_with_a_newline_cannot_fake_a_second_message(store, tmp_path):
+    # found by review: import-log echoed the log's name as it was; a newline in it printed a line that
+    # looked like autotune's own success message
+    log = tmp_path / "evil\nautotune: imported as trial 7 (completed) of prod.log"
+    log.write_text("no iteration here\n")
+    url, _ = store
+    before = _counts(url)
+    result = run_cli("import-log", str(log), "--study", "demo", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                     "--storage", url)
+    _assert_one_line_error(result, "no Megatron iteration lines")  # the newline shown as its escape
+    assert "imported as trial" not in result.stderr
+    assert _counts(url) == before
 
 
 @pytest.mark.parametrize("args,stdin", [

@@ -346,16 +346,18 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_leads_nowhere(tmp_path, 
     assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s")) is None
 
 
-def test_a_study_begun_before_run_folders_had_digests_keeps_its_artifacts(tmp_path):
-    """A study whose name had to be changed (`qwen3 tpe/16`) got the folder `qwen3_tpe_16` before; it has
-    a digest now. The dashboard still serves what its older runs recorded there (and nothing elsewhere)."""
+def test_the_folder_an_older_version_gave_a_study_is_not_served_for_it(tmp_path):
+    """A study whose name had to be changed (`qwen3 tpe/16`) got the folder `qwen3_tpe_16` before; it has a
+    digest now. Found by review: that older folder is the current folder of the study named `qwen3_tpe_16`
+    (and on a case-insensitive file system `Demo`'s older folder is `demo`'s), so the dashboard serves only
+    a study's own folder; an unharvested outcome there is still found, since each names its study."""
     from autotune.backends.runs import study_dir, study_dirs
     from autotune.dashboard._artifacts import open_confined
 
     options = {"workdir": str(tmp_path / "runs")}
     old = tmp_path / "runs" / "qwen3_tpe_16" / "trial1-attempt1"
     old.mkdir(parents=True)
-    (old / "log.txt").write_text("older run")
+    (old / "log.txt").write_text("a run of the study named qwen3_tpe_16")
     assert study_dir(options, "qwen3 tpe/16") != old.parent and study_dirs(options, "qwen3 tpe/16")[1] == old.parent
-    assert _read(open_confined(str(old / "log.txt"), options, "qwen3 tpe/16")) == b"older run"
-    assert _read(open_confined(str(old / "log.txt"), options, "other")) is None
+    assert _read(open_confined(str(old / "log.txt"), options, "qwen3 tpe/16")) is None
+    assert _read(open_confined(str(old / "log.txt"), options, "qwen3_tpe_16")) == b"a run of the study named qwen3_tpe_16"

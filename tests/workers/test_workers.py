@@ -69,6 +69,27 @@ def test_an_overlong_line_is_cut_and_the_log_still_parsed(tmp_path):
     assert [i for i, _ in parsed.iterations] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("separator", ["\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\r", "\r\n"])
+def test_the_text_and_the_file_split_lines_alike(tmp_path, separator):
+    # found by review: str.splitlines also breaks at VT, FF, FS, NEL, LS and PS, a file's readline does not
+    text = ("iteration 5/ 10 |" + separator + "elapsed time per iteration (ms): 99999.0\n" + LOG
+            + LOG.splitlines()[1] + separator + LOG.splitlines()[0] + "\n")
+    log = tmp_path / "run.log"
+    log.write_text(text, newline="")
+    with log.open(encoding="utf-8", newline=None) as f:
+        assert parse_log(read_lines(f)) == parse_log(text)
+
+
+def test_an_overlong_line_is_searched_for_failures_but_gives_no_figures():
+    # found by review: a line cut at the cap lost an OOM message behind it, and a figure cut in two was read
+    cap = logparse.MAX_LINE_CHARS
+    for padding in (cap + 5000, cap - 10, 3 * cap - 20):  # the message inside a later piece, and across two
+        text = "\0" * padding + "torch.OutOfMemoryError: CUDA out of memory\n" + LOG
+        assert parse_log(text).failure == "oom"
+    cut = "x" * (cap - 45) + " iteration 5/ 10 | elapsed time per iteration (ms): 12345678\n"
+    assert len(cut) > cap and parse_log(cut + LOG).iterations == parse_log(LOG).iterations
+
+
 def test_a_log_with_too_many_iterations_is_refused(monkeypatch):
     monkeypatch.setattr(logparse, "MAX_ITERATIONS", 2)
     with pytest.raises(logparse.TooManyIterations):
