@@ -56,13 +56,12 @@ def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[P
         resolved = Path(path).resolve(strict=True)
     except (OSError, RuntimeError, ValueError):
         return None
-    for folder in [study_dir(backend_options or {}, study)]:
-        try:
-            root = folder.resolve(strict=True)
-        except (OSError, RuntimeError):
-            continue
-        if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
-            return root, resolved
+    try:
+        root = study_dir(backend_options or {}, study).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
+        return root, resolved
     return None
 
 
