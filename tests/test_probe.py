@@ -9,7 +9,9 @@ Needs a Python 3.12 (the probe's side environment, about 3 GB on first use); ski
 
 from __future__ import annotations
 
+import functools
 import glob
+import json
 import os
 import random
 import shutil
@@ -29,6 +31,30 @@ def _python312() -> str | None:
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
+class Probed:
+    """Megatron-Bridge's answers, one probe process for the whole module: each probe start imports
+    Megatron-Bridge and its dependencies (~15 s), so every request of every test is sent in one batch up
+    front and the tests look theirs up (the probe answers each request line on its own)."""
+
+    def __init__(self, python: str, directory):
+        self.python, self.directory, self.answers = python, directory, {}
+
+    def prefetch(self, requests: list[dict]) -> None:
+        missing = list({_key(r): r for r in requests if _key(r) not in self.answers}.values())
+        if missing:
+            results = run_probe(self.python, self.directory, missing)
+            assert len(results) == len(missing), "the probe answered fewer requests than it was sent"
+            self.answers.update({_key(r): result for r, result in zip(missing, results)})
+
+    def __call__(self, requests: list[dict]) -> list[dict]:
+        self.prefetch(requests)
+        return [self.answers[_key(r)] for r in requests]
+
+
+def _key(req: dict) -> str:
+    return json.dumps(req, sort_keys=True)
+
+
 @pytest.fixture(scope="module")
 def probe():
     directory = probe_dir()
@@ -37,9 +63,12 @@ def probe():
     if _python312() is None:
         pytest.skip("no Python 3.12 on this machine: megatron-bridge needs one, so the probe cannot run")
     try:
-        return setup_probe(directory), directory
+        python = setup_probe(directory)
     except Exception as exc:  # the probe downloads its packages on first use
         pytest.skip(f"megatron-probe could not be set up here: {exc}")
+    probed = Probed(python, directory)
+    probed.prefetch(_every_request())
+    return probed
 
 
 def covering_layouts(space, workload, extra: int, seed: int = 0) -> list[LayoutConfig]:
@@ -58,15 +87,22 @@ def covering_layouts(space, workload, extra: int, seed: int = 0) -> list[LayoutC
     return list(chosen.values())
 
 
-@pytest.mark.parametrize("model,gpus", [("qwen3_30b", 16), ("llama3_70b", 32)])
-def test_every_knob_value_is_accepted_by_megatron_bridge(probe, model, gpus):
-    python, directory = probe
+MODELS = [("qwen3_30b", 16), ("llama3_70b", 32)]
+
+
+@functools.lru_cache(maxsize=None)
+def knob_layouts(model: str, gpus: int):
     space = load_space(model)
     workload = make_workload(space, gpus=gpus)
-    layouts = covering_layouts(space, workload, extra=12)
+    return workload, covering_layouts(space, workload, extra=12)
+
+
+@pytest.mark.parametrize("model,gpus", MODELS)
+def test_every_knob_value_is_accepted_by_megatron_bridge(probe, model, gpus):
+    workload, layouts = knob_layouts(model, gpus)
     values = {(k, getattr(c, k)) for c in layouts for k in KNOBS}
     assert ("recompute", "full") in values and ("dist_opt", False) in values
-    results = run_probe(python, directory, [request(workload, c) for c in layouts])
+    results = probe([request(workload, c) for c in layouts])
     assert len(results) == len(layouts)
     rejected = [(c.short(), r["stage"], r["error"]) for c, r in zip(layouts, results) if not r["ok"]]
     assert rejected == []
@@ -75,19 +111,26 @@ def test_every_knob_value_is_accepted_by_megatron_bridge(probe, model, gpus):
         assert result["data_parallel_size"] in (None, expected_dp)
 
 
-@pytest.mark.parametrize("model,gpus,config,rule", [
+RULE_CASES = [
     ("llama3_70b", 32, {"tp": 3}, "heads_divisible_by_tp"),
     ("llama3_70b", 32, {"tp": 4, "pp": 3, "sp": True}, "world_divisible_by_tp_pp_cp"),
     ("llama3_70b", 32, {"tp": 4, "cp": 8, "sp": True, "pp": 1}, None),  # legal control case
     ("qwen3_30b", 16, {"pp": 2, "ep": 16}, "world_divisible_by_etp_ep_pp"),
     ("llama3_70b", 32, {"vpp": 2}, "vpp_needs_pp"),
-])
-def test_layouts_our_rules_reject_are_rejected_by_megatron_too(probe, model, gpus, config, rule):
-    python, directory = probe
+]
+
+
+def rule_case(model: str, gpus: int, config: dict):
     workload = make_workload(load_space(model), gpus=gpus)
     layout = LayoutConfig.from_mapping({"dist_opt": True, **config})
+    return workload, layout, request(workload, layout)
+
+
+@pytest.mark.parametrize("model,gpus,config,rule", RULE_CASES)
+def test_layouts_our_rules_reject_are_rejected_by_megatron_too(probe, model, gpus, config, rule):
+    workload, layout, req = rule_case(model, gpus, config)
     ours = {v.rule for v in violations(layout, workload)}
-    [result] = run_probe(python, directory, [request(workload, layout)])
+    [result] = probe([req])
     if rule is None:
         assert ours == set() and result["ok"], result
     else:
@@ -95,19 +138,22 @@ def test_layouts_our_rules_reject_are_rejected_by_megatron_too(probe, model, gpu
         assert not result["ok"], f"Megatron accepted a layout our rule {rule} rejects"
 
 
-@pytest.mark.parametrize("model,gpus", [("qwen3_30b", 16), ("llama3_70b", 32)])
-def test_the_workers_short_run_settings_are_accepted(probe, model, gpus):
-    """The overrides workers.launcher adds (iterations, logging, no checkpoints, mock data, nsys,
-    memory snapshot, alltoall dispatcher) exist and validate in Megatron-Bridge."""
+def short_run_request(model: str, gpus: int) -> dict:
     from workers.launcher import short_run_overrides
 
-    python, directory = probe
     workload = make_workload(load_space(model), gpus=gpus)
     layout = LayoutConfig.from_mapping(workload.model.defaults.layout)
     req = request(workload, layout)
     spec = {"model": model, "warmup_steps": 3, "measured_steps": 5, "backend_options": {}}
     req["overrides"] = req["overrides"] + short_run_overrides(spec, [0], "/tmp/autotune-snapshot.pickle")
-    [result] = run_probe(python, directory, [req])
+    return req
+
+
+@pytest.mark.parametrize("model,gpus", MODELS)
+def test_the_workers_short_run_settings_are_accepted(probe, model, gpus):
+    """The overrides workers.launcher adds (iterations, logging, no checkpoints, mock data, nsys,
+    memory snapshot, alltoall dispatcher) exist and validate in Megatron-Bridge."""
+    [result] = probe([short_run_request(model, gpus)])
     assert result["ok"], result
 
 
@@ -118,6 +164,7 @@ def test_the_workers_short_run_settings_are_accepted(probe, model, gpus):
 PERF_CASES = [("qwen3_30b", 16, 120), ("deepseek_v3", 1024, 90)]
 
 
+@functools.lru_cache(maxsize=None)
 def sampled_perf_variants(model: str, gpus: int, count: int, seed: int = 0) -> list[LayoutConfig]:
     """`count` legal layouts with performance knobs changed: every knob value of the space appears."""
     from autotune.space.perf import variants
@@ -149,13 +196,12 @@ def sampled_perf_variants(model: str, gpus: int, count: int, seed: int = 0) -> l
 
 
 def test_sampled_performance_knob_combinations_are_accepted_by_megatron_bridge(probe):
-    python, directory = probe
     total = 0
     for model, gpus, count in PERF_CASES:
         workload = make_workload(load_space(model), gpus=gpus)
         layouts = sampled_perf_variants(model, gpus, count)
         assert all(not violations(c, workload) and c.perf() for c in layouts)
-        results = run_probe(python, directory, [request(workload, c) for c in layouts])
+        results = probe([request(workload, c) for c in layouts])
         assert len(results) == len(layouts)
         rejected = [(c.short(), r["stage"], (r["error"] or "")[:200]) for c, r in zip(layouts, results) if not r["ok"]]
         assert rejected == [], rejected
@@ -212,7 +258,6 @@ PERF_MESSAGES = {  # words of Megatron's own message for each rule
 
 
 def test_performance_knob_combinations_our_rules_reject_are_rejected_by_megatron_too(probe):
-    python, directory = probe
     requests, expected = [], []
     for model, gpus, config, rule in PERF_ILLEGAL:
         workload = make_workload(load_space(model), gpus=gpus)
@@ -220,10 +265,25 @@ def test_performance_knob_combinations_our_rules_reject_are_rejected_by_megatron
         assert rule in {v.rule for v in violations(layout, workload)}, (rule, layout.short())
         requests.append(request(workload, layout))
         expected.append((rule, layout.short()))
-    results = run_probe(python, directory, requests)
+    results = probe(requests)
     accepted = [case for case, result in zip(expected, results) if result["ok"]]
     assert accepted == [], f"Megatron accepted what these rules reject: {accepted}"
     # ...and for the reason the rule gives, not another one (a pipeline split, a dtype)
     other = [(case, result["error"][:160]) for case, result in zip(expected, results)
              if not any(word in (result["error"] or "") for word in PERF_MESSAGES[case[0]])]
     assert other == [], other
+
+
+def _every_request() -> list[dict]:
+    """Every request the tests above send, so that one probe process answers them all."""
+    requests = []
+    for model, gpus in MODELS:
+        workload, layouts = knob_layouts(model, gpus)
+        requests += [request(workload, c) for c in layouts] + [short_run_request(model, gpus)]
+    requests += [rule_case(model, gpus, config)[2] for model, gpus, config, _ in RULE_CASES]
+    for model, gpus, count in PERF_CASES:
+        workload = make_workload(load_space(model), gpus=gpus)
+        requests += [request(workload, c) for c in sampled_perf_variants(model, gpus, count)]
+    for model, gpus, config, _ in PERF_ILLEGAL:
+        requests.append(request(make_workload(load_space(model), gpus=gpus), LayoutConfig.from_mapping(config)))
+    return requests
