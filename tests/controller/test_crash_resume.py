@@ -1,7 +1,9 @@
 """SIGKILL the controller at random points of a command-backend study, resume each time.
 
 The final study has exactly its budget of dispatched trials, each layout once, every completed
-measurement kept unchanged, Optuna agreeing; nothing of a killed controller's session survives.
+measurement kept unchanged, Optuna agreeing; nothing of a killed controller's session survives, and a
+run that had finished (its outcome.json written) while its controller was dead is harvested, never
+launched again.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.backends.runs import OUTCOME_FILE, study_dir
 from autotune.storage import Repository
 from tests.conftest import FAKE_LAUNCHER, wait_for_study
 
@@ -58,12 +62,21 @@ def _completed(repo: Repository, name: str) -> dict[int, tuple]:
             for t in repo.trials(study.id) if t.status == "completed"}
 
 
+def _attempts(workdir: Path, study: str) -> dict[int, list[tuple[int, bool]]]:
+    """trial -> [(attempt, its run finished)] from the run folders."""
+    found: dict[int, list[tuple[int, bool]]] = {}
+    for folder in sorted(study_dir({"workdir": str(workdir)}, study).glob("trial*-attempt*")):
+        trial, attempt = folder.name.removeprefix("trial").split("-attempt")
+        found.setdefault(int(trial), []).append((int(attempt), (folder / OUTCOME_FILE).is_file()))
+    return {k: sorted(v) for k, v in found.items()}
+
+
 def test_sigkill_at_random_points_then_resume(tmp_path):
-    url = f"sqlite:///{tmp_path / 'crash.db'}"
+    url, workdir = f"sqlite:///{tmp_path / 'crash.db'}", tmp_path / "runs"
     rng = random.Random(1234)
     start = [sys.executable, "-m", "autotune", "start", "--model", "llama3_8b", "--gpus", "8", "--budget",
              str(BUDGET), "--study", "crash", "--storage", url, "--backend", "command", "--command",
-             f"{sys.executable} {FAKE_LAUNCHER}", "--sampler", "random", "--seed", "7", "--no-prune", "--json"]
+             f"{sys.executable} {FAKE_LAUNCHER}", "--workdir", str(workdir), "--sampler", "random", "--seed", "7", "--no-prune", "--json"]
     resume = [sys.executable, "-m", "autotune", "resume", "crash", "--storage", url, "--json"]
     kept: dict[int, tuple] = {}
     repo = None
@@ -109,3 +122,8 @@ def test_sigkill_at_random_points_then_resume(tmp_path):
     assert complete == {t.number for t in trials} == {t.optuna_trial_number for t in trials}
     assert not [t for t in optuna_trials if t.state == TrialState.RUNNING]
     assert study.status == "finished"
+    attempts = _attempts(workdir, "crash")
+    assert set(attempts) == {t.number for t in trials}
+    for number, tries in attempts.items():
+        for (attempt, finished), later in zip(tries, tries[1:]):
+            assert not finished, f"trial {number}: attempt {attempt} had finished, yet attempt {later[0]} ran"
