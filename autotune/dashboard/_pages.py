@@ -194,11 +194,12 @@ class DashboardApp:
         layout = LayoutConfig.from_mapping(s["best_config"]).short()
         versus = f", {num(s['speedup_vs_baseline'], '.2f')}x the recipe's layout" if s["speedup_vs_baseline"] else ""
         risky = s.get("risky_faster_trials") or []
-        margin = (f"; faster but inside the {num(s['memory_headroom_gib'], 'g')} GiB memory margin: trial(s) "
+        margin = (f"; faster but inside the {num(s['memory_headroom_gib'], 'g')} GiB memory margin: trial{'s' if len(risky) > 1 else ''} "
                   + ", ".join(f"<a href='{fig.trial_url(name, n)}'>{n}</a>" for n in risky)) if risky else ""
+        runs = f"mean of {s['best_runs']} runs" if s["best_runs"] > 1 else "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, {num(s['best_tokens_per_s_per_gpu'], ',.0f')} "
-                f"tokens/s/GPU (mean of {s['best_runs']} run(s){escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
+                f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
                 f"{versus}{margin}</p>")
 
     def _table(self, name: str, rows: list[dict[str, Any]], s: dict[str, Any], sort: str, order: str) -> str:

@@ -76,6 +76,8 @@ def test_study_page_escapes_every_value_and_has_every_chart(repo):
     assert html.index("7,900") < html.index("7,400")  # sorted by throughput, best first
     assert "id='provenance'" in html and "simulated" in html  # a simulate study says so
     assert "simulated GPU-hours" in html and "baseline-row" in html  # the recipe's own row is marked
+    pick = re.search(r"<p class='pick' id='pick'>(.*?)</p>", html, re.S).group(1)
+    assert "7,900 tokens/s/GPU (one run)" in pick  # the recommendation says how many runs its figure rests on
 
 
 def test_throughput_chart_zooms_to_the_data_with_units_legend_baseline_and_running_best(repo):
