@@ -123,3 +123,22 @@ class FittedTable:
 
     def __rich_console__(self, console, options):
         yield self.table(options.max_width)
+
+
+def terminal_safe(text: str) -> str:
+    """`text` (a launcher's error message or stderr tail, an artifact path) with every control or format
+    character but line breaks and tabs shown as its escape: an ESC sequence in a message would otherwise
+    recolour, retitle or clear the reader's terminal, or plant a hyperlink (OSC 8); a bidi override would
+    reorder what is shown."""
+    import unicodedata
+
+    return "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)
+
+
+def cell_text(text: str) -> str:
+    """Stored text (a study or model name, a launcher's message) as a table cell: control characters
+    escaped (terminal_safe), then rich markup escaped (`[link=...]` is shown, not obeyed)."""
+    from rich.markup import escape
+
+    return escape(terminal_safe(text))

@@ -205,9 +205,13 @@ def document(study: Study, trial: Trial) -> dict[str, Any]:
             "predicted": trial.predicted}
 
 
-def table_frame(repo: Repository, study: Study):
-    """Every dispatched trial as a replay table (the replay backend's input format)."""
+def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | None = None):
+    """Every dispatched trial as a replay table (the replay backend's input format); a study run with
+    benchmark-only settings (`benchmark`, active ones) gets a `benchmark_only` column naming them, so the
+    numbers never pass for a tuned result once they leave the store (replay ignores extra columns)."""
     import pandas as pd
+
+    from autotune.megatron import benchmark_only
 
     rows = []
     trials = [t for t in repo.trials(study.id, dispatched_only=True)
@@ -219,7 +223,10 @@ def table_frame(repo: Repository, study: Study):
         row = {k: t.config.get(k) for k in (*KNOBS, *perf)}
         row.update({"status": t.status, **{k: getattr(t, k) for k in METRICS}, "error": t.message})
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*KNOBS, *perf, "status", *METRICS, "error"])
+    frame = pd.DataFrame(rows, columns=[*KNOBS, *perf, "status", *METRICS, "error"])
+    if benchmark:
+        frame["benchmark_only"] = benchmark_only.label(benchmark)
+    return frame
 
 
 def benchmark_settings(study: Study, allow: bool) -> dict[str, bool]:
@@ -236,9 +243,9 @@ def benchmark_settings(study: Study, allow: bool) -> dict[str, bool]:
 
 def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = None,
            allow_benchmark_settings: bool = False) -> str:
-    if fmt == "table":
-        return table_frame(repo, study).to_csv(index=False)
     settings = benchmark_settings(study, allow_benchmark_settings)
+    if fmt == "table":
+        return table_frame(repo, study, settings).to_csv(index=False)
     trial = choose_trial(repo, study, trial_number)
     if fmt in ("recipe", "overrides"):
         from autotune.catalog import require_exportable

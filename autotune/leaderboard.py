@@ -119,11 +119,16 @@ def to_json(board: Board) -> str:
 
 
 def to_csv(board: Board) -> str:
+    from autotune._tables import terminal_safe
+
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
     for row in board.rows:
-        writer.writerow([json.dumps(row["config"], sort_keys=True) if c == "config" else row.get(c) for c in COLUMNS])
+        # free text (a launcher's message, a note) with control characters escaped: `leaderboard --format csv`
+        # is read on terminals too, where an ESC sequence would act
+        writer.writerow([json.dumps(row["config"], sort_keys=True) if c == "config"
+                         else terminal_safe(row[c]) if isinstance(row.get(c), str) else row.get(c) for c in COLUMNS])
     return out.getvalue()
 
 
@@ -136,7 +141,7 @@ STYLES = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "mag
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
-    from rich.markup import escape
+    from autotune._tables import cell_text
 
     status = row["status"] if row["status"] != "dispatched" else "running"
     style = STYLES.get(row["status"])
@@ -145,7 +150,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
             LayoutConfig.from_mapping(row["config"]).short(), _fmt(row["tokens_per_s_per_gpu"], ",.0f"),
             _fmt(row["tflops_per_gpu"], ".0f"), f"{100 * row['mfu']:.1f}%" if row["mfu"] else "",
             _fmt(row["step_time_s"], ".2f"), _fmt(row["peak_mem_gib"], ".1f"),
-            f"{speedup:.2f}x" if speedup else "", escape(row["note"] or row["reason"] or "")]
+            f"{speedup:.2f}x" if speedup else "", cell_text(row["note"] or row["reason"] or "")]
 
 
 def rich_table(board: Board, title: str | None = None):

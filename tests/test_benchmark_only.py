@@ -78,3 +78,25 @@ def test_export_refuses_it_unless_the_user_insists(forced_study, tmp_path):
     result = run_cli("export", "forced", "--format", "recipe", "-o", str(out), "--storage", repo.url)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and not out.exists()
     assert "benchmark-only" in result.stderr
+
+
+def test_the_replay_table_and_show_carry_it_too(forced_study, tmp_path):
+    """Review: `export --format table` wrote the numbers with no trace of the setting and `show` listed
+    overrides without it, though every run of the study had it."""
+    import pandas as pd
+
+    repo, study, _ = forced_study
+    with pytest.raises(ConfigError, match="--allow-benchmark-settings"):
+        export.render(repo, study, "table")
+    out = tmp_path / "replay.csv"
+    refused = run_cli("export", "forced", "--format", "table", "-o", str(out), "--storage", repo.url)
+    assert refused.returncode == 2 and "benchmark-only" in refused.stderr and not out.exists()
+    allowed = run_cli("export", "forced", "--format", "table", "-o", str(out), "--allow-benchmark-settings",
+                      "--storage", repo.url)
+    assert allowed.returncode == 0, allowed.stderr
+    table = pd.read_csv(out)
+    assert set(table["benchmark_only"]) == {"benchmark-only: moe_router_force_load_balancing=true"}
+    shown = run_cli("show", "forced", "1", "--json", "--storage", repo.url)
+    assert "model.moe_router_force_load_balancing=true" in json.loads(shown.stdout)["overrides"]
+    shown = run_cli("show", "forced", "1", "--storage", repo.url, env={"COLUMNS": "400"})
+    assert "model.moe_router_force_load_balancing=true" in shown.stdout and "benchmark-only" in shown.stdout

@@ -63,9 +63,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
         return 0
-    from rich.markup import escape
-
-    from autotune._tables import Col, FittedTable
+    from autotune._tables import Col, FittedTable, cell_text
 
     table = FittedTable([Col("study"), Col("workload", wrap=True), Col("trials", "right"),
                          Col("OOM", "right", optional=2), Col("best layout", wrap=True, whole=True),
@@ -75,7 +73,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
         w = s["workload"]
         # results: a simulated or replayed study's speeds and GPU time are not measurements
-        table.add_row(escape(s["study"]), f"{s['model']} {w['gpus']}x {w['gpu']}", f"{s['dispatched']}/{s['budget']}",
+        table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), f"{s['dispatched']}/{s['budget']}",
                       str(s["oom"]), best,
                       f"{s['best_tokens_per_s_per_gpu']:,.0f}" if s["best_tokens_per_s_per_gpu"] else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "",

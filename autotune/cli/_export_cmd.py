@@ -43,7 +43,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     study = repo.get_study(args.study)
     try:
         if args.format == "table":
-            frame = export.table_frame(repo, study)
+            settings = export.benchmark_settings(study, args.allow_benchmark_settings)
+            frame = export.table_frame(repo, study, settings)
             if args.output and _written_suffix(args.output) in PARQUET_SUFFIXES:
                 _write(args.output, lambda path: frame.to_parquet(path, index=False))
             else:

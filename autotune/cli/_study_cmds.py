@@ -9,6 +9,7 @@ import time
 
 from autotune.cli._checks import ascii_int, float_in, int_in, port, positive, seconds, seed, trial_number
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
+from autotune._tables import terminal_safe
 from autotune.controller.options import DEFAULTS
 
 
@@ -437,9 +438,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no studies yet in {repo.engine.url.render_as_string(hide_password=True)}; "
               "start one with `autotune start --model MODEL`")
         return 0
-    from rich.markup import escape
-
-    from autotune._tables import Col, FittedTable
+    from autotune._tables import Col, FittedTable, cell_text
 
     table = FittedTable([Col("study"), Col("workload", wrap=True), Col("status"), Col("trials", "right"),
                          Col("done", "right", optional=2), Col("OOM", "right", optional=1),
@@ -448,7 +447,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         done = s["completed"] + s["oom"] + s["pruned"] + s["failed"] + s["timeout"]
         w = s["workload"]
         best = s["best_tokens_per_s_per_gpu"]
-        table.add_row(escape(s["study"]), f"{s['model']} {w['gpus']}x {w['gpu']}", s["status"],
+        table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), s["status"],
                       f"{s['dispatched']}/{s['budget']}", str(done), str(s["oom"]),
                       (f"{best:,.0f}" + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}"))
                       if best else "",
@@ -533,7 +532,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         raise ConfigError("show needs a TRIAL number, or --calibration")
     trial = repo.trial(study.id, args.trial)
     _, workload = study_space_and_workload(study)
-    data = {**trial.to_dict(), "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)}
+    from autotune.megatron import benchmark_only
+
+    # the overrides the run was given: its layout's and the study's benchmark-only settings (controller/_spec.py)
+    settings = benchmark_only.checked((study.options or {}).get("benchmark_settings"))
+    data = {**trial.to_dict(), "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)
+            + benchmark_only.overrides(settings)}
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
@@ -551,7 +555,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     from autotune.leaderboard import metrics_source
 
     table.add_row("results", metrics_source(study.backend, trial.origin))  # measured, simulated or replayed
-    table.add_row("overrides", " ".join(data["overrides"]))
+    table.add_row("overrides", escape(terminal_safe(" ".join(data["overrides"]))))  # `[a,b]` lists are no markup
+    label = benchmark_only.label(settings)
+    if label:
+        table.add_row("benchmark-only", escape(label) + " (never part of a tuned result)")
     wide_console().print(table)
     return 0
 
@@ -563,14 +570,3 @@ def _shown(key: str, value) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     return terminal_safe(json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
-
-
-def terminal_safe(text: str) -> str:
-    """`text` (a launcher's error message or stderr tail, an artifact path) with every control or format
-    character but line breaks and tabs shown as its escape: an ESC sequence in a message would otherwise
-    recolour, retitle or clear the reader's terminal, or plant a hyperlink (OSC 8); a bidi override would
-    reorder what is shown."""
-    import unicodedata
-
-    return "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else
-                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)

@@ -227,6 +227,36 @@ def test_names_with_rich_markup_are_shown_as_written(store):
     assert estimate.returncode == 0 and "Qwen [/x] [bold] on 16x" in estimate.stdout, estimate.stderr[-2000:]
 
 
+def test_a_hand_edited_store_cannot_drive_the_terminal(store, tmp_path):
+    """Review: stored text reached the terminal as written: a note's ESC sequences (clear screen, a
+    hyperlink, a retitle) through `leaderboard` (table and CSV), a model name's rich markup through
+    `status` and `compare` (a live hyperlink); `show` read a list-valued override (`[core_attn,moe_act]`)
+    as a markup tag and printed nothing of it."""
+    import shutil
+
+    url, home = store
+    copy = tmp_path / "edited.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    hostile = "\x1b]0;PWNED\x07\x1b[2J\x1b]8;;http://evil\x1b\\click\x1b]8;;\x1b\\\u202eabc"
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE autotune_trials SET strategy_note = ?", (hostile,))
+        db.execute("UPDATE autotune_studies SET model = '[bold]qwen[/bold][link=http://evil.example]CLICK[/link]'")
+        db.execute("UPDATE autotune_trials SET config = json_set(config, '$.recompute', 'selective', "
+                   "'$.recompute_modules', 'core_attn+moe_act') WHERE number = 0")
+    edited = f"sqlite:///{copy}"
+    wide = {**ENV, "COLUMNS": "400"}
+    for argv in (["leaderboard", "demo"], ["leaderboard", "demo", "--format", "csv"], ["status"],
+                 ["compare", "demo"], ["show", "demo", "0"]):
+        result = run_cli(*argv, "--storage", edited, env=wide)
+        assert "\x1b" not in result.stdout and "\u202e" not in result.stdout, (argv, result.stderr[-500:])
+        if argv[0] in ("status", "compare"):
+            assert result.returncode == 0 and "[link=http://evil.example]CLICK[/link]" in result.stdout, argv
+        if argv[-1] == "csv":
+            assert result.returncode == 0 and "\\x1b]0;PWNED" in result.stdout, argv  # shown, escaped
+    shown = run_cli("show", "demo", "0", "--storage", edited, env=wide)
+    assert "model.recompute_modules=[core_attn,moe_act]" in shown.stdout, shown.stdout[-2000:]
+
+
 @pytest.mark.parametrize("old,new,needle", SPACE_CASES, ids=[f"{n}:{new[-20:]}" for o, new, n in SPACE_CASES])
 def test_bad_space_yaml_is_one_line_exit_2(store, tmp_path, old, new, needle):
     url, _ = store
