@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from autotune._paths import shown
 from autotune.errors import ConfigError
 
 Interval = tuple[int, int]
@@ -74,16 +75,21 @@ def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
         rows = db.execute("SELECT k.start, k.end, k.deviceId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
                           "JOIN StringIds AS s ON s.id = k.shortName").fetchall()
     except sqlite3.Error as exc:
-        raise ConfigError(f"{path} is not an nsys SQLite export with a kernel table ({str(exc)[:120]})") from None
+        raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export with a kernel table ({str(exc)[:120]})") from None
     finally:
         if "db" in locals():
             db.close()
     by_device: dict[int, tuple[list[Interval], list[Interval]]] = {}
-    for start, end, device, name in rows:
+    for number, (start, end, device, name) in enumerate(rows, 1):
         if None in (start, end, device, name):
             continue  # a kernel row without a time, device or name says nothing to sum
-        comm, compute = by_device.setdefault(int(device), ([], []))
-        (comm if "nccl" in str(name).lower() else compute).append((int(start), int(end)))
+        # nsys writes integers (ns, device ids): a text, real or blob value is not its export (a file is
+        # input like any other; the dashboard reads these from run folders)
+        if not all(type(v) is int for v in (start, end, device)) or start < 0 or device < 0:
+            raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: kernel row {number} has start/end/device "
+                              f"{str(start)[:20]!r}/{str(end)[:20]!r}/{str(device)[:20]!r}, not non-negative integers")
+        comm, compute = by_device.setdefault(device, ([], []))
+        (comm if "nccl" in str(name).lower() else compute).append((start, end))
     summaries = []
     for device, (comm, compute) in sorted(by_device.items()):
         comm_u, compute_u = union(comm), union(compute)
@@ -100,7 +106,12 @@ def export_to_sqlite(report: Path) -> Path:
         raise ConfigError(f"{report} is an nsys report and nsys is not installed here: export it with "
                           "`nsys export --type sqlite` first and pass the .sqlite file")
     out = report.with_suffix(".sqlite")
-    result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out),
+    if out.exists() or out.is_symlink():
+        # nsys would overwrite it (--force-overwrite) and it may be anything (a study's store): the user's
+        # own export of this report is what they pass instead
+        raise ConfigError(f"{shown(str(out))} exists: pass it instead of the report (if it is this report's nsys "
+                          "export), or move it away")
+    result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "false", "-o", str(out),
                              str(report)], capture_output=True, text=True)
     if result.returncode != 0:
         raise ConfigError(f"nsys export failed: {result.stderr.strip()[-300:]}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 
 import pytest
@@ -209,6 +210,56 @@ def test_trace_cli(cli, tmp_path):
     if not __import__("shutil").which("nsys"):
         refused = cli("trace", "summarize", str(report))
         assert refused.returncode == 2 and "nsys export --type sqlite" in refused.stderr
+
+
+@pytest.mark.parametrize("row", [("abc", 5, 0), (0, float("inf"), 0), (0, 5, "gpu0"), (0, 5, b"\x00"), (0, 2.5, 0),
+                                 (-5, 5, 0)], ids=["text-start", "inf-end", "text-device", "blob-device", "real-end",
+                                                   "negative-start"])
+def test_trace_cli_refuses_a_kernel_table_that_is_no_nsys_export(cli, tmp_path, row):
+    """Review: a kernel row with a text, infinite or blob value was a traceback (int() raising), exit 1."""
+    path = tmp_path / "hostile.sqlite"
+    db = sqlite3.connect(path)  # columns without types: SQLite keeps whatever is written
+    db.execute("CREATE TABLE StringIds (id, value)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, shortName)")
+    db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 1)", row)
+    db.commit()
+    db.close()
+    result = cli("trace", "summarize", str(path))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-1000:]
+    assert "not an nsys SQLite export" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_trace_cli_never_overwrites_a_file_beside_the_report(cli, tmp_path):
+    """Review: summarizing x.nsys-rep ran `nsys export --force-overwrite true -o x.sqlite`, replacing
+    whatever x.sqlite was (a copy of a study's store, here). A stand-in nsys on PATH writes the export."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "nsys"
+    stand_in.write_text(f"#!{sys.executable}\n"
+                        "import sys, sqlite3\n"
+                        "out = sys.argv[sys.argv.index('-o') + 1]\n"
+                        "open(out + '.argv', 'w').write(' '.join(sys.argv[1:]))\n"
+                        "db = sqlite3.connect(out)\n"
+                        "db.execute('CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)')\n"
+                        "db.execute('CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, shortName INT)')\n"
+                        "db.execute(\"INSERT INTO StringIds VALUES (1, 'gemm')\")\n"
+                        "db.execute('INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, 2000000, 0, 1)')\n"
+                        "db.commit()\n")
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    report = tmp_path / "x.nsys-rep"
+    report.write_bytes(b"report")
+    beside = tmp_path / "x.sqlite"
+    beside.write_bytes(b"SQLite format 3\x00 someone's store")
+    refused = cli("trace", "summarize", str(report), env=env)
+    assert refused.returncode == 2 and "exists" in refused.stderr, refused.stderr[-1000:]
+    assert beside.read_bytes() == b"SQLite format 3\x00 someone's store"
+    beside.unlink()
+    done = cli("trace", "summarize", str(report), "--json", env=env)
+    assert done.returncode == 0, done.stderr[-1000:]
+    assert json.loads(done.stdout)["total"]["compute_s"] == pytest.approx(0.002)
+    assert "--force-overwrite false" in (tmp_path / "x.sqlite.argv").read_text()
 
 
 def _alive(pid: int) -> bool:
