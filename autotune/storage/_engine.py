@@ -46,6 +46,10 @@ def normalize_url(url: str) -> str:
         # folder named `file:`: a SQLite store is a plain path
         raise StorageError(f"--storage {url!r}: a SQLite URL takes no options (?{'&'.join(parsed.query)}); "
                            "give the file's path, e.g. sqlite:///path.db")
+    if backend == "sqlite" and (parsed.database or "").startswith("~"):
+        # SQLite itself would open a folder named `~` under the current one, not the home the user means
+        # (and the file checked before opening would be another one than the file opened)
+        parsed = parsed.set(database=str(Path(parsed.database).expanduser()))
     if backend == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
@@ -74,6 +78,7 @@ def prepare_sqlite_file(url: str, create: bool) -> None:
     if not create:
         if not path.is_file():
             raise StorageError(f"no autotune store at {path} (nothing to read; `autotune start` creates one)")
+        _require_store_file(path)
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +90,31 @@ def prepare_sqlite_file(url: str, create: bool) -> None:
         raise StorageError(f"cannot use the store {path}: it is not a file")
     if not os.access(path.parent, os.W_OK):
         raise StorageError(f"cannot write the store {path}: no write permission in {path.parent}")
+
+
+def _require_store_file(path: Path) -> None:
+    """For a read-only command: the file is an autotune store, checked without writing to it. The
+    engine's connect hook switches a database to WAL (a write), and SQLite turns an empty file into a
+    database: a file refused as no store must be left as it was."""
+    import sqlite3
+
+    from autotune.storage.migrations import VERSION_TABLE
+
+    nothing = f"no autotune store at {path} (nothing to read; `autotune start` creates one)"
+    if path.stat().st_size == 0:
+        raise StorageError(nothing)
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+        try:
+            found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               (VERSION_TABLE,)).fetchone()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "unable to open database file"
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        raise StorageError(f"cannot use the store {path}: {reason}") from None
+    if found is None:
+        raise StorageError(nothing)
 
 
 def engine_kwargs(url: str) -> dict:

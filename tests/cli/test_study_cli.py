@@ -196,6 +196,41 @@ def test_bad_storage_url(cli, url, needle):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", [["status"], ["leaderboard", "x"], ["show", "x", "0"], ["db", "current"]])
+def test_a_read_only_command_leaves_a_file_it_refuses_as_it_was(cli, tmp_path, command):
+    """Review: the connect hook's WAL switch rewrote another program's database (journal mode delete ->
+    wal) and SQLite made an empty file a database, before either was refused as no store."""
+    import hashlib
+
+    foreign, empty = tmp_path / "other.db", tmp_path / "empty.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE t (x)")
+    db.close()
+    empty.write_bytes(b"")
+    digest = hashlib.sha256(foreign.read_bytes()).hexdigest()
+    for path in (foreign, empty):
+        result = cli(*command, "--storage", f"sqlite:///{path}")
+        assert result.returncode == 2 and "no autotune store" in result.stderr, result.stderr[-500:]
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert hashlib.sha256(foreign.read_bytes()).hexdigest() == digest and empty.stat().st_size == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "other.db"]  # no -wal / -shm either
+
+
+def test_a_sqlite_path_under_the_home_folder_is_the_file_opened(cli, finished_study, tmp_path):
+    """Review: `sqlite:///~/x.db` was checked as $HOME/x.db but opened by SQLite as ./~/x.db (a read-only
+    command then made that file)."""
+    import shutil
+
+    url, _ = finished_study
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(url.removeprefix("sqlite:///"), home / "x.db")
+    (tmp_path / "cwd").mkdir()
+    result = cli("status", "--storage", "sqlite:///~/x.db", env={"HOME": str(home)}, cwd=tmp_path / "cwd")
+    assert result.returncode == 0 and "demo" in result.stdout, result.stderr[-500:]
+    assert list((tmp_path / "cwd").iterdir()) == []
+
+
 def test_a_file_that_is_no_database_is_named_as_such(cli, tmp_path):
     (tmp_path / "junk.db").write_text("hello\n")
     result = cli("status", "--storage", f"sqlite:///{tmp_path / 'junk.db'}")
