@@ -8,6 +8,7 @@ keeps the baseline's row in `pinned`, so the reference of "vs recipe" is always 
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 from dataclasses import dataclass, field
@@ -91,6 +92,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "memory_headroom_gib": pick.headroom_gib if pick else None,
         # faster layouts that ran inside the memory margin: measured, but not recommended
         "risky_faster_trials": [r.trial.number for r in pick.risky] if pick else [],
+        # a running study whose controller stopped heartbeating (killed, its machine gone): `resume` continues it
+        "controller_silent_s": controller_silence_s(study),
         "baseline_trial": baseline.number if baseline else None,
         "baseline_tokens_per_s_per_gpu": baseline_speed,
         "speedup_vs_baseline": (best_speed / baseline_speed) if best_speed and baseline_speed else None,
@@ -138,6 +141,21 @@ def _fmt(value: Any, spec: str) -> str:
 
 STYLES = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "magenta", "timeout": "magenta",
           "dispatched": "cyan", "rejected": "dim"}
+
+
+def controller_silence_s(study: Study) -> float | None:
+    """Seconds since the controller of a `running` study last wrote its heartbeat, when that is longer than
+    the staleness limit the controllers themselves use (its trials are then adoptable); else None."""
+    from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
+    from autotune.storage.models import utcnow
+
+    beat = study.controller_heartbeat_at
+    if study.status != "running" or beat is None:
+        return None
+    if beat.tzinfo is not None:
+        beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    silent = (utcnow() - beat).total_seconds()
+    return silent if silent > STALE_AFTER_HEARTBEATS * HEARTBEAT_S else None
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
@@ -224,6 +242,18 @@ def summary_line(summary: dict[str, Any]) -> str:
     # a simulated or replayed study spends no GPU time: say so rather than print hours as if spent
     gpu_time = f"GPU-hours {hours:.2f}" if source == "measured" else f"{source} GPU-hours {hours:.2f} (none spent)"
     tag = f" | {summary['benchmark_only']}" if summary.get("benchmark_only") else ""
+    if summary.get("controller_silent_s"):
+        tag += f" | {silence_note(summary)}"
     return (f"dispatched {summary['dispatched']}/{summary['budget']} | completed {summary['completed']} | "
             f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed'] + summary['timeout']} | "
             f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}{tag}")
+
+
+def silence_note(summary: dict[str, Any]) -> str:
+    """`controller silent for 12 min (stopped?): autotune resume NAME continues the study`."""
+    import shlex
+
+    silent = summary["controller_silent_s"]
+    took = f"{silent:.0f} s" if silent < 120 else f"{silent / 60:.0f} min" if silent < 7200 else f"{silent / 3600:.1f} h"
+    return (f"controller silent for {took} (stopped?): `autotune resume {shlex.quote(summary['study'])}` "
+            "continues the study")

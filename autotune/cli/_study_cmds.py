@@ -447,12 +447,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         done = s["completed"] + s["oom"] + s["pruned"] + s["failed"] + s["timeout"]
         w = s["workload"]
         best = s["best_tokens_per_s_per_gpu"]
-        table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), s["status"],
+        status = "running, controller silent" if s["controller_silent_s"] else s["status"]
+        table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), status,
                       f"{s['dispatched']}/{s['budget']}", str(done), str(s["oom"]),
                       (f"{best:,.0f}" + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}"))
                       if best else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "")
-    wide_console().print(table)
+    console = wide_console()
+    console.print(table)
+    for s in summaries:
+        if s["controller_silent_s"]:
+            console.print(f"{s['study']}: {leaderboard.silence_note(s)}", markup=False, highlight=False)
     return 0
 
 
@@ -472,6 +477,9 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
                 board = leaderboard.build(repo, study, args.all, args.top)
                 live.update(Group(leaderboard.rich_table(board), Text(leaderboard.summary_line(board.summary))))
                 if study.status in ("finished", "interrupted") and board.summary["running"] == 0:
+                    return 0
+                if board.summary["controller_silent_s"]:  # nothing will change until someone resumes it
+                    live.console.print(leaderboard.silence_note(board.summary), markup=False)
                     return 0
                 time.sleep(1.0)
     board = leaderboard.build(repo, study, args.all, args.top)

@@ -34,7 +34,7 @@ from autotune.config import LayoutConfig, Workload
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller._spec import prediction, trial_spec
-from autotune.controller.options import StudyOptions
+from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS, StudyOptions
 from autotune.controller.pruning import SlowBranchPruner
 from autotune.controller.recommend import (Recommendation, backend_repeats_exactly, default_headroom_gib, recommend,
                                           validation_choices)
@@ -48,8 +48,6 @@ from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
 
-HEARTBEAT_S = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", "5"))
-STALE_AFTER_HEARTBEATS = 3
 MAX_REJECTIONS_PER_DISPATCH = 2000
 MAX_ATTEMPTS = 2  # a lost trial is retried once
 WATCHDOG_GRACE_S = 60.0  # a trial running this long past its timeout is cancelled by the controller

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
+
+# a controller writes its heartbeat (study and running trials) this often; silent for STALE_AFTER_HEARTBEATS
+# of them, it is taken for dead: its trials are adopted (controller/loop.py) and readers say so (leaderboard)
+HEARTBEAT_S = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", "5"))
+STALE_AFTER_HEARTBEATS = 3
 
 
 @dataclass(frozen=True)

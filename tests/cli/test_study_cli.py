@@ -280,3 +280,27 @@ def test_db_current_and_upgrade_from_the_first_schema(cli, tmp_path):
     upgraded = json.loads(cli("db", "upgrade", "--storage", url, "--json").stdout)
     assert upgraded == {"from": "0001_initial", "to": current["head"]}
     assert cli("status", "--storage", url).returncode == 0
+
+
+def test_a_study_whose_controller_went_silent_is_shown_so_and_watch_ends(cli, tmp_path):
+    """Review: after `kill -9` of its controller a study read `running` for ever and `leaderboard --watch`
+    never ended. Silent past the limit the controllers use to adopt its trials, readers say so."""
+    import datetime as dt
+
+    from autotune.storage.models import StudyRow
+    from tests.test_export import _study_with_trial
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True}, name="killed")
+    with repo.session() as s:
+        row = s.get(StudyRow, study.id)
+        row.status, row.controller_heartbeat_at = "running", dt.datetime(2020, 1, 1)
+    status = cli("status", "--storage", repo.url, env={"COLUMNS": "200"})
+    assert status.returncode == 0 and "controller silent" in status.stdout, status.stderr[-500:]
+    assert "autotune resume killed" in status.stdout
+    data = json.loads(cli("status", "--json", "--storage", repo.url).stdout)
+    assert data[0]["status"] == "running" and data[0]["controller_silent_s"] > 1e7
+    watched = cli("leaderboard", "killed", "--watch", "--storage", repo.url, timeout=60)
+    assert watched.returncode == 0 and "controller silent" in watched.stdout, watched.stderr[-500:]
+    with repo.session() as s:  # a live controller (a fresh heartbeat) is not called silent
+        s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["controller_silent_s"] is None
