@@ -504,7 +504,11 @@ def _show_calibration(repo, study, as_json: bool) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"{study.name}: the cost model calibrated on {calibration['runs']} measured runs "
+    from autotune.leaderboard import metrics_source
+
+    # a simulate study's runs are the cost model itself (fitting it to them gives ~1.00): say what they are
+    source = metrics_source(study.backend)
+    table = Table(title=escape(f"{study.name}: the cost model calibrated on {calibration['runs']} {source} runs "
                                "(1.00 = the published calibration)"))
     for column in ("step-time term", "prior sd", "fitted scale", "change"):
         table.add_column(column, justify="right" if column != "step-time term" else "left")
@@ -520,7 +524,7 @@ def _show_calibration(repo, study, as_json: bool) -> int:
                       "effects of no term, which the search's GP learns instead)")
     memory = calibration["memory"]
     if memory["runs"]:
-        console.print(f"peak memory: measured / predicted {memory['ratio_mean']:.3f} (sd {memory['ratio_sd']:.3f}) "
+        console.print(f"peak memory: {source} / predicted {memory['ratio_mean']:.3f} (sd {memory['ratio_sd']:.3f}) "
                       f"over {memory['runs']} runs")
     return 0
 

@@ -83,6 +83,8 @@ def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained
     assert fitted["unexplained_step_time_log_sd"] in {round(n, 3) for n in STEP_NOISE_GRID_LOG_STD}
     shown = cli("show", "demo", "--calibration", "--storage", url)
     assert shown.returncode == 0 and "leave unexplained: +-" in " ".join(shown.stdout.split())
+    words = " ".join(shown.stdout.split())  # a simulate study's runs are not called measured
+    assert "simulated runs" in words and "peak memory: simulated / predicted" in words and "measured" not in words
 
 
 def test_show_never_passes_a_launchers_control_characters_to_the_terminal(cli, finished_study, tmp_path):
