@@ -158,9 +158,13 @@ STUDY_RULES: dict[str, tuple[Check, str]] = {
 }
 
 
-def _refuse(what: str, column: str, value: Any, expected: str) -> StorageError:
+def _short(value: Any) -> str:
     shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _refuse(what: str, column: str, value: Any, expected: str) -> StorageError:
+    shown = _short(value)
     return StorageError(f"{what} holds {column} = {shown}, not {expected}: autotune does not write that "
                         f"(was the database edited by hand, or written by a version that did not yet "
                         f"validate launcher results?); nothing was changed")
@@ -176,9 +180,9 @@ def _check(rules: dict[str, tuple[Check, str]], values: dict[str, Any], what: st
 def check_trial_values(values: dict[str, Any]) -> dict[str, Any]:
     """`values` (a trial row's columns by name), unchanged when every column holds what autotune writes;
     otherwise a StorageError naming the row, the first offending column and its value."""
-    return _check(TRIAL_RULES, values, f"trial {values.get('number')!r} of study {values.get('study_id')!r}")
+    return _check(TRIAL_RULES, values, f"trial {_short(values.get('number'))} of study {_short(values.get('study_id'))}")
 
 
 def check_study_values(values: dict[str, Any]) -> dict[str, Any]:
     """The same for a study row."""
-    return _check(STUDY_RULES, values, f"study {values.get('name')!r}")
+    return _check(STUDY_RULES, values, f"study {_short(values.get('name'))}")  # the name may be what is wrong
