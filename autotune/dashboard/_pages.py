@@ -109,7 +109,8 @@ class DashboardApp:
                 f"<tr><td class='l'><input type='checkbox' name='study' value='{escape(s.name)}'{checked}></td>"
                 f"<td class='l'><a href='/study/{quote(s.name, safe='')}'>{escape(s.name)}</a>{kind}</td>"
                 f"<td class='l'>{escape(s.model)}</td><td>{text(s.workload.get('gpus'))}</td>"
-                f"<td class='l'>{text(s.workload.get('gpu', ''))}</td><td class='l'>{escape(s.status)}</td>"
+                f"<td class='l'>{text(s.workload.get('gpu', ''))}</td><td class='l'>{escape(s.status)}"
+                f"{', controller silent' if summary['controller_silent_s'] else ''}</td>"
                 f"<td>{summary['dispatched']}/{s.budget}</td><td>{summary['oom']}</td>"
                 f"<td>{num(summary['best_tokens_per_s_per_gpu'], ',.0f')}</td>"
                 f"<td>{num(summary['speedup_vs_baseline'], '.2f')}</td></tr>")
@@ -182,7 +183,10 @@ class DashboardApp:
         running = study.status in ("running", "created") or s["running"] > 0
         benchmark = (f"<p class='banner' id='benchmark-only'>{escape(s['benchmark_only'])}: these runs are not a "
                      "tuned result (export refuses them unless told otherwise)</p>") if s.get("benchmark_only") else ""
-        body = (f"<p><a href='/'>studies</a></p><h1>{escape(name)}</h1>{provenance(study.backend)}{benchmark}{summary}"
+        silent = (f"<p class='banner' id='controller-silent'>{escape(leaderboard.silence_note(s))}</p>"
+                  if s.get("controller_silent_s") else "")
+        body = (f"<p><a href='/'>studies</a></p><h1>{escape(name)}</h1>{provenance(study.backend)}{benchmark}{silent}"
+                f"{summary}"
                 f"{self._pick(name, s)}<div class='charts'>{charts}</div>"
                 f"{self._table(name, board.rows, s, sort, order)}")
         return page(f"autotune: {name}", body, self.refresh_s if running else None, scripts=True)

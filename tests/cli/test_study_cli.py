@@ -303,6 +303,11 @@ def test_a_study_whose_controller_went_silent_is_shown_so_and_watch_ends(cli, tm
     assert data[0]["status"] == "running" and data[0]["controller_silent_s"] > 1e7
     watched = cli("leaderboard", "killed", "--watch", "--storage", repo.url, timeout=60)
     assert watched.returncode == 0 and "controller silent" in watched.stdout, watched.stderr[-500:]
+    from autotune.dashboard._pages import DashboardApp
+
+    app = DashboardApp(repo)
+    assert "id='controller-silent'" in app.study_page("killed", "trial", "asc").decode()
+    assert "running, controller silent" in app.studies_page([]).decode()
     with repo.session() as s:  # a live controller (a fresh heartbeat) is not called silent
         s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["controller_silent_s"] is None
