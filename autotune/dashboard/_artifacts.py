@@ -57,7 +57,12 @@ def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[P
     except (OSError, RuntimeError, ValueError):
         return None
     try:
-        root = study_dir(backend_options or {}, study).resolve(strict=True)
+        folder = study_dir(backend_options or {}, study)
+        # the study's folder is autotune's; a launcher (which writes beside it) that swaps it for a symlink
+        # to / would make every file on the machine "inside" it. The workdir above may be a link (the user's).
+        if folder.is_symlink():
+            return None
+        root = folder.resolve(strict=True)
     except (OSError, RuntimeError):
         return None
     if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
@@ -76,7 +81,7 @@ def open_confined(path: str, backend_options: dict[str, Any], study: str) -> Bin
     root, resolved = found
     opened: list[int] = []
     try:
-        opened.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY))
+        opened.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))  # swapped since: no
         *folders, name = resolved.relative_to(root).parts
         for folder in folders:
             opened.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[-1]))

@@ -361,3 +361,22 @@ def test_the_folder_an_older_version_gave_a_study_is_not_served_for_it(tmp_path)
     assert study_dir(options, "qwen3 tpe/16") != old.parent and study_dirs(options, "qwen3 tpe/16")[1] == old.parent
     assert _read(open_confined(str(old / "log.txt"), options, "qwen3 tpe/16")) is None
     assert _read(open_confined(str(old / "log.txt"), options, "qwen3_tpe_16")) == b"a run of the study named qwen3_tpe_16"
+
+
+def test_a_study_folder_that_is_a_symlink_serves_nothing(tmp_path):
+    """Review: with `<workdir>/<study>` swapped for a symlink to `/` (a launcher writes beside it), every
+    file on the machine resolved "inside" the run folder and /etc/passwd was served. A workdir that is
+    itself a link (the user's choice) still works."""
+    from autotune.dashboard._artifacts import confined_path, open_confined
+
+    (tmp_path / "wd").mkdir()
+    (tmp_path / "wd" / "s").symlink_to("/")
+    options = {"workdir": str(tmp_path / "wd")}
+    for path in ("/etc/passwd", str(tmp_path / "wd" / "s" / "etc" / "passwd")):
+        assert confined_path(path, options, "s") is None and open_confined(path, options, "s") is None
+    real = tmp_path / "real"
+    (real / "s" / "trial1-attempt1").mkdir(parents=True)
+    (real / "s" / "trial1-attempt1" / "log.txt").write_text("ok")
+    (tmp_path / "linked").symlink_to(real)
+    options = {"workdir": str(tmp_path / "linked")}
+    assert _read(open_confined(str(tmp_path / "linked" / "s" / "trial1-attempt1" / "log.txt"), options, "s")) == b"ok"
