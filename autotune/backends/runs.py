@@ -54,19 +54,26 @@ def check_workdir(options: dict[str, Any]) -> None:
 
     from autotune.errors import ConfigError
 
+    from autotune._paths import shown
+
     path = Path(options.get("workdir") or DEFAULT_WORKDIR)  # as study_dir reads it (no ~ expansion)
     missing = []
     probe = path
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
+    try:
+        # exists() raises for what it does not treat as "missing" (a name over 255 bytes, EACCES)
+        while not probe.exists() and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
+    except OSError as exc:
+        raise ConfigError(f"--workdir {shown(str(path))}: cannot use the run folder ({exc.strerror or exc})") from None
     try:
         path.mkdir(parents=True, exist_ok=True)
         test = path / f".autotune-write-test-{os.getpid()}"
         test.mkdir()
         test.rmdir()
     except OSError as exc:
-        raise ConfigError(f"--workdir {path}: cannot create or write the run folder ({exc.strerror or exc})") from None
+        raise ConfigError(f"--workdir {shown(str(path))}: cannot create or write the run folder "
+                          f"({exc.strerror or exc})") from None
     finally:
         for folder in missing:  # deepest first
             try:

@@ -86,6 +86,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
                                   "--storage", "{url}"], "--workdir"),
     ("command-workdir-is-a-file", [*START, "--backend", "command", "--command", "true", "--workdir",
                                    "/etc/hostname/runs", "--storage", "{url}"], "--workdir"),
+    ("command-workdir-name-too-long", [*START, "--backend", "command", "--command", "true", "--workdir",
+                                       "/tmp/" + "x" * 300, "--storage", "{url}"], "--workdir"),  # was a traceback
     ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
      "cannot be read"),  # pandas' multi-line parser error stays one line
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
