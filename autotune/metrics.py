@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from autotune import leaderboard
+from autotune.errors import ConfigError
 from autotune.storage import Repository
 
 COUNTERS = (("dispatched", "trials dispatched to workers"), ("completed", "trials completed"),
@@ -31,8 +32,15 @@ class StudyCollector:
         gpu = CounterMetricFamily("autotune_gpu_seconds", "GPU-seconds spent by dispatched trials",
                                   labels=["study", "model"])
         budget = GaugeMetricFamily("autotune_budget_trials", "the study's budget", labels=["study", "model"])
+        unreadable = GaugeMetricFamily("autotune_studies_unreadable", "studies left out: the store holds values this "
+                                       "autotune cannot use for them (an unknown GPU type, malformed settings)")
+        skipped = 0
         for study in self.repo.list_studies():
-            s = leaderboard.build(self.repo, study, top=0).summary
+            try:
+                s = leaderboard.build(self.repo, study, top=0).summary
+            except ConfigError:  # one hand-edited study does not hide every other one's metrics
+                skipped += 1
+                continue
             labels = [study.name, study.model]
             for name, _ in COUNTERS:
                 families[name].add_metric(labels, s[name])
@@ -41,7 +49,8 @@ class StudyCollector:
             gpu.add_metric(labels, s["gpu_seconds"])
             budget.add_metric(labels, study.budget)
         yield from families.values()
-        yield from (running, best, gpu, budget)
+        unreadable.add_metric([], skipped)
+        yield from (running, best, gpu, budget, unreadable)
 
 
 def registry_for(repo: Repository) -> CollectorRegistry:

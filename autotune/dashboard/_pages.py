@@ -9,6 +9,7 @@ page loads nothing from the network and works offline).
 from __future__ import annotations
 
 import json
+import math
 import os
 from html import escape
 from typing import Any, BinaryIO
@@ -53,6 +54,21 @@ def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = Fa
           if scripts else "")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
             f"<style>{STYLE}</style>{js}</head><body>{body}</body></html>").encode()
+
+
+def prediction(stored: Any) -> dict[str, Any]:
+    """A trial's stored prediction as the pages use it: its finite positive figures (and its breakdown's),
+    nothing else. It is advisory and checked where used (storage/_records.py): a hand-edited one
+    (a text, a list, 1e999) is left out, not a 500 for the whole page."""
+    def figure(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+    if not isinstance(stored, dict):
+        return {}
+    kept: dict[str, Any] = {k: v for k, v in stored.items() if isinstance(k, str) and figure(v)}
+    if isinstance(stored.get("breakdown"), dict):
+        kept["breakdown"] = {str(k): v for k, v in stored["breakdown"].items() if figure(v)}
+    return kept
 
 
 def num(value: Any, spec: str) -> str:
@@ -101,8 +117,15 @@ class DashboardApp:
 
     def studies_page(self, selected: list[str]) -> bytes:
         rows = []
+        from autotune.errors import ConfigError
+
         for s in self.repo.list_studies():
-            summary = leaderboard.build(self.repo, s, top=0).summary
+            try:
+                summary = leaderboard.build(self.repo, s, top=0).summary
+            except ConfigError as exc:  # one hand-edited study (an unknown GPU type) does not hide the others
+                rows.append(f"<tr><td></td><td class='l'>{escape(s.name)}</td><td class='l' colspan='8'>cannot be "
+                            f"shown: {escape(str(exc)[:200])}</td></tr>")
+                continue
             checked = " checked" if s.name in selected else ""
             kind = " <span class='muted'>(simulated)</span>" if s.backend == "simulate" else ""
             rows.append(
@@ -160,7 +183,7 @@ class DashboardApp:
         study = self.repo.get_study(name)
         board = leaderboard.build(self.repo, study)
         s = board.summary
-        predicted = {t.number: t.predicted for t in self.repo.trials(study.id, dispatched_only=True)}
+        predicted = {t.number: prediction(t.predicted) for t in self.repo.trials(study.id, dispatched_only=True)}
         rows = [dict(r, predicted=predicted.get(r["trial"])) for r in board.rows]
         limit, headroom = self._memory(study, s)
         baseline = s["baseline_tokens_per_s_per_gpu"]
@@ -270,7 +293,7 @@ class DashboardApp:
                           and (key != "origin" or trial.origin != "study"))
         config = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{text(v) if v is not None else '&mdash;'}</td></tr>"
                          for k, v in trial.config.items())
-        predicted = trial.predicted or {}
+        predicted = prediction(trial.predicted)
         trace = self._trace_summary(study, trial)
         artifacts = "".join(
             f"<li><a href='/artifact/{quote(name, safe='')}/{number}/{quote(str(key), safe='')}'>{escape(str(key))}"

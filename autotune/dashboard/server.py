@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from autotune.dashboard._artifacts import DOWNLOAD_TYPE, MAX_ARTIFACT_BYTES
 from autotune.dashboard._pages import DashboardApp, page
-from autotune.errors import StorageError, StudyError
+from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.storage import Repository
 
 __all__ = ["DashboardApp", "make_server", "serve_in_background"]
@@ -194,6 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, page("not found", f"<h1>{escape(str(exc))}</h1>"))
         except StorageError as exc:  # unreachable, or a row edited by hand: say so, escaped, and live on
             self._send(503, page("store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>"))
+        except ConfigError as exc:  # a stored study names what this autotune does not know (a GPU, a setting)
+            self._send(503, page("store error", "<h1>the store holds a study this autotune cannot use</h1>"
+                                                f"<p>{escape(str(exc))}</p>"))
         except ConnectionError:
             raise  # the client is gone: no error page to send (handle() ends the request quietly)
         except Exception as exc:  # a page that cannot render still gets an answer; the server lives on

@@ -362,3 +362,48 @@ def test_a_hand_edited_store_gets_an_escaped_503_page_and_the_server_lives_on(re
             assert response.status == 200
     finally:
         server.shutdown()
+
+
+def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
+    """Review: a hand-edited prediction (a text, 1e999, a tag as a breakdown term) gave a 500 for the study
+    or trial page or a link in a chart label, and one study naming an unknown GPU gave a 500 for the list
+    of every study and for /metrics."""
+    from urllib.parse import quote
+
+    from sqlalchemy import text
+
+    name = "demo" + HOSTILE
+    study = repo.get_study(name)
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET predicted = :v WHERE number = 1"), {"v": json.dumps("x")})
+        c.execute(text("UPDATE autotune_trials SET predicted = :v WHERE number = 2"), {"v": json.dumps(
+            {"step_time_s": 1e999, "tokens_per_s_per_gpu": "fast",
+             "breakdown": {"<a href='https://evil.example/'>click</a>": 1.0, "ep": "x", "tp": 2.0}})})
+    app = DashboardApp(repo)
+    assert "trial-row" in app.study_page(name, "trial", "asc").decode()
+    page_2 = app.trial_page(name, 2).decode()
+    labels = figure(page_2, "breakdown-chart")["data"][0]["y"]
+    assert "tp" in labels and not any("<a" in label for label in labels) and "ep" not in labels
+    assert "trial 1" in app.trial_page(name, 1).decode()
+    other = repo.create_study(name="other", model="qwen3_30b", workload={**study.workload, "gpu": "zzz"},
+                              space={"domains": {}}, budget=1, sampler="auto", backend="simulate", backend_options={},
+                              options={}, optuna_study_name="autotune:other", status="finished")
+    assert other.name == "other"
+    listing = app.studies_page([]).decode()
+    assert "cannot be shown" in listing and "unknown GPU" in listing and "value='demo" in listing  # the other is listed
+    server = serve_in_background(repo)
+    try:
+        host, port = server.server_address[:2]
+        base = f"http://{host}:{port}"
+        with urllib.request.urlopen(f"{base}/") as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"{base}/metrics") as response:
+            metrics = response.read().decode()
+            assert "autotune_studies_unreadable 1.0" in metrics and "autotune_budget_trials" in metrics
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{base}/study/other")
+        assert refused.value.code == 503 and "unknown GPU" in refused.value.read().decode()
+        with urllib.request.urlopen(f"{base}/study/{quote(name, safe='')}/trial/2") as response:
+            assert response.status == 200
+    finally:
+        server.shutdown()
