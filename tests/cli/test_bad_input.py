@@ -75,6 +75,9 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
     ("  gpu: h100", "  gpu: h100\n  network_gbps: 1" + "0" * 5000, "cannot read as a number"),
     # a terminal escape in a name that reaches the terminal
     ("display_name: Qwen3-30B-A3B", 'display_name: "Qwen3\\e]0;owned\\a\\e[31m"', "key 'display_name'"),
+    # lists whose combinations a study would walk for hours, silently (review): refused by length and product
+    ("  mbs: [1, 2, 4, 8]", "  mbs: [" + ", ".join(map(str, range(1, 3001))) + "]", "knobs.mbs"),
+    ("  mbs: [1, 2, 4, 8]", "  mbs: [" + ", ".join(map(str, range(1, 61))) + "]", "layouts to check"),
 ]
 
 CASES = [  # (id, argv with placeholders, words of the error)
