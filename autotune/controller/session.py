@@ -44,14 +44,34 @@ def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[
     return len(legal & measured), len(legal - measured), len(measured - legal)
 
 
-def check_space_not_empty(space: SearchSpace, workload: Workload) -> set[str]:
-    """The keys of the legal layouts; ConfigError naming the emptiest rule when there are none."""
+def check_space_not_empty(space: SearchSpace, workload: Workload) -> list[LayoutConfig]:
+    """The legal layouts; ConfigError naming the emptiest rule when there are none."""
     legal = enumerate_legal(space, workload)
     if not legal.configs:
         rule = legal.emptiest_rule()
         raise ConfigError(f"no legal layout for {workload.model.name} on {workload.cluster.gpus} GPUs with these "
                           f"--fix values: rule {rule} rejects most candidates (see `autotune space`)")
-    return {c.key() for c in legal.configs}
+    return legal.configs
+
+
+def check_some_layout_fits(workload: Workload, legal: list[LayoutConfig]) -> None:
+    """ConfigError when no legal layout is predicted to fit even loosely: the search never dispatches a
+    layout whose chance to fit is below P_FIT_REJECT (SearchState.candidates), so such a study would end
+    at once with nothing run (a sequence of 10**9 tokens, say) instead of saying why."""
+    import numpy as np
+
+    from autotune.controller.state import P_FIT_REJECT
+    from autotune.controller.surrogate import MemoryFeasibility
+    from autotune.cost import estimate_many
+
+    peaks = estimate_many(workload, legal).peak_mem_gib
+    gpu = workload.cluster.gpu
+    fit = MemoryFeasibility(peaks, np.zeros(len(legal), dtype=np.int64), gpu.memory_gib).p_fit()
+    if float(fit.max()) < P_FIT_REJECT:
+        raise ConfigError(f"no legal layout of {workload.model.name} on {workload.cluster.gpus}x {gpu.name} is "
+                          f"predicted to fit in its {gpu.memory_gib:g} GiB: the smallest predicted peak is "
+                          f"{float(peaks.min()):,.0f} GiB (sequence length {workload.seq_length:,}, global batch "
+                          f"{workload.global_batch_size:,}); use more GPUs, a larger GPU or a shorter sequence")
 
 
 def default_study_name(workload: Workload) -> str:
@@ -71,7 +91,9 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
         from autotune.catalog import require_exportable
 
         require_exportable(workload.model, f"run the {backend} backend on")
-    legal = check_space_not_empty(space, workload)  # enumerated once, for both checks
+    configs = check_space_not_empty(space, workload)  # enumerated once, for every check
+    check_some_layout_fits(workload, configs)
+    legal = {c.key() for c in configs}
     answerable = backend_class(backend).answerable_layouts(backend_options)
     if answerable is not None:
         if not legal & answerable:

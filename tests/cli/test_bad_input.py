@@ -89,6 +89,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
                                   "--storage", "{url}"], "--workdir"),
     ("command-workdir-is-a-file", [*START, "--backend", "command", "--command", "true", "--workdir",
                                    "/etc/hostname/runs", "--storage", "{url}"], "--workdir"),
+    ("seq-length-nothing-fits", [*START, "--seq-length", "999999999", "--storage", "{url}"],
+     "predicted to fit"),  # was an empty study, `finished`, exit 0 (review)
     ("command-workdir-name-too-long", [*START, "--backend", "command", "--command", "true", "--workdir",
                                        "/tmp/" + "x" * 300, "--storage", "{url}"], "--workdir"),  # was a traceback
     ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],

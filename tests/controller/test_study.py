@@ -7,6 +7,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.controller.session import build_controller, create_study
+from autotune.errors import ConfigError
 from autotune.space import load_space, make_workload
 from autotune.storage import REJECTED_BASE, Repository
 from tests.conftest import FAKE_LAUNCHER
@@ -150,6 +151,10 @@ def test_a_small_space_is_exhausted_before_the_budget(tmp_path):
     url = f"sqlite:///{tmp_path / 'e.db'}"
     fixes = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "etp": 1, "mbs": 1, "recompute": "none", "dist_opt": True,
              "sp": False}
-    repo, study, summary = run(url, name="small", budget=40, fixes=fixes)
+    # on 16 GPUs (on 8 no layout of these fits: such a study is refused before it is stored, see below)
+    repo, study, summary = run(url, name="small", budget=40, fixes=fixes, gpus=16)
     assert summary.stop_reason == "exhausted"
-    assert repo.counts(study.id)["dispatched"] < 40
+    assert 0 < repo.counts(study.id)["dispatched"] < 40
+    with pytest.raises(ConfigError, match="predicted to fit"):
+        run(url, name="nothing-fits", budget=40, fixes=fixes, gpus=8)
+    assert repo.find_study("nothing-fits") is None
