@@ -211,6 +211,7 @@ def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | Non
     numbers never pass for a tuned result once they leave the store (replay ignores extra columns)."""
     import pandas as pd
 
+    from autotune._tables import terminal_safe
     from autotune.megatron import benchmark_only
 
     rows = []
@@ -221,7 +222,10 @@ def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | Non
     perf = [k for k in PERF_KNOBS if any(t.config.get(k) is not None for t in trials)]
     for t in trials:
         row = {k: t.config.get(k) for k in (*KNOBS, *perf)}
-        row.update({"status": t.status, **{k: getattr(t, k) for k in METRICS}, "error": t.message})
+        # a launcher's message with its control characters escaped: a table printed to a terminal (no -o)
+        # would otherwise let an ESC sequence in a stderr tail act there
+        row.update({"status": t.status, **{k: getattr(t, k) for k in METRICS},
+                    "error": terminal_safe(t.message) if t.message else t.message})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[*KNOBS, *perf, "status", *METRICS, "error"])
     if benchmark:

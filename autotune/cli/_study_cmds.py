@@ -331,7 +331,7 @@ def _print_final(board, summary) -> None:
 
     console = wide_console()
     console.print(leaderboard.rich_table(board, title=f"{board.study.name}: top 10"))
-    console.print(leaderboard.summary_line(board.summary))
+    console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
     s = board.summary
     if s["best_config"] is None:
         console.print("[red]no trial completed[/red]")
@@ -402,7 +402,10 @@ class _LiveView:
         self._last = time.monotonic()
         from autotune import leaderboard
 
-        board = leaderboard.build(self.repo, self.study, top=12 if self._live is not None else None)
+        # the study as stored now: the snapshot taken before the run says `running` with a dead controller's
+        # heartbeat when resuming a killed study (its summary would call this controller silent)
+        board = leaderboard.build(self.repo, self.repo.get_study(self.study.name),
+                                  top=12 if self._live is not None else None)
         if self._live is not None:
             from rich.console import Group
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -430,11 +433,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     repo = open_repo(args, read_only=True)
     studies = [repo.get_study(args.study)] if args.study else repo.list_studies()
-    summaries = [leaderboard.build(repo, s, top=0).summary for s in studies]
+    from autotune.errors import ConfigError
+
+    summaries, unusable = [], []
+    for study in studies:
+        try:
+            summaries.append(leaderboard.build(repo, study, top=0).summary)
+        except ConfigError as exc:  # a hand-edited study (an unknown GPU type) does not hide the others
+            if args.study:
+                raise
+            unusable.append((study.name, str(exc)))
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
+        for name, reason in unusable:
+            print(f"autotune status: {terminal_safe(name)} left out: {terminal_safe(reason[:200])}", file=sys.stderr)
         return 0
-    if not summaries:
+    if not summaries and not unusable:
         print(f"no studies yet in {repo.engine.url.render_as_string(hide_password=True)}; "
               "start one with `autotune start --model MODEL`")
         return 0
@@ -458,6 +472,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in summaries:
         if s["controller_silent_s"]:
             console.print(f"{s['study']}: {leaderboard.silence_note(s)}", markup=False, highlight=False)
+    for name, reason in unusable:
+        console.print(f"{terminal_safe(name)}: cannot be shown: {terminal_safe(reason[:200])}", markup=False,
+                      highlight=False)
     return 0
 
 
@@ -490,7 +507,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     else:
         console = wide_console()
         console.print(leaderboard.rich_table(board))
-        console.print(leaderboard.summary_line(board.summary))
+        console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
     return 0
 
 

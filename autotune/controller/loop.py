@@ -151,6 +151,9 @@ class Controller:
     def _run(self) -> RunSummary:
         started = time.monotonic()
         self.repo.set_study_status(self.study.id, StudyStatus.RUNNING)
+        # at once: a study resumed after a kill still holds the dead controller's heartbeat, which readers
+        # would take for this controller being silent until the loop's first heartbeat
+        self.repo.controller_heartbeat(self.study.id, self.controller_id)
         self._reconcile_optuna()
         stop_reason = "budget"
         try:

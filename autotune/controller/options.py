@@ -17,7 +17,17 @@ from autotune.errors import ConfigError
 
 # a controller writes its heartbeat (study and running trials) this often; silent for STALE_AFTER_HEARTBEATS
 # of them, it is taken for dead: its trials are adopted (controller/loop.py) and readers say so (leaderboard)
-HEARTBEAT_S = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", "5"))
+def _heartbeat_s(default: float = 5.0) -> float:
+    """$AUTOTUNE_HEARTBEAT_S (tests shorten it) when it is a positive finite number of seconds, else the
+    default: read at import by every command, a typo there must not break `autotune models`."""
+    try:
+        value = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", default))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
+HEARTBEAT_S = _heartbeat_s()
 STALE_AFTER_HEARTBEATS = 3
 
 

@@ -295,6 +295,11 @@ class DashboardApp:
                          for k, v in trial.config.items())
         predicted = prediction(trial.predicted)
         trace = self._trace_summary(study, trial)
+        from autotune.megatron import benchmark_only
+
+        # what the run was given: the layout's overrides and the study's benchmark-only settings (as `show`)
+        overrides = layout_overrides(layout, workload) + benchmark_only.overrides(
+            benchmark_only.checked((study.options or {}).get("benchmark_settings")))
         artifacts = "".join(
             f"<li><a href='/artifact/{quote(name, safe='')}/{number}/{quote(str(key), safe='')}'>{escape(str(key))}"
             f"</a> <span class='muted'>{escape(str(path))}</span></li>"
@@ -313,7 +318,7 @@ class DashboardApp:
                 f"<div class='charts'>{chart('breakdown-chart', figure)}</div>"
                 f"<p class='muted'>{escape(trace_note)}</p>"
                 f"<h2>config</h2><table id='config'>{config}</table>"
-                f"<h2>overrides</h2><pre id='overrides'>{escape(chr(10).join(layout_overrides(layout, workload)))}</pre>"
+                f"<h2>overrides</h2><pre id='overrides'>{escape(chr(10).join(overrides))}</pre>"
                 f"<h2>artifacts</h2><ul id='artifacts'>{artifacts or '<li class=muted>none</li>'}</ul>")
         return page(f"{name} trial {number}", body, scripts=True)
 

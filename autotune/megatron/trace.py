@@ -85,9 +85,10 @@ def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
             continue  # a kernel row without a time, device or name says nothing to sum
         # nsys writes integers (ns, device ids): a text, real or blob value is not its export (a file is
         # input like any other; the dashboard reads these from run folders)
-        if not all(type(v) is int for v in (start, end, device)) or start < 0 or device < 0:
+        if not all(type(v) is int for v in (start, end, device)) or start < 0 or end < start or device < 0:
             raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: kernel row {number} has start/end/device "
-                              f"{str(start)[:20]!r}/{str(end)[:20]!r}/{str(device)[:20]!r}, not non-negative integers")
+                              f"{str(start)[:20]!r}/{str(end)[:20]!r}/{str(device)[:20]!r}, not non-negative integers "
+                              "with end >= start")
         comm, compute = by_device.setdefault(device, ([], []))
         (comm if "nccl" in str(name).lower() else compute).append((start, end))
     summaries = []
@@ -100,17 +101,15 @@ def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
     return summaries
 
 
-def export_to_sqlite(report: Path) -> Path:
+def export_to_sqlite(report: Path, folder: Path) -> Path:
+    """`nsys export` of `report` into `folder` (a fresh temporary one): nothing beside the report is
+    written, so no file there (x.sqlite may be anything, a study's store) can be overwritten, and a
+    second summary of the same report works like the first."""
     nsys = shutil.which("nsys")
     if nsys is None:
-        raise ConfigError(f"{report} is an nsys report and nsys is not installed here: export it with "
+        raise ConfigError(f"{shown(str(report))} is an nsys report and nsys is not installed here: export it with "
                           "`nsys export --type sqlite` first and pass the .sqlite file")
-    out = report.with_suffix(".sqlite")
-    if out.exists() or out.is_symlink():
-        # nsys would overwrite it (--force-overwrite) and it may be anything (a study's store): the user's
-        # own export of this report is what they pass instead
-        raise ConfigError(f"{shown(str(out))} exists: pass it instead of the report (if it is this report's nsys "
-                          "export), or move it away")
+    out = folder / "export.sqlite"
     result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "false", "-o", str(out),
                              str(report)], capture_output=True, text=True)
     if result.returncode != 0:
@@ -119,11 +118,14 @@ def export_to_sqlite(report: Path) -> Path:
 
 
 def summarize(path: str | Path) -> list[DeviceSummary]:
+    import tempfile
+
     from autotune._paths import require_file
 
     path = require_file(path, "trace file")
     if path.suffix in (".nsys-rep", ".qdrep"):
-        path = export_to_sqlite(path)
+        with tempfile.TemporaryDirectory(prefix="autotune-nsys-") as folder:
+            return summarize_sqlite(export_to_sqlite(path, Path(folder)))
     return summarize_sqlite(path)
 
 

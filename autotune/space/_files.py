@@ -34,8 +34,8 @@ HF_EXTRA_DEPTH = 6  # levels of lists and mappings inside `hf.extra` (quantizati
 # A space is walked in full when a study starts (every combination of the layout knobs' lists is checked
 # against the rules, ~0.2-0.5 s per million at 16-64 GPUs): the catalog's largest is 4.4 million combinations
 # and a list of 9 values; two lists of thousands of values would make `start` hang with no word.
-MAX_KNOB_VALUES = 64
-MAX_LAYOUT_COMBINATIONS = 50_000_000
+MAX_KNOB_VALUES = 256  # distinct values of one knob (a recompute_num_layers list of one value per layer fits)
+MAX_LAYOUT_COMBINATIONS = 100_000_000  # ~20-50 s of walking; one recompute depth per layer of qwen3_30b is 71 million
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _load_path(path: str) -> SearchSpace:
 def load_space_document(text: str, source: str) -> SearchSpace:
     """The space a study stored (`SearchSpace.document`), checked as a file is; `source` is the path it
     was read from, kept as the space's source and named in errors."""
-    return _parse(text, f"the space stored with the study (read from {source})", source)
+    return _parse(text, f"the space stored with the study (read from {source})", source, stored=True)
 
 
 def space_from_document(document: Any, source: str) -> SearchSpace:
@@ -154,7 +154,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _parse(text: str, label: str, source: str) -> SearchSpace:
+def _parse(text: str, label: str, source: str, stored: bool = False) -> SearchSpace:
+    """`stored`: the text a study kept. The size caps (MAX_KNOB_VALUES, MAX_LAYOUT_COMBINATIONS) are for new
+    input only, so a study stored before them stays readable."""
     try:
         document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
@@ -166,14 +168,15 @@ def _parse(text: str, label: str, source: str) -> SearchSpace:
         raise ConfigError(f"{label} nests too deeply to be a search space") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info)
         raise ConfigError(f"{label} holds a value YAML cannot read as a number ({str(exc)[:120]})") from None
-    return dataclasses.replace(_Reader(label, source).space(document), document=text)
+    return dataclasses.replace(_Reader(label, source, capped=not stored).space(document), document=text)
 
 
 class _Reader:
     """Turns the parsed document into typed objects, naming file and key in every error."""
 
-    def __init__(self, path: str, source: str | None = None) -> None:
+    def __init__(self, path: str, source: str | None = None, capped: bool = True) -> None:
         self.path = path  # named in errors
+        self.capped = capped
         self.source = path if source is None else source
 
     def fail(self, key: str, message: str) -> ConfigError:
@@ -382,7 +385,7 @@ class _Reader:
         for name in KNOBS:
             domains[name] = self.domain("knobs", name, knobs[name], "must be a non-empty list of values")
         combinations = math.prod(len(values) for values in domains.values())
-        if combinations > MAX_LAYOUT_COMBINATIONS:
+        if self.capped and combinations > MAX_LAYOUT_COMBINATIONS:
             longest = max(domains, key=lambda name: len(domains[name]))
             raise self.fail("knobs", f"its lists make {combinations:,} layouts to check, more than "
                             f"{MAX_LAYOUT_COMBINATIONS:,}: shorten them ({longest} has {len(domains[longest])} values)")
@@ -392,14 +395,15 @@ class _Reader:
         """A knob's list of values, each coerced, duplicates dropped (order kept)."""
         if not isinstance(values, list) or not values:
             raise self.fail(f"{section}.{name}", shape)
-        if len(values) > MAX_KNOB_VALUES:
-            raise self.fail(f"{section}.{name}", f"has {len(values)} values, more than {MAX_KNOB_VALUES} (a study walks "
-                            "every combination of the knobs' lists)")
         try:
             coerced = [coerce_knob(name, v) for v in values]
         except ConfigError as exc:
             raise self.fail(f"{section}.{name}", str(exc)) from None
-        return tuple(dict.fromkeys(coerced))
+        distinct = tuple(dict.fromkeys(coerced))
+        if self.capped and len(distinct) > MAX_KNOB_VALUES:
+            raise self.fail(f"{section}.{name}", f"has {len(distinct)} distinct values, more than {MAX_KNOB_VALUES} (a "
+                            "study walks every combination of the knobs' lists)")
+        return distinct
 
     def policy(self, value: Any) -> dict[str, bool]:
         policy = self.mapping(value, "policy", POLICY_NAMES)

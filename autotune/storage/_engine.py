@@ -49,7 +49,10 @@ def normalize_url(url: str) -> str:
     if backend == "sqlite" and (parsed.database or "").startswith("~"):
         # SQLite itself would open a folder named `~` under the current one, not the home the user means
         # (and the file checked before opening would be another one than the file opened)
-        parsed = parsed.set(database=str(Path(parsed.database).expanduser()))
+        try:
+            parsed = parsed.set(database=str(Path(parsed.database).expanduser()))
+        except RuntimeError:  # `~nosuchuser/x.db`
+            raise StorageError(f"--storage {url!r}: {parsed.database.split('/')[0]!r} names no home folder here") from None
     if backend == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
@@ -60,7 +63,7 @@ def sqlite_path(url: str) -> Path | None:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
-    return Path(parsed.database).expanduser()
+    return Path(parsed.database)  # normalize_url expanded a leading ~ already
 
 
 def prepare_sqlite_file(url: str, create: bool) -> None:

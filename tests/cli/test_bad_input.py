@@ -77,7 +77,7 @@ SPACE_CASES = [  # item 13: (old text of qwen3_30b.yaml, new text, words of the 
     ("display_name: Qwen3-30B-A3B", 'display_name: "Qwen3\\e]0;owned\\a\\e[31m"', "key 'display_name'"),
     # lists whose combinations a study would walk for hours, silently (review): refused by length and product
     ("  mbs: [1, 2, 4, 8]", "  mbs: [" + ", ".join(map(str, range(1, 3001))) + "]", "knobs.mbs"),
-    ("  mbs: [1, 2, 4, 8]", "  mbs: [" + ", ".join(map(str, range(1, 61))) + "]", "layouts to check"),
+    ("  mbs: [1, 2, 4, 8]", "  mbs: [" + ", ".join(map(str, range(1, 121))) + "]", "layouts to check"),
 ]
 
 CASES = [  # (id, argv with placeholders, words of the error)
@@ -252,8 +252,10 @@ def test_a_hand_edited_store_cannot_drive_the_terminal(store, tmp_path):
                    "'$.recompute_modules', 'core_attn+moe_act') WHERE number = 0")
     edited = f"sqlite:///{copy}"
     wide = {**ENV, "COLUMNS": "400"}
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE autotune_trials SET message = ?", (hostile,))
     for argv in (["leaderboard", "demo"], ["leaderboard", "demo", "--format", "csv"], ["status"],
-                 ["compare", "demo"], ["show", "demo", "0"]):
+                 ["compare", "demo"], ["show", "demo", "0"], ["export", "demo", "--format", "table"]):
         result = run_cli(*argv, "--storage", edited, env=wide)
         assert "\x1b" not in result.stdout and "\u202e" not in result.stdout, (argv, result.stderr[-500:])
         if argv[0] in ("status", "compare"):

@@ -292,22 +292,29 @@ def test_a_study_whose_controller_went_silent_is_shown_so_and_watch_ends(cli, tm
     from autotune.storage.models import StudyRow
     from tests.test_export import _study_with_trial
 
-    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True}, name="killed")
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True}, name="killed[/]")  # a name rich would read as a closing tag
     with repo.session() as s:
         row = s.get(StudyRow, study.id)
         row.status, row.controller_heartbeat_at = "running", dt.datetime(2020, 1, 1)
     status = cli("status", "--storage", repo.url, env={"COLUMNS": "200"})
     assert status.returncode == 0 and "controller silent" in status.stdout, status.stderr[-500:]
-    assert "autotune resume killed" in status.stdout
+    assert "autotune resume 'killed[/]'" in status.stdout
     data = json.loads(cli("status", "--json", "--storage", repo.url).stdout)
     assert data[0]["status"] == "running" and data[0]["controller_silent_s"] > 1e7
-    watched = cli("leaderboard", "killed", "--watch", "--storage", repo.url, timeout=60)
+    board = cli("leaderboard", "killed[/]", "--storage", repo.url)
+    assert board.returncode == 0 and "controller silent" in board.stdout, board.stderr[-500:]
+    watched = cli("leaderboard", "killed[/]", "--watch", "--storage", repo.url, timeout=60)
     assert watched.returncode == 0 and "controller silent" in watched.stdout, watched.stderr[-500:]
     from autotune.dashboard._pages import DashboardApp
 
     app = DashboardApp(repo)
-    assert "id='controller-silent'" in app.study_page("killed", "trial", "asc").decode()
+    assert "id='controller-silent'" in app.study_page("killed[/]", "trial", "asc").decode()
     assert "running, controller silent" in app.studies_page([]).decode()
+    repo.create_study(name="unknown-gpu", model="qwen3_30b", workload={**study.workload, "gpu": "zzz"},
+                      space=study.space, budget=1, sampler="auto", backend="simulate", backend_options={}, options={},
+                      optuna_study_name="autotune:unknown-gpu", status="finished")
+    listed = cli("status", "--storage", repo.url, env={"COLUMNS": "200"})  # one unusable study hides no other
+    assert listed.returncode == 0 and "unknown-gpu: cannot be shown" in listed.stdout and "killed" in listed.stdout
     with repo.session() as s:  # a live controller (a fresh heartbeat) is not called silent
         s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["controller_silent_s"] is None

@@ -179,3 +179,28 @@ def test_a_space_file_switches_the_recompute_chunk_policy_off(tmp_path):
     legal_off = enumerate_legal(off, make_workload(off, gpus=16))
     legal_on = enumerate_legal(on, make_workload(on, gpus=16))
     assert len(legal_off.configs) - len(legal_on.configs) == legal_on.filtered_by_policy["recompute_num_layers_within_chunk"] > 0
+
+
+def test_size_caps_refuse_new_space_files_but_not_a_studys_stored_text(tmp_path):
+    """A list of thousands of values (or lists whose combinations run to billions) made `start` walk for
+    hours; such a file is refused. The caps are for new input: the text a study stored before them
+    (`load_space_document`) is read as it was."""
+    import pytest
+
+    from autotune.errors import ConfigError
+    from autotune.space import space_dir
+    from autotune.space._files import load_space_document
+
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    long = text.replace("  recompute_num_layers: [1, 2, 4]", "  recompute_num_layers: [" + ", ".join(
+        map(str, range(1, 301))) + "]", 1)
+    per_layer = text.replace("  recompute_num_layers: [1, 2, 4]", "  recompute_num_layers: [" + ", ".join(
+        map(str, [1] * 500 + list(range(1, 49)))) + "]", 1)  # 48 distinct values: one per layer
+    path = tmp_path / "long.yaml"
+    path.write_text(long)
+    with pytest.raises(ConfigError, match="recompute_num_layers.*300 distinct values"):
+        load_space(str(path))
+    (tmp_path / "per_layer.yaml").write_text(per_layer)
+    assert len(load_space(str(tmp_path / "per_layer.yaml")).domains["recompute_num_layers"]) == 48
+    stored = load_space_document(long, "qwen3_30b")
+    assert len(stored.domains["recompute_num_layers"]) == 300
