@@ -220,7 +220,11 @@ def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | Non
     # performance knobs a trial set get their own columns (empty = the recipe's value), so a variant
     # replays as itself, not as its layout
     perf = [k for k in PERF_KNOBS if any(t.config.get(k) is not None for t in trials)]
+    _, workload = study_space_and_workload(study)
     for t in trials:
+        bad = violations(LayoutConfig.from_mapping(t.config), workload)
+        if bad:  # a hand-edited config: refused as the other formats refuse it, not passed on to a replay
+            raise IllegalLayoutError(f"trial {t.number} breaks {bad[0].rule}: {bad[0].message}", bad)
         row = {k: t.config.get(k) for k in (*KNOBS, *perf)}
         # a launcher's message with its control characters escaped: a table printed to a terminal (no -o)
         # would otherwise let an ESC sequence in a stderr tail act there

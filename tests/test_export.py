@@ -514,3 +514,19 @@ def test_a_completed_trial_without_a_throughput_is_refused_in_one_line(tmp_path)
         result = run_cli("export", study.name, "--trial", str(trial.number), "--format", fmt, "--storage", repo.url)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1000:]
         assert len(result.stderr.strip().splitlines()) == 1 and "without a measured throughput" in result.stderr
+
+
+def test_a_replay_table_refuses_a_hand_edited_illegal_row_as_the_other_formats_do(tmp_path):
+    """Review: `export --format table` passed on a trial whose config breaks Megatron's rules (TP=3 for 32
+    heads, edited by hand) that recipe, overrides, yaml and json refuse; it is the replay backend's input."""
+    from sqlalchemy import text
+
+    from autotune.errors import IllegalLayoutError
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True})
+    assert "completed" in export.render(repo, study, "table")
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET config = json_set(config, '$.tp', 3)"))
+    for fmt in ("table", "json"):
+        with pytest.raises(IllegalLayoutError, match="heads_divisible_by_tp"):
+            export.render(repo, study, fmt)

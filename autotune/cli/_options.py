@@ -81,10 +81,6 @@ def knob_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in ALL_KNOBS if getattr(args, name, None) is not None}
 
 
-def layout_from_flags(args: argparse.Namespace) -> LayoutConfig:
-    return LayoutConfig.from_mapping(knob_flags(args))
-
-
 def with_recipe_defaults(given: dict[str, Any], workload: Workload,
                          domains: dict[str, tuple[Any, ...]] | None = None) -> tuple[LayoutConfig, dict[str, Any]]:
     """The layout `given` describes, every knob it leaves out taken from the model's recipe, and those

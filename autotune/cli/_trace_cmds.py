@@ -57,7 +57,9 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     import stat
 
     from autotune._paths import require_file, shown
-    from autotune.cli._options import layout_from_flags
+    from autotune._tables import terminal_safe
+    from autotune.cli._options import knob_flags, with_recipe_defaults
+    from autotune.space import study_space_and_workload
     from autotune.cli._study_cmds import open_repo
     from autotune.controller.imports import import_log
     from autotune.errors import ConfigError
@@ -66,7 +68,10 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     path = require_file(args.log, "log file")
     repo = open_repo(args, read_only=True)  # the study must exist already
     study = repo.get_study(args.study)
-    layout = layout_from_flags(args)
+    # a knob the user left out is the recipe's (as `estimate` and `check` fill it), not LayoutConfig's own
+    # default: ep=1 without the distributed optimizer is no layout a Bridge recipe runs (review)
+    space, workload = study_space_and_workload(study)
+    layout, filled = with_recipe_defaults(knob_flags(args), workload, space.domains)
     try:
         # non-blocking, then checked again on the open file: a pipe or folder swapped in after require_file
         # neither hangs the open nor is read
@@ -82,7 +87,9 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     except OSError as exc:  # unreadable (permissions, an I/O error mid-way, /proc/self/mem)
         raise ConfigError(f"log file {shown(str(path))}: cannot be read ({exc.strerror or exc})") from None
     if args.json:
-        print(json.dumps(trial.to_dict(), indent=2, default=str))
+        print(json.dumps({**trial.to_dict(), "filled_from_recipe": filled}, indent=2, default=str))
     else:
-        print(f"imported as trial {trial.number} ({trial.status}) of {args.study}")
+        taken = ", ".join(f"{k}={v}" for k, v in filled.items())
+        print(f"imported as trial {trial.number} ({trial.status}) of {terminal_safe(args.study)}"
+              + (f"; from the recipe: {taken}" if taken else ""))
     return 0

@@ -406,8 +406,15 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     oom = json.loads(cli("import-log", str(oom_log), "--study", "imp", "--ep", "16", "--dist-opt", "--storage", url,
                          "--json").stdout)
     assert oom["status"] == "oom"
-    bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--storage", url)
+    bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--no-sp", "--storage", url)
     assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr
+    # review: a knob left out is the recipe's (qwen3_30b: EP16 with the distributed optimizer), not ep=1 without
+    # it, and the command says which it took
+    filled = cli("import-log", str(log), "--study", "imp", "--storage", url, "--json")
+    assert filled.returncode == 0, filled.stderr
+    recipe_layout = json.loads(filled.stdout)
+    assert recipe_layout["config"]["ep"] == 16 and recipe_layout["config"]["dist_opt"] is True
+    assert recipe_layout["filled_from_recipe"]["ep"] == 16
     # a log longer than any profiling run (here: more than 2 iteration lines) is refused in one line, and
     # nothing is stored (in-process, so the limit can be lowered instead of writing a million lines)
     from autotune.cli import main
