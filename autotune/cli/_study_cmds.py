@@ -406,6 +406,7 @@ class _LiveView:
         # heartbeat when resuming a killed study (its summary would call this controller silent)
         board = leaderboard.build(self.repo, self.repo.get_study(self.study.name),
                                   top=12 if self._live is not None else None)
+        board.summary["controller_silent_s"] = None  # this process is the controller: never silent to itself
         if self._live is not None:
             from rich.console import Group
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
