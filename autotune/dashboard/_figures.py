@@ -17,6 +17,7 @@ import math
 from typing import Any
 from urllib.parse import quote
 
+from autotune._numbers import is_positive_finite
 from autotune.config import PERF_KNOBS, PERF_LABELS, LayoutConfig
 
 Figure = dict[str, Any]
@@ -332,10 +333,6 @@ def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limi
     return empty({"data": data, "layout": layout}, "no trial has both a prediction and a measurement yet")
 
 
-def _seconds(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def breakdown(predicted: dict[str, float], predicted_step_s: float | None, measured_step_s: float | None,
               measured_trace: dict[str, float] | None) -> Figure:
     """Predicted step-time terms next to what was measured: the step, and from an nsys summary the compute
@@ -343,9 +340,9 @@ def breakdown(predicted: dict[str, float], predicted_step_s: float | None, measu
     # stored values are input: a term that is not a finite positive number is left out, and its name is a
     # label (plotly renders <a href> in tick labels)
     terms = [(plain(str(k)[:60]), v) for k, v in (predicted if isinstance(predicted, dict) else {}).items()
-             if _seconds(v)]
-    predicted_step_s = predicted_step_s if _seconds(predicted_step_s) else None
-    measured_step_s = measured_step_s if _seconds(measured_step_s) else None
+             if is_positive_finite(v)]
+    predicted_step_s = predicted_step_s if is_positive_finite(predicted_step_s) else None
+    measured_step_s = measured_step_s if is_positive_finite(measured_step_s) else None
     categories = ["whole step"] + [k for k, _ in terms]
     data = [{"type": "bar", "orientation": "h", "name": "predicted", "y": categories,
              "x": [predicted_step_s] + [v for _, v in terms], "marker": {"color": "#457b9d"},

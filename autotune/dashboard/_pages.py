@@ -9,7 +9,6 @@ page loads nothing from the network and works offline).
 from __future__ import annotations
 
 import json
-import math
 import os
 from html import escape
 from typing import Any, BinaryIO
@@ -60,14 +59,13 @@ def prediction(stored: Any) -> dict[str, Any]:
     """A trial's stored prediction as the pages use it: its finite positive figures (and its breakdown's),
     nothing else. It is advisory and checked where used (storage/_records.py): a hand-edited one
     (a text, a list, 1e999) is left out, not a 500 for the whole page."""
-    def figure(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    from autotune._numbers import is_positive_finite
 
     if not isinstance(stored, dict):
         return {}
-    kept: dict[str, Any] = {k: v for k, v in stored.items() if isinstance(k, str) and figure(v)}
+    kept: dict[str, Any] = {k: v for k, v in stored.items() if isinstance(k, str) and is_positive_finite(v)}
     if isinstance(stored.get("breakdown"), dict):
-        kept["breakdown"] = {str(k): v for k, v in stored["breakdown"].items() if figure(v)}
+        kept["breakdown"] = {str(k): v for k, v in stored["breakdown"].items() if is_positive_finite(v)}
     return kept
 
 
