@@ -241,7 +241,7 @@ def benchmark_settings(study: Study, allow: bool) -> dict[str, bool]:
     """The study's benchmark-only settings that change a run; refused (one line) unless `allow`."""
     from autotune.megatron import benchmark_only
 
-    settings = benchmark_only.active(benchmark_only.checked((study.options or {}).get("benchmark_settings")))
+    settings = benchmark_only.active(benchmark_only.of_study(study))
     if settings and not allow:
         raise ConfigError(f"study {study.name!r} ran with benchmark-only settings "
                           f"({', '.join(f'{k}={v}' for k, v in settings.items())}): its numbers are not a tuned "

@@ -114,7 +114,7 @@ def benchmark_label(study: Study) -> str:
     """`benchmark-only: ...` when the study's runs used settings that are never part of a tuned result."""
     from autotune.megatron import benchmark_only
 
-    return benchmark_only.label(benchmark_only.checked((study.options or {}).get("benchmark_settings")))
+    return benchmark_only.label(benchmark_only.of_study(study))
 
 
 def to_json(board: Board) -> str:

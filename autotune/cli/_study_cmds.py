@@ -565,7 +565,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from autotune.megatron import benchmark_only
 
     # the overrides the run was given: its layout's and the study's benchmark-only settings (controller/_spec.py)
-    settings = benchmark_only.checked((study.options or {}).get("benchmark_settings"))
+    settings = benchmark_only.of_study(study)
     data = {**trial.to_dict(), "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)
             + benchmark_only.overrides(settings)}
     if args.json:

@@ -297,7 +297,7 @@ class DashboardApp:
 
         # what the run was given: the layout's overrides and the study's benchmark-only settings (as `show`)
         overrides = layout_overrides(layout, workload) + benchmark_only.overrides(
-            benchmark_only.checked((study.options or {}).get("benchmark_settings")))
+            benchmark_only.of_study(study))
         artifacts = "".join(
             f"<li><a href='/artifact/{quote(name, safe='')}/{number}/{quote(str(key), safe='')}'>{escape(str(key))}"
             f"</a> <span class='muted'>{escape(str(path))}</span></li>"

@@ -52,6 +52,11 @@ def checked(stored: Any) -> dict[str, bool]:
     return dict(stored)
 
 
+def of_study(study: Any) -> dict[str, bool]:
+    """The checked settings a stored study ran with (its options' `benchmark_settings`)."""
+    return checked((study.options or {}).get("benchmark_settings"))
+
+
 def active(settings: dict[str, bool]) -> dict[str, bool]:
     """The settings that differ from the recipes' values: what makes a result benchmark-only."""
     return {k: v for k, v in settings.items() if v != SAFE[k]}
