@@ -77,11 +77,16 @@ def risk_warning(repo: Repository, study: Study) -> str | None:
 
 def _checked(study: Study, trial: Trial):
     space, workload = study_space_and_workload(study)
+    return space, workload, _legal_layout(trial, workload)
+
+
+def _legal_layout(trial: Trial, workload) -> LayoutConfig:
+    """The trial's layout, refused when it breaks a rule (a hand-edited store is input like any other)."""
     layout = LayoutConfig.from_mapping(trial.config)
     bad = violations(layout, workload)
     if bad:
         raise IllegalLayoutError(f"trial {trial.number} breaks {bad[0].rule}: {bad[0].message}", bad)
-    return space, workload, layout
+    return layout
 
 
 def metrics_note(study: Study, trial: Trial) -> tuple[str, str]:
@@ -222,9 +227,7 @@ def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | Non
     perf = [k for k in PERF_KNOBS if any(t.config.get(k) is not None for t in trials)]
     _, workload = study_space_and_workload(study)
     for t in trials:
-        bad = violations(LayoutConfig.from_mapping(t.config), workload)
-        if bad:  # a hand-edited config: refused as the other formats refuse it, not passed on to a replay
-            raise IllegalLayoutError(f"trial {t.number} breaks {bad[0].rule}: {bad[0].message}", bad)
+        _legal_layout(t, workload)  # refused as the other formats refuse it, not passed on to a replay
         row = {k: t.config.get(k) for k in (*KNOBS, *perf)}
         # a launcher's message with its control characters escaped: a table printed to a terminal (no -o)
         # would otherwise let an ESC sequence in a stderr tail act there
