@@ -17,9 +17,11 @@ from typing import TextIO
 
 GIB = float(1 << 30)
 
-# A decimal number as Megatron prints one, and nothing that only looks like one ("1.2.3", ".", "1..0"):
-# float() of what matches never fails. Counters have at most 12 digits (int() of thousands would).
-NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?![\d.])"
+# A decimal number as Megatron prints one (fixed point), and nothing that only looks like one ("1.2.3",
+# ".", "1..0", "1e999": an exponent is no figure Megatron prints, and reading its mantissa alone would turn
+# 1e999 ms into 1 ms): float() of what matches never fails. Counters have at most 12 digits (int() of
+# thousands would).
+NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?![\d.]|[eE][+-]?\d)"
 COUNT = r"(\d{1,12})(?!\d)"
 ITERATION = re.compile(rf"iteration\s+{COUNT}\s*/\s*{COUNT}\s*\|.*?elapsed time per iteration \(ms\):\s*{NUMBER}")
 THROUGHPUT = re.compile(rf"throughput per GPU \(TFLOP/s/GPU\):\s*{NUMBER}")

@@ -42,6 +42,16 @@ def test_log_parsing_skips_warmup_and_converts_gb_to_gib():
     assert parsed.failure is None
 
 
+def test_a_figure_with_an_exponent_is_no_figure():
+    # Megatron prints fixed point: "1e999" ms once read as 1 ms (the mantissa alone); now the line is no
+    # iteration line, and a figure with an exponent in the throughput is not read either
+    lines = LOG.splitlines()
+    hostile = lines[2].replace("30100.0", "1e999").replace("200.0", "2E+5")
+    parsed = parse_log("\n".join([lines[0], lines[1], hostile, lines[3]]))
+    assert [i for i, _ in parsed.iterations] == [1, 3]
+    assert parsed.step_time_s == pytest.approx(29.9)
+
+
 def test_a_log_read_line_by_line_parses_like_its_whole_text(tmp_path):
     # import-log streams the file: what it finds must not depend on holding the log whole
     log = tmp_path / "run.log"
