@@ -203,6 +203,14 @@ _PARALLEL = (("TP", "tensor"), ("PP", "pipeline"), ("VPP", "virtual pipeline"), 
              ("ETP", "expert tensor"))
 
 
+# why the search proposed a layout (the trials' strategy notes; controller/strategies.py, knobs.py)
+NOTE_MEANINGS = {
+    "baseline": "the recipe's layout", "explore": "best predicted of a new family",
+    "refine": "best expected improvement", "sample": "best of a posterior draw",
+    "remeasure": "a close contender run again", "knobs": "performance knobs of a leader",
+}
+
+
 def legend(board: Board) -> str:
     """One line naming every abbreviation the board's rows use, and what "vs recipe" compares with."""
     import re
@@ -226,6 +234,9 @@ def legend(board: Board) -> str:
         if any(t.startswith(f"{label}=") for t in tokens):
             parts.append(f"{label} {knob.replace('_', ' ')}")
     parts.append("MFU: % of dense BF16 peak")
+    notes = [n for n in NOTE_MEANINGS if any(row.get("note") == n for row in board.rows + board.pinned)]
+    if notes:
+        parts.append("note: " + ", ".join(f"{n} = {NOTE_MEANINGS[n]}" for n in notes))
     s = board.summary
     if s["baseline_tokens_per_s_per_gpu"]:
         parts.append(f"vs recipe: speed-up over the recipe's own layout (trial {s['baseline_trial']})")

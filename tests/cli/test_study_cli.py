@@ -37,6 +37,7 @@ def test_start_prints_leaderboard_and_best_layout(finished_study):
     assert starting < result.stdout.index("Ray is up (") < result.stdout.index(progress[0])
     words = " ".join(result.stdout.split())  # the legend wraps
     assert "simulated GPU-hours" in words and "MFU: % of dense BF16 peak" in words
+    assert "baseline = the recipe's layout" in words  # the notes the board shows are explained
 
 
 def test_leaderboard_json_rows_and_summary(cli, finished_study):
