@@ -79,6 +79,7 @@ class SearchState:
     _breakdown: np.ndarray | None = None
     _codes: np.ndarray | None = None
     _gp_codes: np.ndarray | None = None
+    _gp_values: list[np.ndarray] | None = None
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
@@ -240,6 +241,16 @@ class SearchState:
             gp = gp.believing(self.gp_codes()[sorted(self.pending)])
         mean, std = gp.predict(self.gp_codes()[rows])
         return self.log_prior[rows] + mean, std
+
+    def posterior_sample(self, rows: np.ndarray, rng: np.random.Generator,
+                         believe_pending: bool = False) -> np.ndarray:
+        """One joint draw of log throughput at layouts `rows` from the posterior (ResidualGP.sample)."""
+        gp = self.surrogate()
+        if believe_pending and self.pending:
+            gp = gp.believing(self.gp_codes()[sorted(self.pending)])
+        if self._gp_values is None:
+            self._gp_values = [np.unique(column) for column in self.gp_codes().T]
+        return self.log_prior[rows] + gp.sample(self.gp_codes()[rows], self._gp_values, rng)
 
     def set_pending(self, keys) -> None:
         """The layouts whose runs are in flight (dispatched, no outcome yet), by config key."""

@@ -208,6 +208,43 @@ class ResidualGP:
         latent = np.sqrt(np.maximum(std ** 2 - self.noise_var, 1e-8))
         return mean + self.offset, latent
 
+    def sample(self, codes: np.ndarray, values: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+        """One joint draw of the latent residual at `codes` from the GP's posterior (Thompson sampling).
+
+        The knob-cell kernel is finite-dimensional: a weight per knob value (variance main / D) and one per
+        pair of knob values (variance 2 pair / (D (D - 1))) give exactly its covariance. A prior draw is
+        then one weight vector, and the posterior draw follows by Matheron's rule (Wilson et al. 2020,
+        "Efficiently sampling functions from Gaussian process posteriors"): f_post(x) = f(x) + k(x, X) c
+        with c = (K + s2 I)^-1 (y - f(X) - e), e ~ N(0, s2 I). k(x, X) c is a sum over the same cells
+        (each cell's weight plus its variance times the sum of c over the runs in that cell), so a draw
+        over N layouts costs one lookup per knob and per pair of knobs: O(N D^2), no N x runs matrix.
+        `values`: per knob column, the sorted distinct codes of the legal set (every code in `codes` and in
+        the runs among them). Before the first fit it is a draw from the prior (the starting kernel)."""
+        from scipy.linalg import cho_solve
+
+        d = codes.shape[1]
+        cells = (self.model.kernel_ if self.model is not None else self._initial_kernel(d)).k1
+        X = self.model.X_train_ if self.model is not None else codes[:0]
+        sizes = [len(v) for v in values]
+        at = [np.searchsorted(v, codes[:, k]) for k, v in enumerate(values)]
+        at_train = [np.searchsorted(v, X[:, k]) for k, v in enumerate(values)]
+        # (variance of one weight, cell index of every layout, of every run, number of cells) per cell family
+        groups = [(cells.main / d, at[k], at_train[k], sizes[k]) for k in range(d)]
+        if d > 1:
+            pair_var = 2 * cells.pair / (d * (d - 1))
+            groups += [(pair_var, at[k] * sizes[m] + at[m], at_train[k] * sizes[m] + at_train[m], sizes[k] * sizes[m])
+                       for k in range(d) for m in range(k + 1, d)]
+        weights = [rng.normal(0.0, math.sqrt(var), n) for var, _, _, n in groups]
+        c = np.zeros(0)  # before the first fit: no run to condition on
+        if self.model is not None:
+            prior_at_train = sum(w[train] for w, (_, _, train, _) in zip(weights, groups))
+            eps = rng.normal(0.0, math.sqrt(self.noise_var), len(X))
+            c = cho_solve((self.model.L_, True), self.model.y_train_ - prior_at_train - eps)
+        draw = np.zeros(len(codes))
+        for w, (var, cell, train, n) in zip(weights, groups):
+            draw += (w + var * np.bincount(train, weights=c, minlength=n))[cell]
+        return self.offset + draw
+
     def believing(self, pending: np.ndarray) -> "ResidualGP":
         """This GP as if the runs in flight at `pending` (knob codes) had measured what it expects of
         them (the kriging believer, Ginsbourger, Le Riche and Carraro 2010): the mean stays, the

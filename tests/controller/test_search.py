@@ -90,6 +90,32 @@ def test_believing_runs_in_flight_shrinks_doubt_around_them_and_keeps_the_fit():
     assert gp.predict(pending)[1][0] == before[0][1][0] and gp.believing(pending[:0]) is gp
 
 
+def test_a_posterior_draw_has_the_gps_posterior_mean_and_covariance():
+    """Thompson sampling's draw (weight-space prior + Matheron's rule) is a draw from the GP's own
+    posterior: over many draws, the mean and covariance at unmeasured and measured layouts match
+    scikit-learn's predict (noise excluded), and the draw is reproducible from the generator."""
+    rng = np.random.default_rng(0)
+    values = [np.array([1, 2, 4, 8]), np.array([1, 2]), np.array([0, 1, 2]), np.array([5, 7])]
+    every = np.array(np.meshgrid(*values, indexing="ij")).reshape(len(values), -1).T.astype(np.float64)
+    x = every[rng.choice(len(every), 12, replace=False)]
+    gp = ResidualGP()
+    gp.fit(x, 0.1 * (x[:, 0] == 4) * (x[:, 1] == 2) + rng.normal(0, 0.02, len(x)))
+    at = every[:20]
+    mean, cov = gp.model.predict(at, return_cov=True)
+    cov -= gp.noise_var * np.eye(len(at))  # predict's covariance holds the white noise on its diagonal
+    draws = np.array([gp.sample(at, values, rng) for _ in range(5000)]) - gp.offset
+    scale = np.abs(cov).max()
+    assert np.abs(draws.mean(axis=0) - mean).max() < 0.1 * math.sqrt(scale)
+    assert np.abs(np.cov(draws.T) - cov).max() < 0.1 * scale
+    # before the first fit, a draw from the prior: the starting kernel's variance, shared cells covarying
+    fresh = np.array([ResidualGP().sample(every[[0, 0, -1]], values, rng) for _ in range(4000)])
+    assert np.var(fresh[:, 0]) == pytest.approx(0.15 ** 2, rel=0.1)
+    assert np.array_equal(fresh[:, 0], fresh[:, 1]) and abs(np.corrcoef(fresh[:, 0], fresh[:, 2])[0, 1]) < 0.1
+    one = gp.sample(at, values, np.random.default_rng(5))
+    assert np.array_equal(one, gp.sample(at, values, np.random.default_rng(5)))
+    assert not np.array_equal(one, gp.sample(at, values, np.random.default_rng(6)))
+
+
 def test_proposals_made_while_runs_are_in_flight_spread_out(qwen16):
     """Four proposals in a row with no result between them (four slots): believing the runs in flight,
     the four differ in more knobs from one another than the plain top four of expected improvement."""
@@ -208,9 +234,12 @@ def test_remeasure_value_is_the_knowledge_gradient_of_one_more_run():
     (1.0, False, REMEASURE),  # no layout ran twice yet: the run noise is a guess until one does
 ])
 def test_a_contender_runs_again_only_when_that_is_worth_more_than_a_new_layout(qwen16, new_layout_gain, noise_known,
-                                                                               expected):
+                                                                               expected, monkeypatch):
     """In the budget's last share, a close contender is measured again when its knowledge gradient beats
     that of the best new layout (a search far from the optimum keeps searching), or to learn the run noise."""
+    import autotune.controller.strategies as strategies
+
+    monkeypatch.setattr(strategies, "THOMPSON_EVERY", 0)  # the new layout is EI's (stubbed below), not a draw
     _, workload, legal = qwen16
     state = SearchState.build(workload, legal[:200])
     runs = [(0, 1000.0), (1, 995.0), (2, 700.0)] + ([(2, 707.0)] if noise_known else [])
@@ -493,6 +522,22 @@ def test_a_controller_learns_what_another_controller_of_its_study_measured_and_r
     second._exhausted = False  # the spy above proposed nothing
     assert second._dispatch_one() is False and not second._exhausted and len(repo.trials(study.id)) == rows
     second.dispatcher.shutdown()
+    repo.close()
+
+
+def test_auto_draws_every_third_refinement_from_the_posterior(tmp_path):
+    """After the initial design, every THOMPSON_EVERY-th proposal is a Thompson sample: an untried
+    layout like every other proposal, in its place in the schedule unless a contender runs again."""
+    from autotune.controller import strategies
+
+    repo, study, _, _ = _study(tmp_path, "auto", 40, seed=2)
+    trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
+    start = AutoStrategy(40, 0)._initial_design_size()
+    drawn = [i for i, t in enumerate(trials) if t.strategy_note == strategies.THOMPSON]
+    assert len(drawn) >= 8 and min(drawn) >= start
+    assert all((i - start) % strategies.THOMPSON_EVERY == 0 for i in drawn)
+    for i in drawn:  # a new layout each time
+        assert trials[i].config_key not in {t.config_key for t in trials[:i]}
     repo.close()
 
 
