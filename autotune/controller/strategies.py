@@ -47,7 +47,7 @@ THOMPSON = "sample"  # the note of a proposal drawn by Thompson sampling
 @dataclass(frozen=True)
 class Proposal:
     config: LayoutConfig
-    note: str  # why it was chosen: baseline / explore / refine / random / grid
+    note: str  # why it was chosen: baseline / explore / refine / sample / remeasure / random / grid / a sampler name
 
 
 class Strategy(ABC):
