@@ -83,6 +83,7 @@ class SearchState:
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
+    _believed: tuple | None = None  # ((runs fitted, layouts in flight), the GP believing them): _posterior_gp
     # performance-knob variants of legal layouts (issue 16): outside the enumerated legal set, keyed by
     # config key; the knob phase (controller/knobs.py) reads them, the GP and physics do not
     variants: dict[str, LayoutConfig] = field(default_factory=dict)
@@ -236,18 +237,24 @@ class SearchState:
     def posterior(self, rows: np.ndarray, believe_pending: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Mean and sd of log throughput (tokens/s/GPU) at layouts `rows`; with `believe_pending`, as if
         the layouts in flight (`pending`) had measured what the GP expects of them (ResidualGP.believing)."""
-        gp = self.surrogate()
-        if believe_pending and self.pending:
-            gp = gp.believing(self.gp_codes()[sorted(self.pending)])
-        mean, std = gp.predict(self.gp_codes()[rows])
+        mean, std = self._posterior_gp(believe_pending).predict(self.gp_codes()[rows])
         return self.log_prior[rows] + mean, std
+
+    def _posterior_gp(self, believe_pending: bool) -> ResidualGP:
+        """The surrogate, or with `believe_pending` and runs in flight the surrogate believing them: kept
+        until a run or the set in flight changes, so EI and a Thompson draw in one proposal refit it once."""
+        gp = self.surrogate()
+        if not (believe_pending and self.pending):
+            return gp
+        key = (self._gp_runs, frozenset(self.pending))
+        if self._believed is None or self._believed[0] != key:
+            self._believed = (key, gp.believing(self.gp_codes()[sorted(self.pending)]))
+        return self._believed[1]
 
     def posterior_sample(self, rows: np.ndarray, rng: np.random.Generator,
                          believe_pending: bool = False) -> np.ndarray:
         """One joint draw of log throughput at layouts `rows` from the posterior (ResidualGP.sample)."""
-        gp = self.surrogate()
-        if believe_pending and self.pending:
-            gp = gp.believing(self.gp_codes()[sorted(self.pending)])
+        gp = self._posterior_gp(believe_pending)
         if self._gp_values is None:
             self._gp_values = [np.unique(column) for column in self.gp_codes().T]
         return self.log_prior[rows] + gp.sample(self.gp_codes()[rows], self._gp_values, rng)

@@ -150,13 +150,14 @@ class AutoStrategy(Strategy):
         """The best open layout of one draw from the posterior, among those likely to keep the headroom:
         it runs where the posterior gives a fair chance of being the optimum, however far from the
         incumbent (EI's GLOBAL_GAP never goes there), and as often as that chance says."""
-        rows = np.flatnonzero(open_ & (p_fit >= P_FIT_MIN))
+        eligible = open_ & (p_fit >= P_FIT_MIN)
+        rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return None
         if rows.size > THOMPSON_ROWS:
             # a random subset, plus the layouts EI scored this round (the neighbourhoods of the best
             # measured layouts, the prior's best), which a random subset of a large legal set would miss
-            scored = self._scored[open_[self._scored] & (p_fit[self._scored] >= P_FIT_MIN)]
+            scored = self._scored[eligible[self._scored]]
             rows = np.union1d(self.rng.choice(rows, THOMPSON_ROWS, replace=False), scored)
         draw = state.posterior_sample(rows, self.rng, believe_pending=BELIEVE_PENDING)
         return int(rows[int(np.argmax(draw))])
