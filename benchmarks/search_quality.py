@@ -254,6 +254,7 @@ def main() -> None:
           f"{'OOM share':>9} {'ms/trial':>8} {'wall h':>6} {'measured':>8} {'prior rank of optimum':>22}", flush=True)
     curves: dict[tuple[str, str], list[list[float]]] = {}
     saved: dict[str, list[list[float]]] = {}
+    found_saved: dict[str, list[float]] = {}  # per study: the truly best layout it measured / the optimum
     # spawn: a fork would copy this process's Optuna and SQLAlchemy state into the workers
     workers = multiprocessing.get_context("spawn").Pool if args.procs > 1 else lambda _n: contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as directory, workers(args.procs) as pool:
@@ -271,6 +272,7 @@ def main() -> None:
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)
+                            found_saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[3] for r in runs)
                         shown = [budget] if sampler == "auto" else args.budgets
                         for b in shown:
                             ratios = [r[0][min(b, len(r[0])) - 1] if r[0] else 0.0 for r in runs]
@@ -282,7 +284,7 @@ def main() -> None:
                                   f"{min(ratios):>6.3f} {statistics.median(ooms):>9.1%} {statistics.median(ms):>8.1f} "
                                   f"{wall_h:>6.1f} {found:>8.3f} {ranks:>22}", flush=True)
     if args.save_curves:
-        Path(args.save_curves).write_text(json.dumps({"budget": top, "curves": saved}))
+        Path(args.save_curves).write_text(json.dumps({"budget": top, "curves": saved, "found": found_saved}))
     if args.plot:
         plot(curves, args.families, args.samplers, top, args.plot, args.cases)
 

@@ -32,8 +32,13 @@ def cmd_current(args: argparse.Namespace) -> int:
     engine = _engine(args)
     current, head = current_revision(engine), head_revision(engine)
     info = {"current": current, "head": head, "up_to_date": current == head}
-    print(json.dumps(info) if args.json else f"schema revision {current or '(none)'}; this autotune writes {head}"
-          + ("" if current == head else " (run `autotune db upgrade`)"))
+    if args.json:
+        print(json.dumps(info))
+    elif current is None:  # a server database autotune never wrote to: say so, not "(none)"
+        print(f"no autotune schema in this database; `autotune start` (or `autotune db upgrade`) creates it at {head}")
+    else:
+        print(f"schema revision {current}; this autotune writes {head}"
+              + ("" if current == head else " (run `autotune db upgrade`)"))
     return 0
 
 
@@ -51,6 +56,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         raise StorageError(f"cannot upgrade from revision {before}: {exc} (is it from a newer autotune?)") from None
     after = current_revision(engine)
     print(json.dumps({"from": before, "to": after}) if args.json else
-          f"schema upgraded from {before or '(empty)'} to {after}" if before != after else
+          f"schema created at {after}" if before is None else
+          f"schema upgraded from {before} to {after}" if before != after else
           f"schema already at {after} (head {head_revision(engine)})")
     return 0

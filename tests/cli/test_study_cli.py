@@ -251,6 +251,18 @@ def test_db_commands_need_a_store_and_leave_none_behind(cli, tmp_path, action):
     assert not target.parent.exists()
 
 
+def test_db_commands_on_a_server_database_autotune_never_wrote(cli, postgres_url):
+    """A PostgreSQL database without autotune's schema: `db current` says there is none (not
+    "revision (none)"), `db upgrade` says it created the schema, and then the store reads as current."""
+    empty = cli("db", "current", "--storage", postgres_url)
+    assert empty.returncode == 0 and "no autotune schema in this database" in empty.stdout
+    created = cli("db", "upgrade", "--storage", postgres_url)
+    assert created.returncode == 0 and created.stdout.startswith("schema created at ")
+    current = json.loads(cli("db", "current", "--storage", postgres_url, "--json").stdout)
+    assert current["up_to_date"] and created.stdout.strip().endswith(current["head"])
+    assert cli("status", "--storage", postgres_url).returncode == 0
+
+
 def test_newer_schema_says_which_upgrade(cli, tmp_path):
     from autotune.storage import make_engine, upgrade
 
