@@ -82,14 +82,17 @@ def cmd_import_log(args: argparse.Namespace) -> int:
         # read line by line: a log of many GB (a whole training run's) is never held in memory; nothing is
         # stored before the whole log has been read
         with io.open(fd, encoding="utf-8", errors="replace") as log:
-            trial = import_log(repo, study, layout, read_lines(log),
-                               source=str(path.resolve()))  # absolute: the dashboard does not run where this did
+            trial, notes = import_log(repo, study, layout, read_lines(log),
+                                      source=str(path.resolve()),  # absolute: the dashboard does not run where this did
+                                      space_and_workload=(space, workload))
     except OSError as exc:  # unreadable (permissions, an I/O error mid-way, /proc/self/mem)
         raise ConfigError(f"log file {shown(str(path))}: cannot be read ({exc.strerror or exc})") from None
     if args.json:
-        print(json.dumps({**trial.to_dict(), "filled_from_recipe": filled}, indent=2, default=str))
+        print(json.dumps({**trial.to_dict(), "filled_from_recipe": filled, "notes": notes}, indent=2, default=str))
     else:
         taken = ", ".join(f"{k}={v}" for k, v in filled.items())
         print(f"imported as trial {trial.number} ({trial.status}) of {terminal_safe(args.study)}"
               + (f"; from the recipe: {taken}" if taken else ""))
+        for note in notes:
+            print(f"note: {note}")
     return 0

@@ -22,12 +22,16 @@ from autotune.space import violations
 from autotune.storage import Repository, Study, Trial, TrialNumbering
 
 
-def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str | Iterable[str], source: str) -> Trial:
-    """The run whose Megatron log is `text` (its whole text, or its lines one at a time) as a trial of `study`."""
+def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str | Iterable[str], source: str,
+               space_and_workload: tuple | None = None) -> tuple[Trial, list[str]]:
+    """The run whose Megatron log is `text` (its whole text, or its lines one at a time) as a trial of
+    `study`, and notes for the user about what was stored other than the log says (one line each).
+    `space_and_workload`: the study's (study_space_and_workload), when the caller has them already."""
     from autotune._paths import shown
 
     name = shown(source)  # on one line, whatever the file's name holds
-    space, workload = study_space_and_workload(study)
+    space, workload = space_and_workload or study_space_and_workload(study)
+    notes: list[str] = []
     bad = violations(layout, workload)
     if bad:
         raise IllegalLayoutError(f"the layout given for the log breaks {bad[0].rule}: {bad[0].message}", bad)
@@ -51,6 +55,10 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
         metrics.update(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=tflops,
                        mfu=tflops / workload.cluster.gpu.bf16_peak_tflops if tflops else None)
         metrics.update(flops_in_one_convention(metrics, workload, layout))
+        if tflops is not None and metrics["tflops_per_gpu"] != tflops:
+            # a 0, an overflow or another FLOP count: stored as this package counts it, and said so
+            notes.append(f"the log's {tflops:g} TFLOP/s/GPU disagrees with its iteration time; stored "
+                         f"{metrics['tflops_per_gpu']:.1f} TFLOP/s/GPU, counted from the iteration time")
     every_step = [t for _, t in parsed.iterations]  # warm-up too, all stored: an infinite one refuses the log
     problem = impossible_result(status, {**dict.fromkeys(METRIC_KEYS), **metrics}, every_step, workload, layout.tp,
                                 estimate(workload, layout).peak_mem_gib)
@@ -62,6 +70,7 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     number = optuna.add_measured(layout, metrics.get("tokens_per_s_per_gpu"), oom=status == "oom",
                                  attrs={**optuna_attrs(status, reason, None, metrics, "imported"), "log": source})
     # numbered like the study's other runs: with its Optuna trial number (models.TrialNumbering)
-    return repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
-                             every_step, source,
-                             number=number if study.numbering == TrialNumbering.OPTUNA else None)
+    trial = repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
+                              every_step, source,
+                              number=number if study.numbering == TrialNumbering.OPTUNA else None)
+    return trial, notes

@@ -409,6 +409,17 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     trial = json.loads(result.stdout)
     assert trial["status"] == "completed" and trial["origin"] == "imported"
     assert trial["step_time_s"] == pytest.approx(30.0)
+    assert trial["notes"] == [] and trial["tflops_per_gpu"] == pytest.approx(202.0)  # the log's own figure
+    # a log whose TFLOP/s cannot be this run's (0: a logging bug; no FLOP count gives 0 at 30 s a step) is
+    # stored in this package's count, and the user is told (it was replaced silently before)
+    zero = tmp_path / "zero-tflops.log"
+    zero.write_text(LOG.replace("(TFLOP/s/GPU): 200.0", "(TFLOP/s/GPU): 0.0").replace("(TFLOP/s/GPU): 204.0",
+                                                                                     "(TFLOP/s/GPU): 0.0"))
+    replaced = cli("import-log", str(zero), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                   "--storage", url)
+    assert replaced.returncode == 0, replaced.stderr
+    note = [line for line in replaced.stdout.splitlines() if line.startswith("note: ")]
+    assert len(note) == 1 and "the log's 0 TFLOP/s/GPU disagrees with its iteration time" in note[0]
     board = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
     assert board["summary"]["dispatched"] == 1  # the imported run is outside the budget
     oom_log = tmp_path / "oom.log"
