@@ -138,6 +138,10 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     # the study's wall time on a cluster with `concurrency` slots: the in-process dispatcher's simulated
     # clock (each run's start-up and steps as the simulate backend plays them; no controller time)
     wall_h = controller.dispatcher.clock_s / 3600
+    # beside the kept store (--keep-stores): the truth of every layout it ran, to judge other choices of a winner
+    Path(url.removeprefix("sqlite:///")).with_suffix(".truth.json").write_text(json.dumps(
+        {"best": truth.best, "speed": {t.config_key: truth.speed.get(t.config_key, 0.0) for t in trials},
+         "limit_gib": limit, "headroom_gib": controller.headroom_gib}))
     return curve, ooms / max(1, len(trials)), 1000 * summary.controller_s_per_trial, found / truth.best, wall_h
 
 
@@ -234,6 +238,8 @@ def main() -> None:
     parser.add_argument("--naive-batch", action="store_true",
                         help="with --concurrency: propose as before this version, ignoring the runs in flight "
                              "(the top of one expected improvement), for comparison")
+    parser.add_argument("--keep-stores", metavar="DIR",
+                        help="keep each study's SQLite store in DIR (for looking at a study's trials afterwards)")
     parser.add_argument("--save-curves", metavar="JSON",
                         help="also write the top budget's regret curves to this file (to merge runs made in parallel)")
     parser.add_argument("--plot-curves", nargs="+", metavar="JSON",
@@ -257,7 +263,8 @@ def main() -> None:
     found_saved: dict[str, list[float]] = {}  # per study: the truly best layout it measured / the optimum
     # spawn: a fork would copy this process's Optuna and SQLAlchemy state into the workers
     workers = multiprocessing.get_context("spawn").Pool if args.procs > 1 else lambda _n: contextlib.nullcontext()
-    with tempfile.TemporaryDirectory() as directory, workers(args.procs) as pool:
+    kept = contextlib.nullcontext(args.keep_stores) if args.keep_stores else tempfile.TemporaryDirectory()
+    with kept as directory, workers(args.procs) as pool:
         for case in args.cases:
             model, gpus = case.split(":")[0], int(case.split(":")[1])
             for family in args.families:

@@ -22,6 +22,9 @@ import numpy as np
 from autotune.config import RECOMPUTE_CODES, LayoutConfig, Workload
 from autotune.controller.physics import PhysicsCalibration
 from autotune.controller.surrogate import FAMILY, KNOB_VALUE_MIN_LOG_STD, MemoryFeasibility, ResidualGP
+
+# the search GP gives each pair of knobs its own variance (surrogate's module doc: chosen on the tuning seeds)
+PER_PAIR = True
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
 P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when it fits with this probability
@@ -224,7 +227,7 @@ class SearchState:
         """The GP on log(measured / predicted), refitted when measurements arrived since the last fit."""
         n = self.n_runs
         if self._gp is None:
-            self._gp = ResidualGP(value_min_std=KNOB_VALUE_MIN_LOG_STD)
+            self._gp = ResidualGP(value_min_std=KNOB_VALUE_MIN_LOG_STD, per_pair=PER_PAIR)
         if n and n != self._gp_runs:
             self.calibrate()
             rows = [i for i, runs in self.runs.items() for _ in runs]

@@ -13,6 +13,19 @@ The cost model (calibrated: controller/physics.py) is the GP's prior mean, so th
 spans, GEMM shapes, bubbles) reaches every layout through it. A white-noise term absorbs run-to-run
 noise.
 
+The search's GP gives each pair of knobs its own variance (PER_PAIR in controller/state.py; the pooling
+GP of the recommendation keeps one shared by all pairs). With one shared variance, a cluster on which
+TP interacts with EP and PP with VPP spreads that variance evenly over all D (D - 1) / 2 pairs of
+knobs (45 with ten knobs): the few pairs that interact get too little of it and the others some they
+do not need, so a run teaches little about its interacting pairs' other layouts. With one each, fitted by marginal likelihood with a normal prior on each pair's log
+variance around the pairs' mean (sd PAIR_SHRINK_LOG_STD: 40 runs cannot pin 45 variances alone), the
+runs pick out the pairs that matter. Chosen on the tuning seeds 5-24 of benchmarks/search_quality.py
+(240 studies, budget 40, search_quality.last.txt): mean ratio 0.9777 -> 0.9799 (paired difference
++0.0022, standard error 0.0020), studies >= 0.95 206 -> 213 of 240, the worst row (qwen3_30b@64
+interact) 0.944 -> 0.964; the `regime` rows, whose effects are not pairs (a threshold on TP x CP, on
+the tokens of an expert GEMM), lost up to 0.5 points. A prior sd of 0.75 instead of 1.5 did not gain
+(0.9784 against 0.9806 on the 193 studies both ran).
+
 Why not a smooth kernel on physics features (GEMM width, tokens per expert, NVLink spans, bubble
 share...): an ARD Matern over 17 such features was this module's first surrogate; with <= 40 runs
 its length scales overfit (features declared irrelevant on a handful of points, posteriors 1-2% wide
@@ -71,24 +84,31 @@ MEMORY_FAMILY_STD = 0.06
 MEMORY_WITHIN_STD = 0.02
 FAMILY = ("tp", "pp", "cp", "ep", "etp")
 VARIANCE_BOUNDS = (1e-4, 0.25)  # of each part of the kernel: 1% to 50% (1 sd, log)
+PAIR_BOUNDS = (1e-7, 0.1)  # of one pair of knobs' variance when each pair has its own
+PAIR_SHRINK_LOG_STD = 1.5  # prior sd of a pair's log variance around the pairs' mean (_shrunk_lbfgs)
 # the search GP's floor on one knob value's own effect (1 sd, log; module doc)
 KNOB_VALUE_MIN_LOG_STD = 0.07
 
 
-def knob_cell_kernel(main: float, pair: float, main_min: float = VARIANCE_BOUNDS[0]):
+def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
     """A scikit-learn kernel over integer knob codes (one column per knob):
 
-        k(x, y) = main * (knobs equal) / D + pair * (pairs of knobs both equal) / (D choose 2)
+        k(x, y) = main * (knobs equal) / D + sum over pairs of knobs p of pair_p * (both knobs of p equal)
 
-    `main` is the variance of the per-value effects, `pair` that of the per-pair-of-values effects
-    (both hyperparameters, fitted by the GP's marginal likelihood, `main` no lower than `main_min`);
-    k(x, x) = main + pair.
-    scikit-learn is imported here, late: the read side builds one only to pool a study's runs (recommend.py).
+    `main` is the variance of the per-value effects (no lower than `main_min`); `pair` that of the
+    per-pair-of-values effects: one number shared by the D (D - 1) / 2 pairs of knobs (pair_p = pair /
+    (D choose 2)), or an array with one variance per pair of knobs (in the order of `knob_pairs`), so
+    that the few pairs of knobs that interact on a cluster can carry the interactions and the others
+    none (PAIR_SHRINK_LOG_STD). Hyperparameters are fitted by the GP's marginal likelihood. k(x, x) =
+    main + total pair variance. scikit-learn is imported here, late: the read side builds one only to
+    pool a study's runs (recommend.py).
     """
     from sklearn.gaussian_process.kernels import Hyperparameter, Kernel
 
+    per_pair = np.ndim(pair) > 0
+
     class KnobCellKernel(Kernel):
-        def __init__(self, main: float = 0.01, pair: float = 0.01) -> None:
+        def __init__(self, main: float = 0.01, pair=0.01) -> None:
             self.main, self.pair = main, pair
 
         @property
@@ -97,17 +117,36 @@ def knob_cell_kernel(main: float, pair: float, main_min: float = VARIANCE_BOUNDS
 
         @property
         def hyperparameter_pair(self):
+            if per_pair:
+                return Hyperparameter("pair", "numeric", PAIR_BOUNDS, len(self.pair))
             return Hyperparameter("pair", "numeric", VARIANCE_BOUNDS)
 
-        def _shares(self, X, Y):
-            d = X.shape[1]
-            same = (X[:, None, :] == Y[None, :, :]).sum(axis=2).astype(np.float64)
-            return same / d, same * (same - 1) / max(1, d * (d - 1))
+        def pair_variances(self, d: int) -> np.ndarray:
+            """The variance of each pair of knobs (order of knob_pairs(d))."""
+            n = d * (d - 1) // 2
+            return np.asarray(self.pair, dtype=np.float64) if per_pair else np.full(n, self.pair / max(1, n))
 
         def __call__(self, X, Y=None, eval_gradient=False):
             if eval_gradient and Y is not None:
                 raise ValueError("the gradient is only defined for Y=None")
-            main_share, pair_share = self._shares(X, X if Y is None else Y)
+            Y = X if Y is None else Y
+            d = X.shape[1]
+            equal = X[:, None, :] == Y[None, :, :]
+            main_share = equal.sum(axis=2) / d
+            if per_pair:
+                a, b = knob_pairs(d)
+                if not eval_gradient:
+                    # sum over pairs a < b of pair_ab e_a e_b = e'Ve / 2 (V symmetric, zero diagonal): one
+                    # (N M, D) x (D, D) product instead of an N x M x pairs array (predictions over thousands)
+                    V = np.zeros((d, d))
+                    V[a, b] = V[b, a] = self.pair
+                    e = equal.astype(np.float64)
+                    return self.main * main_share + 0.5 * np.einsum("ijk,ijk->ij", e @ V, e)
+                both = (equal[:, :, a] & equal[:, :, b]).astype(np.float64)
+                K = self.main * main_share + both @ self.pair
+                return K, np.concatenate([(self.main * main_share)[:, :, None], both * self.pair], axis=2)
+            same = equal.sum(axis=2).astype(np.float64)
+            pair_share = same * (same - 1) / max(1, d * (d - 1))
             K = self.main * main_share + self.pair * pair_share
             if not eval_gradient:
                 return K
@@ -115,15 +154,23 @@ def knob_cell_kernel(main: float, pair: float, main_min: float = VARIANCE_BOUNDS
             return K, np.stack([self.main * main_share, self.pair * pair_share], axis=2)
 
         def diag(self, X):
-            return np.full(X.shape[0], self.main + self.pair)
+            return np.full(X.shape[0], self.main + float(np.sum(self.pair)))
 
         def is_stationary(self) -> bool:
             return False
 
         def __repr__(self) -> str:
-            return f"KnobCellKernel(main={math.sqrt(self.main):.3g}**2, pair={math.sqrt(self.pair):.3g}**2)"
+            total = float(np.sum(self.pair))
+            return f"KnobCellKernel(main={math.sqrt(self.main):.3g}**2, pair={math.sqrt(total):.3g}**2" \
+                   + (f" over {len(self.pair)} pairs, largest {math.sqrt(float(np.max(self.pair))):.3g}**2)" if per_pair else ")")
 
     return KnobCellKernel(main, pair)
+
+
+def knob_pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of knob columns (a < b), in the order of the kernel's per-pair variances."""
+    a, b = np.triu_indices(d, k=1)
+    return a, b
 
 
 def run_noise_log_std(runs_per_layout) -> float:
@@ -150,14 +197,33 @@ def _bounded_lbfgs(obj_func, initial_theta, bounds):
     return result.x, result.fun
 
 
+def _shrunk_lbfgs(pairs: slice):
+    """_bounded_lbfgs on the marginal likelihood plus a normal prior of sd PAIR_SHRINK_LOG_STD on each
+    pair's log variance around their mean (a random effect): with 40 runs and 45 pairs of knobs, the
+    likelihood alone would give a pair all the variance on two runs; the prior lets a pair that the runs
+    say interacts stand out, and keeps the others near the common level until they say otherwise."""
+    def optimiser(obj_func, initial_theta, bounds):
+        def penalised(theta):
+            value, grad = obj_func(theta)
+            deviation = theta[pairs] - theta[pairs].mean()
+            grad = grad.copy()
+            grad[pairs] += deviation / PAIR_SHRINK_LOG_STD ** 2  # the deviations sum to 0: no mean term
+            return value + 0.5 * float(deviation @ deviation) / PAIR_SHRINK_LOG_STD ** 2, grad
+
+        return _bounded_lbfgs(penalised, initial_theta, bounds)
+
+    return optimiser
+
+
 class ResidualGP:
     """GP regression of log(measured / prior) on integer knob codes (one column per knob), with a
     constant mean and the knob-cell kernel (see the module docstring)."""
 
     def __init__(self, prior_std: float = PRIOR_LOG_STD, noise_std: float = NOISE_LOG_STD,
-                 value_min_std: float = 0.0) -> None:
+                 value_min_std: float = 0.0, per_pair: bool = False) -> None:
         import sklearn.gaussian_process  # noqa: F401  (late, but at construction: not in the first proposal)
 
+        self.per_pair = per_pair
         self.model = None
         self.prior_std = prior_std
         self.noise_std = noise_std
@@ -175,7 +241,9 @@ class ResidualGP:
 
         half = self.prior_std ** 2 / 2
         main_min = max(VARIANCE_BOUNDS[0], n_knobs * self.value_min_std ** 2)
-        return knob_cell_kernel(max(half, main_min), half, main_min) + \
+        n_pairs = n_knobs * (n_knobs - 1) // 2
+        pair = np.full(n_pairs, half / n_pairs) if self.per_pair and n_pairs > 1 else half
+        return knob_cell_kernel(max(half, main_min), pair, main_min) + \
             WhiteKernel(self.noise_std ** 2, (1e-5, 0.01))
 
     def fit(self, codes: np.ndarray, residual: np.ndarray, optimize: bool = True) -> None:
@@ -187,7 +255,9 @@ class ResidualGP:
         if self.kernel is None:
             self.kernel = self._initial_kernel(codes.shape[1])
         kernel = self.model.kernel_ if self.model is not None else self.kernel
-        gp = GaussianProcessRegressor(kernel, optimizer=_bounded_lbfgs if optimize and self.n >= 4 else None,
+        pairs = np.size(kernel.k1.pair)
+        optimiser = _shrunk_lbfgs(slice(1, 1 + pairs)) if pairs > 1 else _bounded_lbfgs
+        gp = GaussianProcessRegressor(kernel, optimizer=optimiser if optimize and self.n >= 4 else None,
                                       normalize_y=False, copy_X_train=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convergence warnings at the variance bounds are expected
@@ -231,9 +301,9 @@ class ResidualGP:
         # (variance of one weight, cell index of every layout, of every run, number of cells) per cell family
         groups = [(cells.main / d, at[k], at_train[k], sizes[k]) for k in range(d)]
         if d > 1:
-            pair_var = 2 * cells.pair / (d * (d - 1))
-            groups += [(pair_var, at[k] * sizes[m] + at[m], at_train[k] * sizes[m] + at_train[m], sizes[k] * sizes[m])
-                       for k in range(d) for m in range(k + 1, d)]
+            pair_var = cells.pair_variances(d)
+            groups += [(v, at[k] * sizes[m] + at[m], at_train[k] * sizes[m] + at_train[m], sizes[k] * sizes[m])
+                       for v, k, m in zip(pair_var, *knob_pairs(d))]
         weights = [rng.normal(0.0, math.sqrt(var), n) for var, _, _, n in groups]
         c = np.zeros(0)  # before the first fit: no run to condition on
         if self.model is not None:
