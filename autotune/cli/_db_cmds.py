@@ -28,9 +28,12 @@ def _engine(args: argparse.Namespace):
 
 def cmd_current(args: argparse.Namespace) -> int:
     from autotune.storage import current_revision, head_revision
+    from autotune.storage.migrations import refuse_unversioned_tables
 
     engine = _engine(args)
     current, head = current_revision(engine), head_revision(engine)
+    if current is None:
+        refuse_unversioned_tables(engine)
     info = {"current": current, "head": head, "up_to_date": current == head}
     if args.json:
         print(json.dumps(info))
@@ -44,16 +47,23 @@ def cmd_current(args: argparse.Namespace) -> int:
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
     from alembic.util.exc import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
 
     from autotune.errors import StorageError
     from autotune.storage import current_revision, head_revision, upgrade
+    from autotune.storage.migrations import refuse_unversioned_tables
 
     engine = _engine(args)
     before = current_revision(engine)
+    if before is None:
+        refuse_unversioned_tables(engine)
     try:
         upgrade(engine)
     except CommandError as exc:
         raise StorageError(f"cannot upgrade from revision {before}: {exc} (is it from a newer autotune?)") from None
+    except SQLAlchemyError as exc:  # a table in the way, a permission: one line, the migration rolled back
+        first = str(exc.orig if getattr(exc, "orig", None) is not None else exc).strip().splitlines()[0][:200]
+        raise StorageError(f"cannot upgrade from revision {before or '(none)'}: {first}") from None
     after = current_revision(engine)
     print(json.dumps({"from": before, "to": after}) if args.json else
           f"schema created at {after}" if before is None else

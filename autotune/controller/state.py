@@ -22,9 +22,6 @@ import numpy as np
 from autotune.config import RECOMPUTE_CODES, LayoutConfig, Workload
 from autotune.controller.physics import PhysicsCalibration
 from autotune.controller.surrogate import FAMILY, KNOB_VALUE_MIN_LOG_STD, MemoryFeasibility, ResidualGP
-
-# the search GP gives each pair of knobs its own variance (surrogate's module doc: chosen on the tuning seeds)
-PER_PAIR = True
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
 P_FIT_CANDIDATE = 0.5  # a layout is a candidate for model-free strategies when it fits with this probability
@@ -34,6 +31,8 @@ P_FIT_REJECT = 0.05  # below this a proposal is rejected as predicted OOM withou
 MIN_RUNS_TO_CALIBRATE = 2  # one run only moves the GP's constant mean
 OPTIMIZE_ALWAYS_UP_TO = 12
 OPTIMIZE_EVERY = 4
+# the search GP gives each pair of knobs its own variance (surrogate's module doc: chosen on the tuning seeds)
+PER_PAIR = True
 
 
 def _codes(columns: list[np.ndarray]) -> tuple[np.ndarray, int]:

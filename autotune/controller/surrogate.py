@@ -117,8 +117,8 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
 
         @property
         def hyperparameter_pair(self):
-            if per_pair:
-                return Hyperparameter("pair", "numeric", PAIR_BOUNDS, len(self.pair))
+            if per_pair:  # np.size: scikit-learn's theta setter turns a one-element array into a float
+                return Hyperparameter("pair", "numeric", PAIR_BOUNDS, int(np.size(self.pair)))
             return Hyperparameter("pair", "numeric", VARIANCE_BOUNDS)
 
         def pair_variances(self, d: int) -> np.ndarray:
@@ -131,6 +131,8 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
                 raise ValueError("the gradient is only defined for Y=None")
             Y = X if Y is None else Y
             d = X.shape[1]
+            if per_pair and np.size(self.pair) != d * (d - 1) // 2:
+                raise ValueError(f"{np.size(self.pair)} pair variances for {d} knobs ({d * (d - 1) // 2} pairs)")
             equal = X[:, None, :] == Y[None, :, :]
             main_share = equal.sum(axis=2) / d
             if per_pair:
@@ -154,7 +156,8 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
             return K, np.stack([self.main * main_share, self.pair * pair_share], axis=2)
 
         def diag(self, X):
-            return np.full(X.shape[0], self.main + float(np.sum(self.pair)))
+            # one knob has no pair: the pair part is 0 there, as in __call__
+            return np.full(X.shape[0], self.main + (float(np.sum(self.pair)) if X.shape[1] > 1 else 0.0))
 
         def is_stationary(self) -> bool:
             return False
@@ -282,7 +285,8 @@ class ResidualGP:
         """One joint draw of the latent residual at `codes` from the GP's posterior (Thompson sampling).
 
         The knob-cell kernel is finite-dimensional: a weight per knob value (variance main / D) and one per
-        pair of knob values (variance 2 pair / (D (D - 1))) give exactly its covariance. A prior draw is
+        pair of knob values (variance pair_p of its pair of knobs: KnobCellKernel.pair_variances) give
+        exactly its covariance. A prior draw is
         then one weight vector, and the posterior draw follows by Matheron's rule (Wilson et al. 2020,
         "Efficiently sampling functions from Gaussian process posteriors"): f_post(x) = f(x) + k(x, X) c
         with c = (K + s2 I)^-1 (y - f(X) - e), e ~ N(0, s2 I). k(x, X) c is a sum over the same cells

@@ -62,6 +62,14 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(config, revision)
 
 
+def refuse_unversioned_tables(engine: Engine) -> None:
+    """StorageError when the database holds autotune's tables without its version table: not made by
+    autotune's migrations, so neither read nor migrated (creating the schema there would collide)."""
+    if inspect(engine).has_table("autotune_trials"):
+        raise StorageError("the database has autotune tables but no autotune_alembic_version: "
+                           "it was not created by autotune's migrations")
+
+
 def ensure_schema(engine: Engine) -> None:
     """Create the schema in an empty database; refuse one that is behind or ahead of this code."""
     current = current_revision(engine)
@@ -70,9 +78,7 @@ def ensure_schema(engine: Engine) -> None:
         return
     script = ScriptDirectory.from_config(_config(engine))
     if current is None:
-        if inspect(engine).has_table("autotune_trials"):
-            raise StorageError("the database has autotune tables but no autotune_alembic_version: "
-                               "it was not created by autotune's migrations")
+        refuse_unversioned_tables(engine)
         upgrade(engine)
         return
     known = {rev.revision for rev in script.walk_revisions()}

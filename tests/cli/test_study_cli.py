@@ -263,6 +263,23 @@ def test_db_commands_on_a_server_database_autotune_never_wrote(cli, postgres_url
     assert cli("status", "--storage", postgres_url).returncode == 0
 
 
+def test_db_commands_refuse_autotune_tables_without_the_version_table(cli, postgres_url):
+    """Review: a database holding an autotune_trials table that autotune's migrations did not make was
+    "no autotune schema" to `db current` and a DuplicateTable traceback to `db upgrade`; both refuse it in
+    one line, as every other command does, and leave it as it was."""
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(postgres_url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE autotune_trials (id integer)"))
+    for action in ("current", "upgrade"):
+        result = cli("db", action, "--storage", postgres_url)
+        assert result.returncode == 2 and "no autotune_alembic_version" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(inspect(engine).get_table_names()) == ["autotune_trials"]
+    engine.dispose()
+
+
 def test_newer_schema_says_which_upgrade(cli, tmp_path):
     from autotune.storage import make_engine, upgrade
 

@@ -185,9 +185,11 @@ def test_knob_cell_kernel_gradient_matches_finite_differences(pair):
         numeric = (kernel.clone_with_theta(theta)(x) - kernel(x)) / 1e-6
         assert np.allclose(numeric, grad[:, :, j], atol=1e-6)
     assert np.allclose(np.diag(kernel(x)), kernel.diag(x))
-    # the kernel between two sets (the prediction's path) is the same function as within one
+    # the kernel between two sets (the prediction's path) is the same function as the fit's (with gradient)
     y = _codes(np.random.default_rng(3), 5)
-    assert np.allclose(kernel(np.vstack([x, y]))[:7, 7:], kernel(x, y))
+    assert np.allclose(kernel(np.vstack([x, y]), eval_gradient=True)[0][:7, 7:], kernel(x, y))
+    one = kernel.clone_with_theta(kernel.theta)  # scikit-learn's round trip through theta keeps the kernel
+    assert np.allclose(one(x, y), kernel(x, y))
 
 
 def test_knob_cell_kernel_with_equal_pair_variances_is_the_shared_one():
