@@ -17,9 +17,10 @@ The search's GP gives each pair of knobs its own variance (PER_PAIR in controlle
 GP of the recommendation keeps one shared by all pairs). With one shared variance, a cluster on which
 TP interacts with EP and PP with VPP spreads that variance evenly over all D (D - 1) / 2 pairs of
 knobs (45 with ten knobs): the few pairs that interact get too little of it and the others some they
-do not need, so a run teaches little about its interacting pairs' other layouts. With one each, fitted by marginal likelihood with a normal prior on each pair's log
-variance around the pairs' mean (sd PAIR_SHRINK_LOG_STD: 40 runs cannot pin 45 variances alone), the
-runs pick out the pairs that matter. Chosen on the tuning seeds 5-24 of benchmarks/search_quality.py
+do not need, so a run teaches little about its interacting pairs' other layouts. With one each,
+fitted by marginal likelihood with a normal prior on each pair's log variance around the pairs' mean
+(sd PAIR_SHRINK_LOG_STD: 40 runs cannot pin 45 variances alone), the runs pick out the pairs that
+matter. Chosen on the tuning seeds 5-24 of benchmarks/search_quality.py
 (240 studies, budget 40, search_quality.last.txt): mean ratio 0.9777 -> 0.9799 (paired difference
 +0.0022, standard error 0.0020), studies >= 0.95 206 -> 213 of 240, the worst row (qwen3_30b@64
 interact) 0.944 -> 0.964; the `regime` rows, whose effects are not pairs (a threshold on TP x CP, on
@@ -165,7 +166,7 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
         def __repr__(self) -> str:
             total = float(np.sum(self.pair))
             return f"KnobCellKernel(main={math.sqrt(self.main):.3g}**2, pair={math.sqrt(total):.3g}**2" \
-                   + (f" over {len(self.pair)} pairs, largest {math.sqrt(float(np.max(self.pair))):.3g}**2)" if per_pair else ")")
+                   + (f" over {np.size(self.pair)} pairs, largest {math.sqrt(float(np.max(self.pair))):.3g}**2)" if per_pair else ")")
 
     return KnobCellKernel(main, pair)
 
