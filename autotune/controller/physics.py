@@ -52,6 +52,9 @@ class PhysicsCalibration:
     log_scale: np.ndarray = field(default_factory=lambda: np.zeros(len(TERMS)))
     n_runs: int = 0
     noise_log_std: float = STEP_NOISE_LOG_STD  # the step-time noise the last fit chose
+    # each noise level's solution of the last fit: the next fit (one run more) starts there, a few
+    # iterations from its own optimum, instead of from the prior
+    _starts: dict[float, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def scales(self) -> dict[str, float]:
@@ -114,7 +117,11 @@ class PhysicsCalibration:
 
         best, start = None, self.log_scale
         for noise in STEP_NOISE_GRID_LOG_STD:
-            result = least_squares(residuals, start, jac=jacobian, args=(noise,), method="trf", max_nfev=200)
+            start = self._starts.get(noise, start)
+            # MINPACK's Levenberg-Marquardt: the same optimum as the trust-region solver on this small,
+            # unbounded problem (runs + terms residuals, ten unknowns) at a third of its time per fit
+            result = least_squares(residuals, start, jac=jacobian, args=(noise,), method="lm", max_nfev=200)
+            self._starts[noise] = result.x
             # log evidence up to terms equal for every noise level: the misfit, the runs' normalisation,
             # and the Occam factor of the posterior's volume (Gauss-Newton Hessian J'J)
             _, log_det = np.linalg.slogdet(result.jac.T @ result.jac)

@@ -79,6 +79,7 @@ class SearchState:
     physics: PhysicsCalibration = field(default_factory=PhysicsCalibration)
     _log_prior: np.ndarray | None = None
     _breakdown: np.ndarray | None = None
+    _log_tokens_per_step: np.ndarray | None = None
     _codes: np.ndarray | None = None
     _gp_codes: np.ndarray | None = None
     _gp_values: list[np.ndarray] | None = None
@@ -177,7 +178,9 @@ class SearchState:
         measured_step_s = self.predicted.step_time_s[rows] * np.exp(raw - log_tokens)
         self.physics.fit(self.breakdown_matrix()[rows], measured_step_s)
         calibrated_step_s = self.physics.step_time_s(self.breakdown_matrix())
-        self._log_prior = np.log(self.predicted.tokens_per_s_per_gpu * self.predicted.step_time_s / calibrated_step_s)
+        if self._log_tokens_per_step is None:  # log(tokens/s/GPU * step s): fixed per layout, so taken once
+            self._log_tokens_per_step = np.log(self.predicted.tokens_per_s_per_gpu * self.predicted.step_time_s)
+        self._log_prior = self._log_tokens_per_step - np.log(calibrated_step_s)
 
     def knob_codes(self) -> np.ndarray:
         """One integer column per knob (recompute's three fields as one), for neighbourhoods and the GP."""

@@ -353,6 +353,7 @@ class MemoryFeasibility:
     _mean: np.ndarray | None = None
     _std: np.ndarray | None = None
     _p_fit: dict[float, np.ndarray] = field(default_factory=dict)  # by headroom, until the next observation
+    _log_predicted: np.ndarray | None = None  # log predicted_gib, once: p_fit runs over every legal layout
 
     def observe(self, i: int, peak_gib: float | None, oom: bool) -> None:
         predicted = float(self.predicted_gib[i])
@@ -409,6 +410,8 @@ class MemoryFeasibility:
 
         if headroom_gib not in self._p_fit:
             mean, std = self.log_ratio()
-            margin = np.log(max(self.limit_gib - headroom_gib, 1e-9) / self.predicted_gib) - mean
+            if self._log_predicted is None:
+                self._log_predicted = np.log(self.predicted_gib)
+            margin = math.log(max(self.limit_gib - headroom_gib, 1e-9)) - self._log_predicted - mean
             self._p_fit[headroom_gib] = ndtr(margin / std)
         return self._p_fit[headroom_gib]
