@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import LayoutConfig
+from autotune.controller.notes import BASELINE, MEANINGS
 from autotune.controller.recommend import study_recommendation
 from autotune.storage import Repository, Study, Trial
 
@@ -56,7 +57,7 @@ def _row(trial: Trial, baseline_speed: float | None) -> dict[str, Any]:
 def build(repo: Repository, study: Study, include_rejected: bool = False, top: int | None = None) -> Board:
     trials = repo.trials(study.id)
     dispatched = [t for t in trials if t.dispatched]
-    baseline = next((t for t in dispatched if t.strategy_note == "baseline"), None)
+    baseline = next((t for t in dispatched if t.strategy_note == BASELINE), None)
     baseline_speed = baseline.tokens_per_s_per_gpu if baseline and baseline.status == "completed" else None
     completed = sorted((t for t in dispatched if t.status == "completed" and t.tokens_per_s_per_gpu),
                        key=lambda t: -t.tokens_per_s_per_gpu)
@@ -203,14 +204,6 @@ _PARALLEL = (("TP", "tensor"), ("PP", "pipeline"), ("VPP", "virtual pipeline"), 
              ("ETP", "expert tensor"))
 
 
-# why the search proposed a layout (the trials' strategy notes; controller/strategies.py, knobs.py)
-NOTE_MEANINGS = {
-    "baseline": "the recipe's layout", "explore": "best predicted of a new family",
-    "refine": "best expected improvement", "sample": "best of a posterior draw",
-    "remeasure": "a close contender run again", "knobs": "performance knobs of a leader",
-}
-
-
 def legend(board: Board) -> str:
     """One line naming every abbreviation the board's rows use, and what "vs recipe" compares with."""
     import re
@@ -234,9 +227,9 @@ def legend(board: Board) -> str:
         if any(t.startswith(f"{label}=") for t in tokens):
             parts.append(f"{label} {knob.replace('_', ' ')}")
     parts.append("MFU: % of dense BF16 peak")
-    notes = [n for n in NOTE_MEANINGS if any(row.get("note") == n for row in board.rows + board.pinned)]
+    notes = [n for n in MEANINGS if any(row.get("note") == n for row in board.rows + board.pinned)]
     if notes:
-        parts.append("note: " + ", ".join(f"{n} = {NOTE_MEANINGS[n]}" for n in notes))
+        parts.append("note: " + ", ".join(f"{n} = {MEANINGS[n]}" for n in notes))
     s = board.summary
     if s["baseline_tokens_per_s_per_gpu"]:
         parts.append(f"vs recipe: speed-up over the recipe's own layout (trial {s['baseline_trial']})")

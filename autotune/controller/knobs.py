@@ -18,10 +18,10 @@ import math
 from typing import Any
 
 from autotune.config import LayoutConfig
+from autotune.controller.notes import KNOBS
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import Proposal, Strategy
 
-KNOB_NOTE = "knobs"
 DEFAULT_KNOB_SHARE = 0.1
 CENTRES = 2  # knob variants are tried around the best measured configurations, this many
 
@@ -129,7 +129,7 @@ class KnobPhase(Strategy):
                 score = mean + math.log(estimate.tokens_per_s_per_gpu) - base_log
                 if best is None or score > best[0]:
                     best = (score, candidate)
-        return None if best is None else Proposal(best[1], KNOB_NOTE)
+        return None if best is None else Proposal(best[1], KNOBS)
 
     def _neighbours(self, centre: LayoutConfig, state: SearchState):
         """`centre` with one performance knob changed to another value of its domain (a knob set back to

@@ -34,13 +34,14 @@ from autotune.config import LayoutConfig, Workload
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller._spec import prediction, trial_spec
+from autotune.controller.notes import BASELINE, REMEASURE
 from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS, StudyOptions
 from autotune.controller.pruning import SlowBranchPruner
 from autotune.controller.recommend import (Recommendation, backend_repeats_exactly, default_headroom_gib, recommend,
                                           validation_choices)
 from autotune.controller.screening import DUPLICATE, Rejection, frontier_skips, screen
 from autotune.controller.state import SearchState
-from autotune.controller.strategies import REMEASURE, Strategy, run_noise_std
+from autotune.controller.strategies import Strategy, run_noise_std
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
 from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT
@@ -186,7 +187,7 @@ class Controller:
         trials = self.repo.trials(self.study.id, dispatched_only=True)
         pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
                          pooled_estimate=not backend_repeats_exactly(self.study.backend))
-        baseline = next((t for t in trials if t.strategy_note == "baseline"), None)
+        baseline = next((t for t in trials if t.strategy_note == BASELINE), None)
         counts = self.repo.counts(self.study.id)
         per_trial = self.controller_seconds / max(1, counts["dispatched"])
         return RunSummary(self.study.name, counts, pick.trial if pick else None, baseline, elapsed_s, per_trial,

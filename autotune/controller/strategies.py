@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.config import LayoutConfig
+from autotune.controller.notes import BASELINE, EXPLORE, GRID, RANDOM, REFINE, REMEASURE, THOMPSON
 from autotune.controller.state import SearchState
 from autotune.errors import ConfigError
 
@@ -40,8 +41,6 @@ THOMPSON_ROWS = 20000
 MAX_SUGGESTIONS = 60  # Optuna suggestions tried per proposal before a random legal layout stands in
 
 
-REMEASURE = "remeasure"  # the note of a proposal that runs a measured layout again
-THOMPSON = "sample"  # the note of a proposal drawn by Thompson sampling
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class Strategy(ABC):
             return None
         i = state.index.get(self.baseline.key())
         if i is not None and not state.tried[i] and state.candidates()[i]:
-            return Proposal(self.baseline, "baseline")
+            return Proposal(self.baseline, BASELINE)
         return None
 
 
@@ -124,7 +123,7 @@ class AutoStrategy(Strategy):
         if state.dispatched < self._initial_design_size():
             i = self._best_new_family(state, open_ & (p_fit >= P_FIT_EXPLORE))
             if i is not None:
-                return Proposal(state.legal[i], "explore")
+                return Proposal(state.legal[i], EXPLORE)
         # EI is weighted by the chance the layout keeps the headroom (only such a layout can be
         # recommended); the candidate threshold above is about running out of memory at all
         recommendable = state.p_fit(state.headroom_gib)
@@ -144,7 +143,7 @@ class AutoStrategy(Strategy):
             j = self._thompson(state, open_, recommendable)
             if j is not None:
                 return Proposal(state.legal[j], THOMPSON)
-        return Proposal(state.legal[i], "refine")
+        return Proposal(state.legal[i], REFINE)
 
     def _thompson(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray) -> int | None:
         """The best open layout of one draw from the posterior, among those likely to keep the headroom:
@@ -294,7 +293,7 @@ class RandomLegalStrategy(Strategy):
         open_ = np.flatnonzero(state.candidates())
         if open_.size == 0:
             return None
-        return Proposal(state.legal[int(self.rng.choice(open_))], "random")
+        return Proposal(state.legal[int(self.rng.choice(open_))], RANDOM)
 
 
 class GridStrategy(Strategy):
@@ -310,7 +309,7 @@ class GridStrategy(Strategy):
         done = int(state.tried.sum())
         target = (done * stride) % len(state.legal)
         later = open_[open_ >= target]
-        return Proposal(state.legal[int(later[0] if later.size else open_[0])], "grid")
+        return Proposal(state.legal[int(later[0] if later.size else open_[0])], GRID)
 
 
 class OptunaSamplerStrategy(Strategy):

@@ -124,7 +124,7 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
 
         def pair_variances(self, d: int) -> np.ndarray:
             """The variance of each pair of knobs (order of knob_pairs(d))."""
-            n = d * (d - 1) // 2
+            n = pair_count(d)
             return np.asarray(self.pair, dtype=np.float64) if per_pair else np.full(n, self.pair / max(1, n))
 
         def __call__(self, X, Y=None, eval_gradient=False):
@@ -132,8 +132,8 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
                 raise ValueError("the gradient is only defined for Y=None")
             Y = X if Y is None else Y
             d = X.shape[1]
-            if per_pair and np.size(self.pair) != d * (d - 1) // 2:
-                raise ValueError(f"{np.size(self.pair)} pair variances for {d} knobs ({d * (d - 1) // 2} pairs)")
+            if per_pair and np.size(self.pair) != pair_count(d):
+                raise ValueError(f"{np.size(self.pair)} pair variances for {d} knobs ({pair_count(d)} pairs)")
             equal = X[:, None, :] == Y[None, :, :]
             main_share = equal.sum(axis=2) / d
             if per_pair:
@@ -169,6 +169,11 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
                    + (f" over {np.size(self.pair)} pairs, largest {math.sqrt(float(np.max(self.pair))):.3g}**2)" if per_pair else ")")
 
     return KnobCellKernel(main, pair)
+
+
+def pair_count(d: int) -> int:
+    """How many pairs of knobs `d` knobs make (d choose 2)."""
+    return d * (d - 1) // 2
 
 
 def knob_pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -245,7 +250,7 @@ class ResidualGP:
 
         half = self.prior_std ** 2 / 2
         main_min = max(VARIANCE_BOUNDS[0], n_knobs * self.value_min_std ** 2)
-        n_pairs = n_knobs * (n_knobs - 1) // 2
+        n_pairs = pair_count(n_knobs)
         pair = np.full(n_pairs, half / n_pairs) if self.per_pair and n_pairs > 1 else half
         return knob_cell_kernel(max(half, main_min), pair, main_min) + \
             WhiteKernel(self.noise_std ** 2, (1e-5, 0.01))

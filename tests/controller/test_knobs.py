@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from autotune.config import LayoutConfig
-from autotune.controller.knobs import KNOB_NOTE, KnobPhase, with_knob_phase
+from autotune.controller.knobs import KnobPhase, with_knob_phase
+from autotune.controller.notes import KNOBS
 from autotune.controller.session import build_controller, create_study
 from autotune.controller.strategies import AutoStrategy, make_strategy
 from autotune.space import load_space, make_workload, violations
@@ -39,7 +40,7 @@ def test_the_last_share_of_the_budget_tunes_knobs_at_measured_layouts(tmp_path):
     repo, study, workload, summary = _run(tmp_path, 0.25)
     trials = sorted(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
     assert len(trials) == 12
-    knob_trials = [t for t in trials if t.strategy_note == KNOB_NOTE]
+    knob_trials = [t for t in trials if t.strategy_note == KNOBS]
     assert [t.number for t in knob_trials] == [t.number for t in trials[-3:]]  # the budget's last 3
     layouts = {LayoutConfig.from_mapping(t.config).layout_only().key() for t in trials[:-3]}
     keys = [t.config_key for t in trials if t.strategy_note != "remeasure"]
@@ -55,5 +56,5 @@ def test_the_last_share_of_the_budget_tunes_knobs_at_measured_layouts(tmp_path):
 def test_layout_only_when_the_share_is_zero(tmp_path):
     repo, study, _, _ = _run(tmp_path, 0.0)
     trials = repo.trials(study.id, dispatched_only=True)
-    assert not any(t.strategy_note == KNOB_NOTE or LayoutConfig.from_mapping(t.config).perf() for t in trials)
+    assert not any(t.strategy_note == KNOBS or LayoutConfig.from_mapping(t.config).perf() for t in trials)
     repo.close()

@@ -15,10 +15,11 @@ from autotune.backends._landscapes import Landscape
 from autotune.config import LayoutConfig
 import autotune.controller.loop as loop
 from autotune.controller.recommend import default_headroom_gib, recommend
+from autotune.controller.notes import REMEASURE
 from autotune.controller.sampler import AutotuneSampler
 from autotune.controller.session import build_controller, create_study, replay_coverage
 from autotune.controller.state import SearchState
-from autotune.controller.strategies import (REMEASURE, AutoStrategy, Proposal, expected_improvement,
+from autotune.controller.strategies import (AutoStrategy, Proposal, expected_improvement,
                                             remeasure_choice, remeasure_value)
 from autotune.controller.surrogate import MemoryFeasibility, ResidualGP
 from autotune.cost import estimate, estimate_many
