@@ -62,3 +62,21 @@ def test_expert_parallel_is_not_part_of_data_parallel():
     assert any(c.ep == 16 and c.tp == 1 and c.pp == 1 for c in legal.configs)
     # EP=16 with PP=2 needs 32 GPUs in the expert grid: never legal on 16
     assert not any(c.ep == 16 and c.pp == 2 for c in legal.configs)
+
+
+def test_enumerating_again_gives_an_equal_result_the_caller_owns():
+    """The last enumeration is kept (a study's creation and its controller ask for the same set): asked
+    again, the same layouts and counts, in a list the caller may change without changing the next answer;
+    another workload or space is enumerated afresh."""
+    space = load_space("qwen3_30b").fixed({"mbs": 1})
+    workload = make_workload(space, gpus=16)
+    first = enumerate_legal(space, workload)
+    expected = list(first.configs)
+    first.configs.clear()
+    first.rejected_by_rule.clear()
+    second = enumerate_legal(space, workload)
+    assert second.configs == expected and sum(second.rejected_by_rule.values()) > 0
+    other = enumerate_legal(space, make_workload(space, gpus=8))
+    assert len(other.configs) < len(expected) and other.candidates == second.candidates
+    pinned = enumerate_legal(space.fixed({"tp": 2}), workload)
+    assert {c.tp for c in pinned.configs} == {2}
