@@ -65,7 +65,7 @@ def screen(config: LayoutConfig, workload: Workload, space: SearchSpace, state: 
     if state.frontier_by[i] >= 0:
         source = int(state.frontier_by[i])
         return Rejection("oom_frontier", frontier_message(source), 1.0, source)
-    p_fit = float(state.p_fit()[i])
+    p_fit = float(state.p_fit_at(np.array([i]))[0])
     if p_fit < P_FIT_REJECT:
         limit = workload.cluster.gpu.memory_gib
         peak = state.predicted_peak_gib(i)

@@ -119,14 +119,10 @@ class AutoStrategy(Strategy):
         open_ = state.candidates(P_FIT_MIN)
         if not open_.any():
             return None if again is None else Proposal(state.legal[again[0]], REMEASURE)
-        p_fit = state.p_fit()
         if state.dispatched < self._initial_design_size():
-            i = self._best_new_family(state, open_ & (p_fit >= P_FIT_EXPLORE))
+            i = self._best_new_family(state, open_ & state.fits(P_FIT_EXPLORE))
             if i is not None:
                 return Proposal(state.legal[i], EXPLORE)
-        # EI is weighted by the chance the layout keeps the headroom (only such a layout can be
-        # recommended); the candidate threshold above is about running out of memory at all
-        recommendable = state.p_fit(state.headroom_gib)
         # A run spent again on a contender is a run not spent on a new layout: measure again only when
         # that is worth more (both values are knowledge gradients: the expected gain in the true log
         # throughput of the layout chosen in the end). With the search still far from the optimum, new
@@ -136,20 +132,20 @@ class AutoStrategy(Strategy):
         # the scoring runs every time (it keeps the pool's state and draws from the rng); the new layouts'
         # value is weighed only when a contender competes for the run with a known noise
         weigh = again is not None and noise_known
-        i, gain = self._expected_improvement(state, open_, recommendable, weigh=weigh)
+        i, gain = self._expected_improvement(state, open_, weigh=weigh)
         if again is not None and (not noise_known or again[1] >= gain):
             return Proposal(state.legal[again[0]], REMEASURE)
         if THOMPSON_EVERY and (state.dispatched - self._initial_design_size()) % THOMPSON_EVERY == 0:
-            j = self._thompson(state, open_, recommendable)
+            j = self._thompson(state, open_)
             if j is not None:
                 return Proposal(state.legal[j], THOMPSON)
         return Proposal(state.legal[i], REFINE)
 
-    def _thompson(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray) -> int | None:
+    def _thompson(self, state: SearchState, open_: np.ndarray) -> int | None:
         """The best open layout of one draw from the posterior, among those likely to keep the headroom:
         it runs where the posterior gives a fair chance of being the optimum, however far from the
         incumbent (EI's GLOBAL_GAP never goes there), and as often as that chance says."""
-        eligible = open_ & (p_fit >= P_FIT_MIN)
+        eligible = open_ & state.fits(P_FIT_MIN, state.headroom_gib)
         rows = np.flatnonzero(eligible)
         if rows.size == 0:
             return None
@@ -192,8 +188,7 @@ class AutoStrategy(Strategy):
     _kept: np.ndarray | None = None
     _scored = np.array([], dtype=np.int64)  # the layouts the last EI round scored
 
-    def _expected_improvement(self, state: SearchState, open_: np.ndarray, p_fit: np.ndarray,
-                              weigh: bool = True) -> tuple[int, float]:
+    def _expected_improvement(self, state: SearchState, open_: np.ndarray, weigh: bool = True) -> tuple[int, float]:
         """The open layout with the best constrained EI, and (with `weigh`; 0.0 without) what one run of
         the best new layout is worth: its knowledge gradient, to weigh against measuring a contender again."""
         pool, local = self._pool(state, open_)
@@ -203,7 +198,10 @@ class AutoStrategy(Strategy):
         mean, std = state.posterior(np.concatenate([pool, measured]), believe_pending=BELIEVE_PENDING)
         incumbent = float(np.max(mean[len(pool):] if measured.size else mean))
         mean, std = mean[:len(pool)], std[:len(pool)]
-        score = expected_improvement(mean, std, incumbent) * p_fit[pool]
+        # EI is weighted by the chance the layout keeps the headroom (only such a layout can be
+        # recommended); the candidate threshold of `open_` is about running out of memory at all
+        keeps_headroom = state.p_fit_at(pool, state.headroom_gib)
+        score = expected_improvement(mean, std, incumbent) * keeps_headroom
         # Far from every good layout, only candidates whose mean is close to the incumbent are worth
         # a run: with 40 runs, a bet on a region the posterior expects to be much slower rarely pays.
         far = ~local & (mean < incumbent - GLOBAL_GAP)
@@ -217,7 +215,7 @@ class AutoStrategy(Strategy):
         # al. 2008); EI assumes the run reveals the layout's value exactly and overrates a near-known one
         noise = run_noise_std(state)
         moved = std ** 2 / np.sqrt(std ** 2 + noise ** 2)
-        value = expected_improvement(mean, moved, incumbent) * p_fit[pool]
+        value = expected_improvement(mean, moved, incumbent) * keeps_headroom
         value[far] = 0.0
         return int(pool[order[0]]), float(value.max())
 

@@ -87,6 +87,8 @@ FAMILY = ("tp", "pp", "cp", "ep", "etp")
 VARIANCE_BOUNDS = (1e-4, 0.25)  # of each part of the kernel: 1% to 50% (1 sd, log)
 PAIR_BOUNDS = (1e-7, 0.1)  # of one pair of knobs' variance when each pair has its own
 PAIR_SHRINK_LOG_STD = 1.5  # prior sd of a pair's log variance around the pairs' mean (_shrunk_lbfgs)
+# up to this many knobs, a prediction looks the kernel up by which knobs two layouts share (2**D patterns)
+PATTERN_TABLE_MAX_KNOBS = 14
 # the search GP's floor on one knob value's own effect (1 sd, log; module doc)
 KNOB_VALUE_MIN_LOG_STD = 0.07
 
@@ -134,6 +136,8 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
             d = X.shape[1]
             if per_pair and np.size(self.pair) != pair_count(d):
                 raise ValueError(f"{np.size(self.pair)} pair variances for {d} knobs ({pair_count(d)} pairs)")
+            if not eval_gradient and d <= PATTERN_TABLE_MAX_KNOBS:
+                return self._by_pattern(X, Y, d)
             equal = X[:, None, :] == Y[None, :, :]
             main_share = equal.sum(axis=2) / d
             if per_pair:
@@ -155,6 +159,21 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
                 return K
             # d K / d log(variance), the parametrisation scikit-learn optimises
             return K, np.stack([self.main * main_share, self.pair * pair_share], axis=2)
+
+        def _by_pattern(self, X, Y, d: int) -> np.ndarray:
+            """k(x, y) depends only on which knobs x and y share: one value per pattern of shared knobs
+            (a D-bit number), looked up. Predictions over thousands of layouts compare D columns instead
+            of building a layouts x runs x knobs array (4-5x faster at D = 10)."""
+            a, b = knob_pairs(d)
+            V = np.zeros((d, d))
+            V[a, b] = V[b, a] = self.pair_variances(d)
+            bits = ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1).astype(np.float64)
+            # per pattern: main x share of knobs equal + sum over pairs a < b of pair_ab e_a e_b (= e'Ve / 2)
+            table = self.main * bits.sum(axis=1) / d + 0.5 * np.einsum("pk,pk->p", bits @ V, bits)
+            pattern = np.zeros((len(X), len(Y)), dtype=np.int32)
+            for j in range(d):
+                pattern |= (X[:, j][:, None] == Y[:, j][None, :]).astype(np.int32) << j
+            return table[pattern]
 
         def diag(self, X):
             # one knob has no pair: the pair part is 0 there, as in __call__
@@ -358,6 +377,7 @@ class MemoryFeasibility:
     _mean: np.ndarray | None = None
     _std: np.ndarray | None = None
     _p_fit: dict[float, np.ndarray] = field(default_factory=dict)  # by headroom, until the next observation
+    _z_fit: dict[float, np.ndarray] = field(default_factory=dict)  # likewise
     _log_predicted: np.ndarray | None = None  # log predicted_gib, once: p_fit runs over every legal layout
 
     def observe(self, i: int, peak_gib: float | None, oom: bool) -> None:
@@ -371,7 +391,7 @@ class MemoryFeasibility:
             return
         self.observations.append((i, math.log(ratio)))
         self._mean = None
-        self._p_fit = {}
+        self._p_fit, self._z_fit = {}, {}
 
     def _solve(self) -> None:
         n_layouts = len(self.predicted_gib)
@@ -410,13 +430,35 @@ class MemoryFeasibility:
         mean, _ = self.log_ratio()
         return self.predicted_gib * np.exp(mean)
 
-    def p_fit(self, headroom_gib: float = 0.0) -> np.ndarray:
-        from scipy.special import ndtr
-
-        if headroom_gib not in self._p_fit:
+    def z_fit(self, headroom_gib: float = 0.0) -> np.ndarray:
+        """Per layout, how many sd its log peak lies below the limit less `headroom_gib` (P(fit) = Phi(z))."""
+        if headroom_gib not in self._z_fit:
             mean, std = self.log_ratio()
             if self._log_predicted is None:
                 self._log_predicted = np.log(self.predicted_gib)
             margin = math.log(max(self.limit_gib - headroom_gib, 1e-9)) - self._log_predicted - mean
-            self._p_fit[headroom_gib] = ndtr(margin / std)
+            self._z_fit[headroom_gib] = margin / std
+        return self._z_fit[headroom_gib]
+
+    def p_fit(self, headroom_gib: float = 0.0) -> np.ndarray:
+        """P(fit) of every layout; `fits` and `p_fit_at` answer the search's questions without it."""
+        from scipy.special import ndtr
+
+        if headroom_gib not in self._p_fit:
+            self._p_fit[headroom_gib] = ndtr(self.z_fit(headroom_gib))
         return self._p_fit[headroom_gib]
+
+    def p_fit_at(self, rows: np.ndarray, headroom_gib: float = 0.0) -> np.ndarray:
+        """P(fit) of layouts `rows` only: the normal CDF costs ~4 ms over 180,000 layouts (64 GPUs),
+        and the search weighs a few thousand after each measurement."""
+        from scipy.special import ndtr
+
+        if headroom_gib in self._p_fit:
+            return self._p_fit[headroom_gib][rows]
+        return ndtr(self.z_fit(headroom_gib)[rows])
+
+    def fits(self, p_min: float, headroom_gib: float = 0.0) -> np.ndarray:
+        """Mask of the layouts with P(fit) >= p_min, compared as z >= Phi^-1(p_min) (no CDF evaluated)."""
+        from scipy.special import ndtri
+
+        return self.z_fit(headroom_gib) >= ndtri(p_min)

@@ -193,6 +193,24 @@ def test_knob_cell_kernel_gradient_matches_finite_differences(pair):
     assert np.allclose(one(x, y), kernel(x, y))
 
 
+@pytest.mark.parametrize("knobs", [3, 16], ids=["pattern-table", "above-the-table"])
+def test_the_kernels_prediction_paths_agree_with_its_definition(knobs):
+    """k(x, y) = main x share of knobs equal + sum over pairs of knobs equal in both of their variance:
+    the pattern table (up to PATTERN_TABLE_MAX_KNOBS knobs) and the direct path above it, against a loop."""
+    from autotune.controller.surrogate import PATTERN_TABLE_MAX_KNOBS, knob_cell_kernel, knob_pairs
+
+    assert (knobs <= PATTERN_TABLE_MAX_KNOBS) == (knobs == 3)
+    rng = np.random.default_rng(knobs)
+    x, y = rng.integers(0, 3, (9, knobs)), rng.integers(0, 3, (6, knobs))
+    pairs = rng.uniform(0.001, 0.01, knobs * (knobs - 1) // 2)
+    for pair in (pairs, 0.03):
+        kernel = knob_cell_kernel(0.02, pair)
+        variances = kernel.pair_variances(knobs)
+        expected = np.array([[0.02 * np.mean(u == v) + sum(w for w, a, b in zip(variances, *knob_pairs(knobs))
+                                                          if u[a] == v[a] and u[b] == v[b]) for v in y] for u in x])
+        assert np.allclose(kernel(x, y), expected, rtol=1e-12, atol=1e-15)
+
+
 def test_knob_cell_kernel_with_equal_pair_variances_is_the_shared_one():
     from autotune.controller.surrogate import knob_cell_kernel
 
@@ -242,6 +260,15 @@ def test_memory_feasibility_learns_a_family_error_and_treats_oom_as_censored():
     assert 0.3 < after[1] < 0.5  # 75 x 1.07 = 80.25: just over, a coin flip weighted by the family's error
     model.observe(3, None, oom=True)  # family 1 ran out of memory at 70 predicted
     assert model.p_fit()[4] < 0.05 and model.expected_peak_gib()[3] > 80.0
+    # the search's questions, answered without the CDF over every layout, agree with P(fit)
+    rows = np.array([4, 1, 2])
+    for headroom in (0.0, 3.2):
+        p = model.p_fit(headroom)
+        assert np.allclose(model.p_fit_at(rows, headroom), p[rows])
+        for p_min in (0.02, 0.3, 0.5, 0.9):
+            assert np.array_equal(model.fits(p_min, headroom), p >= p_min)
+    fresh = MemoryFeasibility(predicted, family, limit_gib=80.0)  # nothing cached yet: the same answers
+    assert np.allclose(fresh.p_fit_at(rows, 2.0), MemoryFeasibility(predicted, family, 80.0).p_fit(2.0)[rows])
 
 
 def test_expected_improvement_prefers_a_better_mean_and_more_uncertainty():
