@@ -81,7 +81,7 @@ class KnobPhase(Strategy):
             mean, _ = state.posterior(measured)
             # only layouts that keep the memory headroom: a faster setting of one that does not could not
             # be recommended, so tuning its knobs would spend the budget on nothing
-            keeps = state.p_fit_at(measured, state.headroom_gib) >= 0.5
+            keeps = state.fits(0.5, state.headroom_gib)[measured]
             # ...and, where a run measured its peak, that peak decides (the model's fit is for the unmeasured)
             margin = state.workload.cluster.gpu.memory_gib - state.headroom_gib
             peaks = {}

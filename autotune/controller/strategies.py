@@ -41,12 +41,10 @@ THOMPSON_ROWS = 20000
 MAX_SUGGESTIONS = 60  # Optuna suggestions tried per proposal before a random legal layout stands in
 
 
-
-
 @dataclass(frozen=True)
 class Proposal:
     config: LayoutConfig
-    note: str  # why it was chosen: baseline / explore / refine / sample / remeasure / random / grid / a sampler name
+    note: str  # why it was chosen: a name from controller/notes.py, or an Optuna sampler strategy's own name
 
 
 class Strategy(ABC):

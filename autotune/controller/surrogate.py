@@ -458,7 +458,8 @@ class MemoryFeasibility:
         return ndtr(self.z_fit(headroom_gib)[rows])
 
     def fits(self, p_min: float, headroom_gib: float = 0.0) -> np.ndarray:
-        """Mask of the layouts with P(fit) >= p_min, compared as z >= Phi^-1(p_min) (no CDF evaluated)."""
+        """Mask of the layouts with P(fit) >= p_min (0 <= p_min < 1), compared as z >= Phi^-1(p_min): no
+        CDF evaluated (at p_min = 1 it is empty, where rounding makes p_fit() 1.0 beyond z = 8.3)."""
         from scipy.special import ndtri
 
         return self.z_fit(headroom_gib) >= ndtri(p_min)

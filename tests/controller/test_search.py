@@ -193,15 +193,15 @@ def test_knob_cell_kernel_gradient_matches_finite_differences(pair):
     assert np.allclose(one(x, y), kernel(x, y))
 
 
-@pytest.mark.parametrize("knobs", [3, 16], ids=["pattern-table", "above-the-table"])
+@pytest.mark.parametrize("knobs", [1, 3, 16], ids=["one-knob", "pattern-table", "above-the-table"])
 def test_the_kernels_prediction_paths_agree_with_its_definition(knobs):
     """k(x, y) = main x share of knobs equal + sum over pairs of knobs equal in both of their variance:
     the pattern table (up to PATTERN_TABLE_MAX_KNOBS knobs) and the direct path above it, against a loop."""
     from autotune.controller.surrogate import PATTERN_TABLE_MAX_KNOBS, knob_cell_kernel, knob_pairs
 
-    assert (knobs <= PATTERN_TABLE_MAX_KNOBS) == (knobs == 3)
+    assert (knobs <= PATTERN_TABLE_MAX_KNOBS) == (knobs < 16)
     rng = np.random.default_rng(knobs)
-    x, y = rng.integers(0, 3, (9, knobs)), rng.integers(0, 3, (6, knobs))
+    x, y = rng.integers(0, 3, (9, knobs)), rng.integers(0, 3, (6, knobs)).astype(np.float64)  # codes of either type
     pairs = rng.uniform(0.001, 0.01, knobs * (knobs - 1) // 2)
     for pair in (pairs, 0.03):
         kernel = knob_cell_kernel(0.02, pair)
@@ -716,6 +716,30 @@ def test_physics_calibration_recovers_known_term_scales(qwen16):
     before = spearmanr(breakdown[fitting].sum(axis=1), true_step[fitting]).statistic
     after = spearmanr(physics.step_time_s(breakdown[fitting]), true_step[fitting]).statistic
     assert after > 0.99 and after > before
+
+
+def test_a_warm_started_physics_fit_ends_where_a_cold_one_does(qwen16):
+    """Each fit starts every noise level where the last fit (one run fewer) ended: on runs the terms
+    explain, refitting run by run ends at the scales and noise level of one fit of all the runs at once."""
+    from autotune.controller.physics import PhysicsCalibration
+
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    breakdown = state.breakdown_matrix()
+    terms = list(state.physics.terms)
+    true_scale = np.ones(len(terms))
+    true_scale[terms.index("compute")] = 0.8
+    true_scale[terms.index("tp")] = 1.6
+    rng = np.random.default_rng(5)
+    sample = rng.choice(np.flatnonzero(state.predicted.fits), 20, replace=False)
+    step = (breakdown[sample] @ true_scale) * np.exp(rng.normal(0, 0.02, len(sample)))
+    warm = PhysicsCalibration()
+    for n in range(2, len(sample) + 1):
+        warm.fit(breakdown[sample[:n]], step[:n])
+    cold = PhysicsCalibration()
+    cold.fit(breakdown[sample], step)
+    assert warm.noise_log_std == cold.noise_log_std
+    assert np.allclose(warm.log_scale, cold.log_scale, atol=2e-3)
 
 
 def test_physics_calibration_uses_measured_trace_breakdowns(qwen16):
