@@ -698,13 +698,7 @@ def test_physics_calibration_recovers_known_term_scales(qwen16):
 
     from autotune.controller.physics import PhysicsCalibration
 
-    _, workload, legal = qwen16
-    state = SearchState.build(workload, legal)
-    breakdown = state.breakdown_matrix()
-    terms = list(state.physics.terms)
-    true_scale = np.ones(len(terms))
-    true_scale[terms.index("compute")] = 1.2
-    true_scale[terms.index("ep")] = 1.8
+    state, breakdown, true_scale = _cluster_scales(qwen16, compute=1.2, ep=1.8)
     true_step = breakdown @ true_scale
     rng = np.random.default_rng(0)
     sample = rng.choice(np.flatnonzero(state.predicted.fits), 16, replace=False)
@@ -718,18 +712,23 @@ def test_physics_calibration_recovers_known_term_scales(qwen16):
     assert after > 0.99 and after > before
 
 
+def _cluster_scales(qwen16, **scales: float):
+    """qwen3_30b@16's search state, its layouts' term seconds, and a cluster's true scale per term."""
+    _, workload, legal = qwen16
+    state = SearchState.build(workload, legal)
+    terms = list(state.physics.terms)
+    true_scale = np.ones(len(terms))
+    for term, scale in scales.items():
+        true_scale[terms.index(term)] = scale
+    return state, state.breakdown_matrix(), true_scale
+
+
 def test_a_warm_started_physics_fit_ends_where_a_cold_one_does(qwen16):
     """Each fit starts every noise level where the last fit (one run fewer) ended: on runs the terms
     explain, refitting run by run ends at the scales and noise level of one fit of all the runs at once."""
     from autotune.controller.physics import PhysicsCalibration
 
-    _, workload, legal = qwen16
-    state = SearchState.build(workload, legal)
-    breakdown = state.breakdown_matrix()
-    terms = list(state.physics.terms)
-    true_scale = np.ones(len(terms))
-    true_scale[terms.index("compute")] = 0.8
-    true_scale[terms.index("tp")] = 1.6
+    state, breakdown, true_scale = _cluster_scales(qwen16, compute=0.8, tp=1.6)
     rng = np.random.default_rng(5)
     sample = rng.choice(np.flatnonzero(state.predicted.fits), 20, replace=False)
     step = (breakdown[sample] @ true_scale) * np.exp(rng.normal(0, 0.02, len(sample)))
