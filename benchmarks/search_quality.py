@@ -108,7 +108,7 @@ class Truth:
 
 
 def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1,
-              believe: bool = True, run_noise: float = RUN_NOISE):
+              believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False):
     from autotune.controller import strategies
 
     strategies.BELIEVE_PENDING = believe  # --naive-batch: in this (worker) process, for this study
@@ -138,10 +138,10 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     # the study's wall time on a cluster with `concurrency` slots: the in-process dispatcher's simulated
     # clock (each run's start-up and steps as the simulate backend plays them; no controller time)
     wall_h = controller.dispatcher.clock_s / 3600
-    # beside the kept store (--keep-stores): the truth of every layout it ran, to judge other choices of a winner
-    Path(url.removeprefix("sqlite:///")).with_suffix(".truth.json").write_text(json.dumps(
-        {"best": truth.best, "speed": {t.config_key: truth.speed.get(t.config_key, 0.0) for t in trials},
-         "limit_gib": limit, "headroom_gib": controller.headroom_gib}))
+    if keep:  # beside the kept store (--keep-stores): the truth of every layout it ran, to judge other winners
+        Path(url.removeprefix("sqlite:///")).with_suffix(".truth.json").write_text(json.dumps(
+            {"best": truth.best, "speed": {t.config_key: truth.speed.get(t.config_key, 0.0) for t in trials},
+             "limit_gib": limit, "headroom_gib": controller.headroom_gib}))
     return curve, ooms / max(1, len(trials)), 1000 * summary.controller_s_per_trial, found / truth.best, wall_h
 
 
@@ -151,10 +151,10 @@ def _study_job(job: tuple) -> tuple:
 
 
 def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str,
-            concurrency: int = 1, believe: bool = True, run_noise: float = RUN_NOISE) -> list[tuple]:
+            concurrency: int = 1, believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False) -> list[tuple]:
     """The studies of one row (every seed), in the worker processes when there are any. The parent's
     landscapes are sent to them (pickled in under a second; rebuilding one takes ~7 s at 64 GPUs)."""
-    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise)
+    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise, keep)
             for seed, t in zip(seeds, truths)]
     if pool is None:
         return [run_study(*job) for job in jobs]
@@ -275,7 +275,7 @@ def main() -> None:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
                         runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency,
-                                       not args.naive_batch, args.run_noise)
+                                       not args.naive_batch, args.run_noise, bool(args.keep_stores))
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)

@@ -141,14 +141,12 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
             equal = X[:, None, :] == Y[None, :, :]
             main_share = equal.sum(axis=2) / d
             if per_pair:
-                a, b = knob_pairs(d)
                 if not eval_gradient:
-                    # sum over pairs a < b of pair_ab e_a e_b = e'Ve / 2 (V symmetric, zero diagonal): one
-                    # (N M, D) x (D, D) product instead of an N x M x pairs array (predictions over thousands)
-                    V = np.zeros((d, d))
-                    V[a, b] = V[b, a] = self.pair
+                    # sum over pairs a < b of pair_ab e_a e_b = e'Ve / 2: one (N M, D) x (D, D) product instead
+                    # of an N x M x pairs array (predictions over thousands of layouts)
                     e = equal.astype(np.float64)
-                    return self.main * main_share + 0.5 * np.einsum("ijk,ijk->ij", e @ V, e)
+                    return self.main * main_share + 0.5 * np.einsum("ijk,ijk->ij", e @ self._pair_matrix(d), e)
+                a, b = knob_pairs(d)
                 both = (equal[:, :, a] & equal[:, :, b]).astype(np.float64)
                 K = self.main * main_share + both @ self.pair
                 return K, np.concatenate([(self.main * main_share)[:, :, None], both * self.pair], axis=2)
@@ -160,13 +158,19 @@ def knob_cell_kernel(main: float, pair, main_min: float = VARIANCE_BOUNDS[0]):
             # d K / d log(variance), the parametrisation scikit-learn optimises
             return K, np.stack([self.main * main_share, self.pair * pair_share], axis=2)
 
+        def _pair_matrix(self, d: int) -> np.ndarray:
+            """V with V[a, b] = V[b, a] = the variance of the pair of knobs (a, b), zero diagonal: the pair
+            part of k(x, y) is e'Ve / 2 with e the 0/1 vector of the knobs x and y share."""
+            a, b = knob_pairs(d)
+            V = np.zeros((d, d))
+            V[a, b] = V[b, a] = self.pair_variances(d)
+            return V
+
         def _by_pattern(self, X, Y, d: int) -> np.ndarray:
             """k(x, y) depends only on which knobs x and y share: one value per pattern of shared knobs
             (a D-bit number), looked up. Predictions over thousands of layouts compare D columns instead
             of building a layouts x runs x knobs array (4-5x faster at D = 10)."""
-            a, b = knob_pairs(d)
-            V = np.zeros((d, d))
-            V[a, b] = V[b, a] = self.pair_variances(d)
+            V = self._pair_matrix(d)
             bits = ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1).astype(np.float64)
             # per pattern: main x share of knobs equal + sum over pairs a < b of pair_ab e_a e_b (= e'Ve / 2)
             table = self.main * bits.sum(axis=1) / d + 0.5 * np.einsum("pk,pk->p", bits @ V, bits)
