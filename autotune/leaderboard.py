@@ -16,11 +16,12 @@ from typing import Any
 
 from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
-from autotune.controller.recommend import study_recommendation
+from autotune.controller.recommend import (RunNoise, backend_repeats_exactly, layout_results, run_noise,
+                                           study_recommendation)
 from autotune.storage import Repository, Study, Trial
 
-COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
-           "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note")
+COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
+           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note")
 
 
 # What a study's numbers are, by backend: only backends that run the training measure anything.
@@ -42,11 +43,13 @@ class Board:
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _row(trial: Trial, baseline_speed: float | None) -> dict[str, Any]:
+def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None) -> dict[str, Any]:
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     return {
         "trial": trial.number, "status": trial.status, "reason": trial.reason, "config": trial.config,
         "step_time_s": trial.step_time_s if speed else None, "tokens_per_s_per_gpu": speed,
+        # how far another run of this layout may land: one run-to-run sd (recommend.RunNoise)
+        "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
         "tflops_per_gpu": trial.tflops_per_gpu if speed else None, "mfu": trial.mfu if speed else None,
         "peak_mem_gib": trial.peak_mem_gib, "gpu_seconds": trial.gpu_seconds,
         "speedup_vs_baseline": speed / baseline_speed if speed and baseline_speed else None,
@@ -63,10 +66,12 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
                        key=lambda t: -t.tokens_per_s_per_gpu)
     others = [t for t in dispatched if t not in completed]
     shown = completed + others + ([t for t in trials if not t.dispatched] if include_rejected else [])
-    rows = [_row(t, baseline_speed) for t in shown]
+    # a backend whose runs repeat exactly (replay) has no run-to-run noise to show
+    noise = None if backend_repeats_exactly(study.backend) else run_noise(layout_results(dispatched))
+    rows = [_row(t, baseline_speed, noise) for t in shown]
     if top is not None:
         rows = rows[:top]
-    pinned = [_row(baseline, baseline_speed)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
+    pinned = [_row(baseline, baseline_speed, noise)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
     counts = repo.counts(study.id)
     # the study's answer: the best pooled estimate over the layouts that ran that keeps the memory headroom,
     # not the luckiest run (controller/recommend.py)
@@ -87,6 +92,11 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "best_config": best.config if best else None,
         "best_tokens_per_s_per_gpu": best_speed,
         "best_runs": pick.best.runs if pick else 0,
+        # standard error of that mean (the study's run-to-run noise over the square root of its runs)
+        "best_tokens_per_s_per_gpu_se": noise.mean_se(best_speed, pick.best.runs) if pick and noise else None,
+        # the run-to-run noise (log sd ~ relative sd) and how many layouts that ran more than once it comes from
+        "run_noise_rel_sd": noise.log_std if noise else None,
+        "run_noise_repeated_layouts": noise.repeated_layouts if noise else 0,
         # what the study judged it by: its runs pooled with the runs of layouts sharing its knob values
         "best_estimated_tokens_per_s_per_gpu": pick.best.estimate_tokens_per_s_per_gpu if pick else None,
         "best_peak_mem_gib": pick.best.peak_mem_gib if pick else None,
@@ -140,6 +150,24 @@ def _fmt(value: Any, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def with_sd(value: float | None, sd: float | None, spec: str = ",.0f") -> str:
+    """`8,860 ±266`: a throughput and its uncertainty (just the value when there is none)."""
+    return _fmt(value, spec) + (f" ±{format(sd, spec)}" if value is not None and sd else "")
+
+
+def noise_note(summary: dict[str, Any]) -> str:
+    """What the ± beside a throughput is and where its figure comes from ('' when none is shown)."""
+    rel = summary.get("run_noise_rel_sd")
+    if not rel:
+        return ""
+    from autotune.controller.surrogate import NOISE_LOG_STD
+
+    n = summary.get("run_noise_repeated_layouts", 0)
+    source = (f"from {n} layout{'s' if n > 1 else ''} run more than once, shrunk toward an assumed "
+              f"{100 * NOISE_LOG_STD:.0f}%" if n else "assumed until a layout runs twice")
+    return f"±: one run-to-run sd ({100 * rel:.1f}%, {source})"
+
+
 STYLES = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "magenta", "timeout": "magenta",
           "dispatched": "cyan", "rejected": "dim"}
 
@@ -166,7 +194,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
     style = STYLES.get(row["status"])
     speedup = row["speedup_vs_baseline"]
     return [str(row["trial"]), f"[{style}]{status}[/]" if style else status,
-            LayoutConfig.from_mapping(row["config"]).short(), _fmt(row["tokens_per_s_per_gpu"], ",.0f"),
+            LayoutConfig.from_mapping(row["config"]).short(), with_sd(row["tokens_per_s_per_gpu"], row.get("tokens_per_s_per_gpu_sd")),
             _fmt(row["tflops_per_gpu"], ".0f"), f"{100 * row['mfu']:.1f}%" if row["mfu"] else "",
             _fmt(row["step_time_s"], ".2f"), _fmt(row["peak_mem_gib"], ".1f"),
             f"{speedup:.2f}x" if speedup else "", cell_text(row["note"] or row["reason"] or "")]
@@ -227,6 +255,8 @@ def legend(board: Board) -> str:
         if any(t.startswith(f"{label}=") for t in tokens):
             parts.append(f"{label} {knob.replace('_', ' ')}")
     parts.append("MFU: % of dense BF16 peak")
+    if any(row.get("tokens_per_s_per_gpu_sd") for row in board.rows + board.pinned):
+        parts.append(noise_note(board.summary))
     notes = [n for n in MEANINGS if any(row.get("note") == n for row in board.rows + board.pinned)]
     if notes:
         parts.append("note: " + ", ".join(f"{n} = {MEANINGS[n]}" for n in notes))

@@ -338,14 +338,15 @@ def _print_final(board, summary) -> None:
         return
     best = LayoutConfig.from_mapping(s["best_config"])
     speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""
-    runs = f"mean of {s['best_runs']} runs" if s["best_runs"] > 1 else ""
+    runs = f"mean of {s['best_runs']} runs, ± its standard error" if s["best_runs"] > 1 else ""
     runs = f"{runs}{leaderboard.estimate_note(s)}".lstrip("; ")
     runs = f" ({runs})" if runs else ""
     source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
     peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
             if s["best_peak_mem_gib"] else "peak memory not measured")  # a replay table without a memory column
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
-                  f"{s['best_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{source}{runs}{speedup}, {peak}")
+                  f"{leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s['best_tokens_per_s_per_gpu_se'])} "
+                  f"tokens/s/GPU{source}{runs}{speedup}, {peak}")
     if s["risky_faster_trials"]:
         listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
         console.print(f"faster but inside the memory margin (ran, not recommended): trial(s) {listed}")

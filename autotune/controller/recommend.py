@@ -20,8 +20,10 @@ Where pooling cannot apply (a backend whose results repeat exactly, such as repl
 POOL_MIN_LAYOUTS layouts; a layout none of whose runs stored a usable prediction, such as an imported
 log) the estimate is the plain mean of the layout's runs. Only layouts that ran can be recommended.
 
-The uncertainty shown is the standard error of the mean of its runs (or, for a single run, the
-spread of its measured steps). The recommended layout keeps `headroom_gib` below the GPU's memory:
+The uncertainty shown beside a throughput (RunNoise) is the run-to-run noise pooled over the layouts
+run more than once (one run's sd; the standard error of a layout's mean of n runs is that over
+sqrt(n)); the spread of one run's own steps is left out: it says nothing of the next run on other
+nodes. The recommended layout keeps `headroom_gib` below the GPU's memory:
 a layout with a better estimate whose measured peak is inside that margin is reported as risky (it
 ran, but a longer run, another node or a fragmentation spike may push it over), not chosen.
 
@@ -91,7 +93,6 @@ class LayoutResult:
 
     trials: tuple["Trial", ...]
     mean_tokens_per_s_per_gpu: float
-    sem_tokens_per_s_per_gpu: float  # standard error of the mean
     peak_mem_gib: float | None  # the largest measured peak over the runs
     # what the study judges it by: its runs pooled with similar layouts' (module doc); the mean when unpooled
     estimate_tokens_per_s_per_gpu: float = 0.0
@@ -119,18 +120,33 @@ class Recommendation:
         return self.best.trial
 
 
-def _step_spread(trial: "Trial") -> float:
-    """Relative sd of a single run's throughput from its measured steps' spread (0 when unknown)."""
-    steps = [s for s in (trial.step_times_s or []) if s and s > 0]
-    if len(steps) < 3:
-        return 0.0
-    steps = steps[len(steps) // 3:]  # warm-up steps are slower and would inflate the spread
-    if len(steps) < 2:
-        return 0.0
-    return statistics.stdev(steps) / statistics.mean(steps) / math.sqrt(len(steps))
-
-
 VALIDATION = "validation"  # the origin of a --validate-steps run (storage.TrialOrigin.VALIDATION)
+
+
+@dataclass(frozen=True)
+class RunNoise:
+    """How far one run's throughput falls from its layout's (log sd, about the relative sd), pooled over
+    the layouts of a study that ran more than once and shrunk toward the assumed NOISE_LOG_STD
+    (surrogate.run_noise_log_std): the uncertainty the leaderboard shows beside each throughput."""
+
+    log_std: float
+    repeated_layouts: int  # layouts that ran more than once; 0: the figure is the assumption alone
+
+    def run_sd(self, tokens_per_s_per_gpu: float) -> float:
+        """One run's sd, tokens/s/GPU."""
+        return tokens_per_s_per_gpu * self.log_std
+
+    def mean_se(self, tokens_per_s_per_gpu: float, runs: int) -> float:
+        """Standard error of the mean of `runs` runs, tokens/s/GPU."""
+        return tokens_per_s_per_gpu * self.log_std / math.sqrt(max(1, runs))
+
+
+def run_noise(results: list[LayoutResult]) -> RunNoise:
+    """The study's run-to-run noise from its layouts' runs (RunNoise)."""
+    from autotune.controller.surrogate import run_noise_log_std
+
+    return RunNoise(run_noise_log_std([[math.log(t.tokens_per_s_per_gpu) for t in r.trials] for r in results]),
+                    sum(r.runs > 1 for r in results))
 
 
 def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[LayoutResult]:
@@ -143,14 +159,9 @@ def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[
             groups.setdefault(t.config_key, []).append(t)
     results = []
     for runs in groups.values():
-        values = [t.tokens_per_s_per_gpu for t in runs]
-        mean = statistics.fmean(values)
-        if len(values) > 1:
-            sem = statistics.stdev(values) / math.sqrt(len(values))
-        else:
-            sem = mean * _step_spread(runs[0])
+        mean = statistics.fmean(t.tokens_per_s_per_gpu for t in runs)
         peaks = [t.peak_mem_gib for t in runs if t.peak_mem_gib]
-        results.append(LayoutResult(tuple(runs), mean, sem, max(peaks) if peaks else None, mean))
+        results.append(LayoutResult(tuple(runs), mean, max(peaks) if peaks else None, mean))
     return sorted(results, key=lambda r: -r.mean_tokens_per_s_per_gpu)
 
 
@@ -200,7 +211,7 @@ def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
 
     from autotune.config import LayoutConfig
     from autotune.controller.state import knob_codes_of, varying_columns
-    from autotune.controller.surrogate import ResidualGP, run_noise_log_std
+    from autotune.controller.surrogate import ResidualGP
     from autotune.cost import LayoutArrays
     from autotune.errors import ConfigError
 
@@ -239,7 +250,7 @@ def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
     except (np.linalg.LinAlgError, ValueError):
         return {}
     log_mean = np.log([r.mean_tokens_per_s_per_gpu for r in layouts])
-    noise = run_noise_log_std([np.log([t.tokens_per_s_per_gpu for t in r.trials]) for r in results])
+    noise = run_noise(results).log_std
     bound = POOL_SHIFT_SE * noise / np.sqrt([r.runs for r in layouts])
     estimate = np.clip(prior + mean, log_mean - bound, log_mean + bound)
     return {r.trial.config_key: float(e) for r, e in zip(layouts, np.exp(estimate))}

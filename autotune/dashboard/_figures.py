@@ -117,11 +117,18 @@ def throughput_by_trial(study: str, rows: list[dict[str, Any]], baseline: float 
     data = []
     screening = [r for r in done if r.get("note") != "validation"]
     validation = [r for r in done if r.get("note") == "validation"]
-    if screening:
-        data.append(_points(study, screening, "completed run", "trial", "tokens_per_s_per_gpu", COLORS["completed"]))
-    if validation:
-        data.append(_points(study, validation, "validation run (longer)", "trial", "tokens_per_s_per_gpu",
-                            COLORS["validation"], symbol="diamond"))
+    for runs, name, color, symbol in ((screening, "completed run", COLORS["completed"], "circle"),
+                                      (validation, "validation run (longer)", COLORS["validation"], "diamond")):
+        if runs:
+            points = _points(study, runs, name, "trial", "tokens_per_s_per_gpu", color, symbol=symbol)
+            sd = [r.get("tokens_per_s_per_gpu_sd") or 0.0 for r in runs]
+            if any(sd):  # one run-to-run sd each way (leaderboard.noise_note): is a lead more than the noise?
+                points["error_y"] = {"type": "data", "array": sd, "visible": True, "thickness": 1, "width": 3,
+                                     "color": "#999"}
+                points["text"] = [f"{t}<br>{r['tokens_per_s_per_gpu']:,.0f} ±{e:,.0f} tokens/s/GPU"
+                                  for t, r, e in zip(points["text"], runs, sd)]
+                points["hovertemplate"] = "%{text}<extra></extra>"
+            data.append(points)
     xs, ys = running_best(rows)
     if xs:
         data.append({"type": "scatter", "mode": "lines", "name": "best so far", "x": xs, "y": ys,

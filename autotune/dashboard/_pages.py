@@ -221,9 +221,10 @@ class DashboardApp:
         risky = s.get("risky_faster_trials") or []
         margin = (f"; faster but inside the {num(s['memory_headroom_gib'], 'g')} GiB memory margin: trial{'s' if len(risky) > 1 else ''} "
                   + ", ".join(f"<a href='{fig.trial_url(name, n)}'>{n}</a>" for n in risky)) if risky else ""
-        runs = f"mean of {s['best_runs']} runs" if s["best_runs"] > 1 else "one run"
+        runs = f"mean of {s['best_runs']} runs, ± its standard error" if s["best_runs"] > 1 else "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
-                f"{s['best_trial']}</a> <b>{escape(layout)}</b>, {num(s['best_tokens_per_s_per_gpu'], ',.0f')} "
+                f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "
+                f"{escape(leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s.get('best_tokens_per_s_per_gpu_se')))} "
                 f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
                 f"{versus}{margin}</p>")
 
@@ -246,7 +247,8 @@ class DashboardApp:
                 f"<tr class='trial-row{baseline}'><td><a href='{fig.trial_url(name, r['trial'])}'>{r['trial']}</a></td>"
                 f"<td class='l {escape(r['status'])}'>{escape(status)}</td>"
                 f"<td class='l'>{escape(LayoutConfig.from_mapping(r['config']).short())}</td>"
-                f"<td>{num(r['tokens_per_s_per_gpu'], ',.0f')}</td><td>{num(r['tflops_per_gpu'], ',.0f')}</td>"
+                f"<td>{escape(leaderboard.with_sd(r['tokens_per_s_per_gpu'], r.get('tokens_per_s_per_gpu_sd')))}</td>"
+                f"<td>{num(r['tflops_per_gpu'], ',.0f')}</td>"
                 f"<td>{num(r['mfu'], '%')}</td><td>{num(r['step_time_s'], ',.2f')}</td>"
                 f"<td>{num(r['peak_mem_gib'], '.1f')}</td><td>{num(r['gpu_seconds'], 'h')}</td>"
                 f"<td>{num(r['speedup_vs_baseline'], '.2f')}</td>"
@@ -254,7 +256,8 @@ class DashboardApp:
         legend = ("<p class='muted'>layout: TP tensor, PP pipeline, VPP virtual pipeline, CP context, EP expert, "
                   "ETP expert-tensor parallel; SP sequence parallel; MBS micro-batch size; rc=sel selective "
                   "recompute, rc=full/METHOD/LAYERS full recompute; DO distributed optimizer. The highlighted row "
-                  "is the recipe's own layout, the baseline of the \"vs recipe\" column.</p>")
+                  "is the recipe's own layout, the baseline of the \"vs recipe\" column. "
+                  f"{escape(leaderboard.noise_note(s))}</p>")
         return f"<h2>trials</h2>{legend}<table id='leaderboard'><tr>{header}</tr>{''.join(body)}</table>"
 
     @staticmethod

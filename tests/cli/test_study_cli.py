@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sqlite3
 
 import pytest
@@ -38,6 +39,8 @@ def test_start_prints_leaderboard_and_best_layout(finished_study):
     words = " ".join(result.stdout.split())  # the legend wraps
     assert "simulated GPU-hours" in words and "MFU: % of dense BF16 peak" in words
     assert "baseline = the recipe's layout" in words  # the notes the board shows are explained
+    assert "±: one run-to-run sd" in words  # so is the uncertainty beside each throughput
+    assert re.search(r"best layout \(trial \d+\): .* -> [\d,]+ ±[\d,]+ tokens/s/GPU", words)
 
 
 def test_leaderboard_json_rows_and_summary(cli, finished_study):
@@ -54,6 +57,14 @@ def test_leaderboard_json_rows_and_summary(cli, finished_study):
         assert key in row
     speeds = [r["tokens_per_s_per_gpu"] for r in data["trials"] if r["status"] == "completed"]
     assert speeds == sorted(speeds, reverse=True)
+    # each throughput carries its uncertainty: one run-to-run sd (the study's noise, relative) of that run
+    summary = data["summary"]
+    assert 0 < summary["run_noise_rel_sd"] < 0.2
+    for r in data["trials"]:
+        if r["status"] == "completed":
+            assert r["tokens_per_s_per_gpu_sd"] == pytest.approx(r["tokens_per_s_per_gpu"] * summary["run_noise_rel_sd"])
+    assert summary["best_tokens_per_s_per_gpu_se"] == pytest.approx(
+        summary["best_tokens_per_s_per_gpu"] * summary["run_noise_rel_sd"] / summary["best_runs"] ** 0.5)
     # the recipe's layout runs first: trial 0, as Optuna numbers it (issue 14: both sides agree)
     assert data["summary"]["baseline_trial"] == 0 and data["summary"]["speedup_vs_baseline"] >= 1.0
 

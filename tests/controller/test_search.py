@@ -377,6 +377,26 @@ def test_recommendation_is_the_best_mean_over_runs_and_keeps_the_headroom():
     assert recommend(trials, 80.0, 0.0).best.trial.config_key == "c"
 
 
+def test_run_noise_is_pooled_from_the_layouts_run_more_than_once_and_shrunk_toward_the_assumption():
+    import math
+
+    from autotune.controller.recommend import layout_results, run_noise
+    from autotune.controller.surrogate import NOISE_LOG_STD
+
+    once = [_trial(1, "a", 100.0, 60.0), _trial(2, "b", 90.0, 60.0)]
+    assumed = run_noise(layout_results(once))
+    assert assumed.repeated_layouts == 0 and assumed.log_std == pytest.approx(NOISE_LOG_STD)  # nothing measured it
+    assert assumed.run_sd(100.0) == pytest.approx(100.0 * NOISE_LOG_STD)
+    # two layouts, each run twice 10% apart: log sd of a pair = |log ratio| / sqrt(2); two degrees of freedom
+    # pooled with the assumption's three
+    twice = once + [_trial(3, "a", 110.0, 60.0), _trial(4, "b", 99.0, 60.0)]
+    measured = run_noise(layout_results(twice))
+    squares = 2 * math.log(1.1) ** 2 / 2
+    assert measured.repeated_layouts == 2
+    assert measured.log_std == pytest.approx(math.sqrt((squares + 3 * NOISE_LOG_STD ** 2) / (2 + 3)))
+    assert measured.mean_se(105.0, 2) == pytest.approx(105.0 * measured.log_std / math.sqrt(2))
+
+
 def _layout_run(number, tokens, predicted=100.0, **knobs):
     config = LayoutConfig(**knobs)
     return Trial(study_id=1, number=number, optuna_trial_number=None, config=config.to_dict(), config_key=config.key(),
@@ -822,6 +842,13 @@ def test_replay_of_a_public_sweep_measures_only_its_layouts_once_each(tmp_path):
     assert len(trials) == 12 and summary.counts["dispatched"] == 12
     assert {t.status for t in trials} == {"completed"}  # never a layout missing from the table
     assert len({t.config_key for t in trials}) == 12 and not any(t.strategy_note == "remeasure" for t in trials)
+    # a replayed run repeats exactly: the leaderboard shows no run-to-run uncertainty it does not have
+    from autotune import leaderboard
+
+    board = leaderboard.build(repo, repo.get_study("pub"))
+    assert board.summary["run_noise_rel_sd"] is None and board.summary["best_tokens_per_s_per_gpu_se"] is None
+    assert all(r["tokens_per_s_per_gpu_sd"] is None for r in board.rows)
+    assert "±" not in leaderboard.legend(board)
     repo.close()
 
 

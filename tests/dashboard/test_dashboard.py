@@ -77,7 +77,11 @@ def test_study_page_escapes_every_value_and_has_every_chart(repo):
     assert "id='provenance'" in html and "simulated" in html  # a simulate study says so
     assert "simulated GPU-hours" in html and "baseline-row" in html  # the recipe's own row is marked
     pick = re.search(r"<p class='pick' id='pick'>(.*?)</p>", html, re.S).group(1)
-    assert "7,900 tokens/s/GPU (one run)" in pick  # the recommendation says how many runs its figure rests on
+    # the recommendation says how many runs its figure rests on, and its uncertainty: no layout ran twice, so
+    # one run's sd is the assumed run-to-run noise (surrogate.NOISE_LOG_STD, 3%), and the legend says so
+    assert "7,900 ±237 tokens/s/GPU (one run)" in pick
+    assert "±: one run-to-run sd (3.0%, assumed until a layout runs twice)" in html
+    assert re.search(r"<td>7,400 ±222</td>", html)  # each row's throughput carries its own
 
 
 def test_throughput_chart_zooms_to_the_data_with_units_legend_baseline_and_running_best(repo):
@@ -96,6 +100,9 @@ def test_throughput_chart_zooms_to_the_data_with_units_legend_baseline_and_runni
     assert all(link.startswith("/study/demo%3Cscript%3E") and link.endswith(f"/trial/{x}")
                for link, x in zip(points["customdata"], points["x"], strict=True))
     assert all("TP1" in text for text in points["text"])  # hovering a point shows its layout
+    # error bars of one run-to-run sd: a lead smaller than them is not a lead
+    assert points["error_y"]["array"] == [pytest.approx(0.03 * y) for y in points["y"]]
+    assert all(f"±{0.03 * y:,.0f} tokens/s/GPU" in text for text, y in zip(points["text"], points["y"]))
 
 
 def test_memory_chart_has_the_limit_the_headroom_band_the_pareto_front_and_the_oom(repo):
