@@ -132,13 +132,14 @@ class RunNoise:
     log_std: float
     repeated_layouts: int  # layouts that ran more than once; 0: the figure is the assumption alone
 
-    def run_sd(self, tokens_per_s_per_gpu: float) -> float:
-        """One run's sd, tokens/s/GPU."""
-        return tokens_per_s_per_gpu * self.log_std
+    def run_sd(self, tokens_per_s_per_gpu: float) -> float | None:
+        """One run's sd, tokens/s/GPU (None where it overflows: a hand-edited store's 1e308 next to 1e-308)."""
+        return self.mean_se(tokens_per_s_per_gpu, 1)
 
-    def mean_se(self, tokens_per_s_per_gpu: float, runs: int) -> float:
-        """Standard error of the mean of `runs` runs, tokens/s/GPU."""
-        return tokens_per_s_per_gpu * self.log_std / math.sqrt(max(1, runs))
+    def mean_se(self, tokens_per_s_per_gpu: float, runs: int) -> float | None:
+        """Standard error of the mean of `runs` runs, tokens/s/GPU (None where it overflows)."""
+        se = tokens_per_s_per_gpu * self.log_std / math.sqrt(max(1, runs))
+        return se if math.isfinite(se) else None
 
 
 def run_noise(results: list[LayoutResult]) -> RunNoise:

@@ -414,3 +414,14 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
             assert response.status == 200
     finally:
         server.shutdown()
+    # two runs of one layout at the ends of the float range (each positive and finite, so readable): their
+    # run-to-run sd overflows, and the page shows the throughputs without one rather than failing on inf
+    with repo.engine.begin() as c:
+        first = c.execute(text("SELECT config, config_key FROM autotune_trials WHERE number = 1")).one()
+        c.execute(text("UPDATE autotune_trials SET config = :c, config_key = :k, tokens_per_s_per_gpu = 1e-308 "
+                       "WHERE number = 2"), {"c": first[0], "k": first[1]})
+        c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 1e308 WHERE number = 1"))
+    extreme = app.study_page(name, "trial", "asc").decode()
+    points = figure(extreme, "throughput-chart")["data"][0]
+    bars = dict(zip(points["y"], points["error_y"]["array"]))
+    assert set(bars) == {1e-308, 1e308} and bars[1e308] == 0.0  # no bar where the sd is not a number
