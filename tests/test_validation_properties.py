@@ -92,3 +92,23 @@ def test_any_space_yaml_loads_or_fails_with_one_config_error(tmp_path_factory, c
     workload = make_workload(space, gpus=16)
     result = estimate(workload, LayoutConfig.from_mapping(space.model.defaults.layout))
     assert math.isfinite(result.step_time_s) and result.step_time_s > 0
+
+
+knob_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+                         st.text(max_size=12), st.floats(allow_nan=False, allow_infinity=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.fixed_dictionaries({}, optional={name: knob_scalars for name in ("tp", "recompute",
+                                                                                   "recompute_method", "sp",
+                                                                                   "cuda_graph", "dispatcher_sms",
+                                                                                   "ep_overlap", "cp_comm_type")}))
+def test_layout_key_is_exactly_the_sorted_compact_json_of_its_dict(values):
+    """LayoutConfig.key writes its JSON field by field (speed); stored keys depend on it being exactly what
+    json.dumps wrote before, for any scalar a field may hold (unicode and quotes in text included)."""
+    import json
+
+    from autotune.config import LayoutConfig
+
+    config = LayoutConfig(**values)  # no coercion: whatever a record of another version might hold
+    assert config.key() == json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))

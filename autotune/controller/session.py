@@ -93,9 +93,10 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
         require_exportable(workload.model, f"run the {backend} backend on")
     configs = check_space_not_empty(space, workload)  # enumerated once, for every check
     check_some_layout_fits(workload, configs)
-    legal = {c.key() for c in configs}
     answerable = backend_class(backend).answerable_layouts(backend_options)
     if answerable is not None:
+        # keyed only here: keying every legal layout costs ~1.5 s at 64 GPUs, and only replay needs it
+        legal = {c.key() for c in configs}
         if not legal & answerable:
             raise ConfigError(f"--backend {backend}: none of the {len(answerable)} layouts it can answer is legal "
                               f"for {workload.model.name} on {workload.cluster.gpus} GPUs")
