@@ -67,7 +67,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     table = FittedTable([Col("study"), Col("workload", wrap=True), Col("trials", "right"),
                          Col("OOM", "right", optional=2), Col("best layout", wrap=True, whole=True),
-                         Col("tok/s/GPU", "right"), Col("vs recipe", "right"), Col("GPU-hours", "right", optional=1),
+                         Col("tok/s/GPU ± s.e.", "right"), Col("vs recipe", "right"), Col("GPU-hours", "right", optional=1),
                          Col("results")], title="studies compared")
     for s in summaries:
         best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
@@ -75,7 +75,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # results: a simulated or replayed study's speeds and GPU time are not measurements
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), f"{s['dispatched']}/{s['budget']}",
                       str(s["oom"]), best,
-                      f"{s['best_tokens_per_s_per_gpu']:,.0f}" if s["best_tokens_per_s_per_gpu"] else "",
+                      leaderboard.with_sd(s["best_tokens_per_s_per_gpu"], s["best_tokens_per_s_per_gpu_se"]),
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "",
                       f"{s['gpu_seconds'] / 3600:.1f}", s["metrics_source"])
     wide_console().print(table)

@@ -157,7 +157,8 @@ class DashboardApp:
             rows.append(f"<tr><td class='l'><a href='/study/{quote(name, safe='')}'>{escape(name)}</a></td>"
                         f"<td class='l'>{escape(study.model)}</td><td>{text(study.workload.get('gpus'))}</td>"
                         f"<td class='l'>{text(study.workload.get('gpu'))}</td><td class='l'>{escape(study.backend)}</td>"
-                        f"<td class='l'>{escape(best)}</td><td>{num(s['best_tokens_per_s_per_gpu'], ',.0f')}</td>"
+                        f"<td class='l'>{escape(best)}</td>"
+                        f"<td>{escape(leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s['best_tokens_per_s_per_gpu_se']))}</td>"
                         f"<td>{num(s['speedup_vs_baseline'], '.2f')}</td><td>{s['completed']}</td><td>{s['oom']}</td>"
                         f"<td>{num(s['gpu_seconds'], 'h')} {hours}</td></tr>")
         if not rows:
@@ -165,7 +166,8 @@ class DashboardApp:
                                    "<p>select studies on <a href='/'>the list</a> to compare them</p>")
         table = ("<table id='compare'><tr><th class='l'>study</th><th class='l'>model</th><th>GPUs</th>"
                  "<th class='l'>GPU</th><th class='l'>backend</th><th class='l'>recommended layout</th>"
-                 "<th>tokens/s/GPU</th><th>vs recipe (x)</th><th>completed</th><th>OOM</th><th>GPU-hours</th></tr>"
+                 "<th>tokens/s/GPU (± standard error)</th><th>vs recipe (x)</th><th>completed</th><th>OOM</th>"
+                 "<th>GPU-hours</th></tr>"
                  + "".join(rows) + "</table>")
         unscaled = [escape(name) for name, _, baseline in boards if not baseline]
         note = (f"<p class='muted'>not on the relative plot (the recipe's own layout was not measured): "

@@ -231,6 +231,7 @@ def test_compare_page(repo):
     assert relative["data"][0]["y"] == pytest.approx([1.0, 7900 / 7400])
     assert "<" not in relative["data"][0]["name"]  # plotly renders some tags in names: none get through
     assert "simulated" in html
+    assert "<td>7,900 ±237</td>" in html  # the recommendation's figure ± its standard error (one run, assumed 3%)
     assert "select studies" in app.compare_page([]).decode()
 
 
