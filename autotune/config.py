@@ -188,7 +188,9 @@ def _json_scalar(value: Any) -> str:
         return int.__repr__(value)
     if kind is str:
         return json.encoder.encode_basestring_ascii(value)
-    return json.dumps(value)  # anything else (a float, an int subclass): the encoder itself
+    # anything else (a float, an int subclass, a container a record of another version might hold): the encoder
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
 
 def coerce_knob(name: str, value: Any) -> Any:
     """Return `value` as the type knob `name` takes; accept the strings a command line gives."""

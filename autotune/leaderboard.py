@@ -11,6 +11,7 @@ import csv
 import datetime as dt
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,9 +53,18 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
         "tflops_per_gpu": trial.tflops_per_gpu if speed else None, "mfu": trial.mfu if speed else None,
         "peak_mem_gib": trial.peak_mem_gib, "gpu_seconds": trial.gpu_seconds,
-        "speedup_vs_baseline": speed / baseline_speed if speed and baseline_speed else None,
+        "speedup_vs_baseline": _ratio(speed, baseline_speed),
         "note": trial.strategy_note or (trial.origin if trial.origin != "study" else None), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
     }
+
+
+def _ratio(speed: float | None, baseline_speed: float | None) -> float | None:
+    """speed / baseline, None when either is missing or the ratio is no finite number (a hand-edited store's
+    5e-324 baseline: JSON output and the dashboard's strict JSON have no Infinity)."""
+    if not speed or not baseline_speed:
+        return None
+    ratio = speed / baseline_speed
+    return ratio if math.isfinite(ratio) else None
 
 
 def build(repo: Repository, study: Study, include_rejected: bool = False, top: int | None = None) -> Board:
@@ -67,7 +77,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     others = [t for t in dispatched if t not in completed]
     shown = completed + others + ([t for t in trials if not t.dispatched] if include_rejected else [])
     # a backend whose runs repeat exactly (replay) has no run-to-run noise to show
-    noise = None if backend_repeats_exactly(study.backend) else run_noise(layout_results(dispatched))
+    results = layout_results(dispatched)
+    noise = None if backend_repeats_exactly(study.backend) or not results else run_noise(results)
     rows = [_row(t, baseline_speed, noise) for t in shown]
     if top is not None:
         rows = rows[:top]
@@ -107,7 +118,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "controller_silent_s": controller_silence_s(study),
         "baseline_trial": baseline.number if baseline else None,
         "baseline_tokens_per_s_per_gpu": baseline_speed,
-        "speedup_vs_baseline": (best_speed / baseline_speed) if best_speed and baseline_speed else None,
+        "speedup_vs_baseline": _ratio(best_speed, baseline_speed),
     }
     return Board(study, rows, summary, pinned)
 
@@ -151,8 +162,18 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def with_sd(value: float | None, sd: float | None, spec: str = ",.0f") -> str:
-    """`8,860 ±266`: a throughput and its uncertainty (just the value when there is none)."""
-    return _fmt(value, spec) + (f" ±{format(sd, spec)}" if value is not None and sd else "")
+    """`8,860 ±165`: a throughput and its uncertainty (just the value when there is none, or when it
+    rounds to nothing at `spec`)."""
+    shown = format(sd, spec) if value is not None and sd else ""
+    return _fmt(value, spec) + (f" ±{shown}" if shown.strip("0.,") else "")
+
+
+def runs_note(summary: dict[str, Any]) -> str:
+    """`mean of 3 runs, ± its standard error`, `mean of 3 runs` when no error is shown, '' for one run."""
+    runs = summary.get("best_runs", 0)
+    if runs <= 1:
+        return ""
+    return f"mean of {runs} runs" + (", ± its standard error" if summary.get("best_tokens_per_s_per_gpu_se") else "")
 
 
 def noise_note(summary: dict[str, Any]) -> str:
@@ -194,7 +215,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
     style = STYLES.get(row["status"])
     speedup = row["speedup_vs_baseline"]
     return [str(row["trial"]), f"[{style}]{status}[/]" if style else status,
-            LayoutConfig.from_mapping(row["config"]).short(), with_sd(row["tokens_per_s_per_gpu"], row.get("tokens_per_s_per_gpu_sd")),
+            LayoutConfig.from_mapping(row["config"]).short(),
+            with_sd(row["tokens_per_s_per_gpu"], row.get("tokens_per_s_per_gpu_sd")),
             _fmt(row["tflops_per_gpu"], ".0f"), f"{100 * row['mfu']:.1f}%" if row["mfu"] else "",
             _fmt(row["step_time_s"], ".2f"), _fmt(row["peak_mem_gib"], ".1f"),
             f"{speedup:.2f}x" if speedup else "", cell_text(row["note"] or row["reason"] or "")]

@@ -95,7 +95,10 @@ def test_any_space_yaml_loads_or_fails_with_one_config_error(tmp_path_factory, c
 
 
 knob_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
-                         st.text(max_size=12), st.floats(allow_nan=False, allow_infinity=False))
+                         st.text(max_size=12), st.floats(allow_nan=False, allow_infinity=False),
+                         # containers no coercion lets through, but a record of another version might hold
+                         st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                              max_size=3))
 
 
 @settings(max_examples=300, deadline=None)
@@ -105,7 +108,7 @@ knob_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**3
                                                                                    "ep_overlap", "cp_comm_type")}))
 def test_layout_key_is_exactly_the_sorted_compact_json_of_its_dict(values):
     """LayoutConfig.key writes its JSON field by field (speed); stored keys depend on it being exactly what
-    json.dumps wrote before, for any scalar a field may hold (unicode and quotes in text included)."""
+    json.dumps wrote before, for any value a field may hold (unicode and quotes in text, containers included)."""
     import json
 
     from autotune.config import LayoutConfig

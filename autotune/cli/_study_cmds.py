@@ -338,8 +338,7 @@ def _print_final(board, summary) -> None:
         return
     best = LayoutConfig.from_mapping(s["best_config"])
     speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""
-    runs = f"mean of {s['best_runs']} runs, ± its standard error" if s["best_runs"] > 1 else ""
-    runs = f"{runs}{leaderboard.estimate_note(s)}".lstrip("; ")
+    runs = f"{leaderboard.runs_note(s)}{leaderboard.estimate_note(s)}".lstrip("; ")
     runs = f" ({runs})" if runs else ""
     source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
     peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
@@ -458,7 +457,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     table = FittedTable([Col("study"), Col("workload", wrap=True), Col("status"), Col("trials", "right"),
                          Col("done", "right", optional=2), Col("OOM", "right", optional=1),
-                         Col("best tok/s/GPU", "right"), Col("vs recipe", "right")], title="studies")
+                         Col("best tok/s/GPU ± s.e.", "right"), Col("vs recipe", "right")], title="studies")
     for s in summaries:
         done = s["completed"] + s["oom"] + s["pruned"] + s["failed"] + s["timeout"]
         w = s["workload"]
@@ -466,8 +465,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = "running, controller silent" if s["controller_silent_s"] else s["status"]
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), status,
                       f"{s['dispatched']}/{s['budget']}", str(done), str(s["oom"]),
-                      (f"{best:,.0f}" + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}"))
-                      if best else "",
+                      (leaderboard.with_sd(best, s["best_tokens_per_s_per_gpu_se"])
+                       + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}")) if best else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "")
     console = wide_console()
     console.print(table)

@@ -160,7 +160,11 @@ def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[
             groups.setdefault(t.config_key, []).append(t)
     results = []
     for runs in groups.values():
-        mean = statistics.fmean(t.tokens_per_s_per_gpu for t in runs)
+        values = [t.tokens_per_s_per_gpu for t in runs]
+        try:
+            mean = statistics.fmean(values)
+        except OverflowError:  # two runs near the float maximum (a hand-edited store): their sum overflows
+            mean = math.fsum(v / len(values) for v in values)
         peaks = [t.peak_mem_gib for t in runs if t.peak_mem_gib]
         results.append(LayoutResult(tuple(runs), mean, max(peaks) if peaks else None, mean))
     return sorted(results, key=lambda r: -r.mean_tokens_per_s_per_gpu)

@@ -126,6 +126,7 @@ class DashboardApp:
                 continue
             checked = " checked" if s.name in selected else ""
             kind = " <span class='muted'>(simulated)</span>" if s.backend == "simulate" else ""
+            best = leaderboard.with_sd(summary["best_tokens_per_s_per_gpu"], summary["best_tokens_per_s_per_gpu_se"])
             rows.append(
                 f"<tr><td class='l'><input type='checkbox' name='study' value='{escape(s.name)}'{checked}></td>"
                 f"<td class='l'><a href='/study/{quote(s.name, safe='')}'>{escape(s.name)}</a>{kind}</td>"
@@ -133,11 +134,12 @@ class DashboardApp:
                 f"<td class='l'>{text(s.workload.get('gpu', ''))}</td><td class='l'>{escape(s.status)}"
                 f"{', controller silent' if summary['controller_silent_s'] else ''}</td>"
                 f"<td>{summary['dispatched']}/{s.budget}</td><td>{summary['oom']}</td>"
-                f"<td>{num(summary['best_tokens_per_s_per_gpu'], ',.0f')}</td>"
+                f"<td>{escape(best)}</td>"
                 f"<td>{num(summary['speedup_vs_baseline'], '.2f')}</td></tr>")
         table = ("<form method='get' action='/compare'><table id='studies'><tr><th></th><th class='l'>study</th>"
                  "<th class='l'>model</th><th>GPUs</th><th class='l'>GPU</th><th class='l'>status</th>"
-                 "<th>dispatched</th><th>OOM</th><th>best tokens/s/GPU</th><th>best vs recipe (x)</th></tr>"
+                 "<th>dispatched</th><th>OOM</th><th>best tokens/s/GPU (± standard error)</th>"
+                 "<th>best vs recipe (x)</th></tr>"
                  + "".join(rows) + "</table><p><button type='submit'>compare selected</button></p></form>")
         return page("autotune studies", f"<h1>autotune studies</h1>{table}")
 
@@ -223,7 +225,7 @@ class DashboardApp:
         risky = s.get("risky_faster_trials") or []
         margin = (f"; faster but inside the {num(s['memory_headroom_gib'], 'g')} GiB memory margin: trial{'s' if len(risky) > 1 else ''} "
                   + ", ".join(f"<a href='{fig.trial_url(name, n)}'>{n}</a>" for n in risky)) if risky else ""
-        runs = f"mean of {s['best_runs']} runs, ± its standard error" if s["best_runs"] > 1 else "one run"
+        runs = leaderboard.runs_note(s) or "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "
                 f"{escape(leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s.get('best_tokens_per_s_per_gpu_se')))} "

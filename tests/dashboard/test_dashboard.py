@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune import leaderboard
 from autotune.config import LayoutConfig
 from autotune.dashboard.server import DashboardApp, serve_in_background
 from autotune.backends.runs import study_dir
@@ -426,3 +427,15 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
     points = figure(extreme, "throughput-chart")["data"][0]
     bars = dict(zip(points["y"], points["error_y"]["array"]))
     assert set(bars) == {1e-308, 1e308} and bars[1e308] == 0.0  # no bar where the sd is not a number
+    assert not any("±" in label for label in points["text"])  # nor a ±0 in the hover text
+    # two runs near the float maximum (their sum overflows) and a 5e-324 baseline (an infinite speed-up):
+    # the pages show them, with no Infinity in their strict JSON
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 1.7e308 WHERE number IN (1, 2)"))
+    assert "trial-row" in app.study_page(name, "trial", "asc").decode()
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 5e-324 WHERE number = 1"))
+        c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 7900 WHERE number = 2"))
+    for page in (app.study_page(name, "trial", "asc"), app.compare_page([name]), app.studies_page([])):
+        assert "trial-row" in page.decode() or "compare" in page.decode()
+    assert "Infinity" not in leaderboard.to_json(leaderboard.build(repo, study))
