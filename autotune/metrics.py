@@ -29,6 +29,9 @@ class StudyCollector:
         running = GaugeMetricFamily("autotune_trials_running", "trials running now", labels=["study", "model"])
         best = GaugeMetricFamily("autotune_best_tokens_per_s_per_gpu", "throughput of the recommended layout (mean of its runs)",
                                  labels=["study", "model"])
+        best_se = GaugeMetricFamily("autotune_best_tokens_per_s_per_gpu_standard_error",
+                                    "standard error of that mean (the study's run-to-run noise over the square root of "
+                                    "its runs; absent on a backend whose runs repeat exactly)", labels=["study", "model"])
         gpu = CounterMetricFamily("autotune_gpu_seconds", "GPU-seconds spent by dispatched trials",
                                   labels=["study", "model"])
         budget = GaugeMetricFamily("autotune_budget_trials", "the study's budget", labels=["study", "model"])
@@ -46,11 +49,13 @@ class StudyCollector:
                 families[name].add_metric(labels, s[name])
             running.add_metric(labels, s["running"])
             best.add_metric(labels, s["best_tokens_per_s_per_gpu"] or 0.0)
+            if s["best_tokens_per_s_per_gpu_se"] is not None:
+                best_se.add_metric(labels, s["best_tokens_per_s_per_gpu_se"])
             gpu.add_metric(labels, s["gpu_seconds"])
             budget.add_metric(labels, study.budget)
         yield from families.values()
         unreadable.add_metric([], skipped)
-        yield from (running, best, gpu, budget, unreadable)
+        yield from (running, best, best_se, gpu, budget, unreadable)
 
 
 def registry_for(repo: Repository) -> CollectorRegistry:

@@ -219,6 +219,9 @@ def test_http_server_binds_to_localhost_and_serves_json_metrics_and_only_its_two
         with urllib.request.urlopen(f"{base}/metrics") as response:
             text = response.read().decode()
         assert "autotune_trials_oom_total" in text and "autotune_best_tokens_per_s_per_gpu" in text
+        # and its uncertainty: one run of 7,900 at the assumed 3% run-to-run noise
+        se = re.search(r"^autotune_best_tokens_per_s_per_gpu_standard_error\{[^}]*\} (\S+)$", text, re.M)
+        assert se and float(se.group(1)) == pytest.approx(237.0)
     finally:
         server.shutdown()
 
