@@ -17,8 +17,7 @@ from typing import Any
 
 from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
-from autotune.controller.recommend import (RunNoise, backend_repeats_exactly, layout_results, run_noise,
-                                           study_recommendation)
+from autotune.controller.recommend import RunNoise, study_recommendation
 from autotune.storage import Repository, Study, Trial
 
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
@@ -76,17 +75,16 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
                        key=lambda t: -t.tokens_per_s_per_gpu)
     others = [t for t in dispatched if t not in completed]
     shown = completed + others + ([t for t in trials if not t.dispatched] if include_rejected else [])
-    # a backend whose runs repeat exactly (replay) has no run-to-run noise to show
-    results = layout_results(dispatched)
-    noise = None if backend_repeats_exactly(study.backend) or not results else run_noise(results)
+    # the study's answer: the best pooled estimate over the layouts that ran that keeps the memory headroom,
+    # not the luckiest run (controller/recommend.py); with it, the run-to-run noise shown beside every
+    # throughput (none where the backend's runs repeat exactly, such as replay)
+    pick = study_recommendation(dispatched, study)
+    noise = pick.noise if pick else None
     rows = [_row(t, baseline_speed, noise) for t in shown]
     if top is not None:
         rows = rows[:top]
     pinned = [_row(baseline, baseline_speed, noise)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
     counts = repo.counts(study.id)
-    # the study's answer: the best pooled estimate over the layouts that ran that keeps the memory headroom,
-    # not the luckiest run (controller/recommend.py)
-    pick = study_recommendation(dispatched, study)
     best = pick.trial if pick else None
     best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
     summary = {
@@ -104,7 +102,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "best_tokens_per_s_per_gpu": best_speed,
         "best_runs": pick.best.runs if pick else 0,
         # standard error of that mean (the study's run-to-run noise over the square root of its runs)
-        "best_tokens_per_s_per_gpu_se": noise.mean_se(best_speed, pick.best.runs) if pick and noise else None,
+        "best_tokens_per_s_per_gpu_se": noise.mean_se(best_speed, pick.best.runs) if noise else None,
         # the run-to-run noise (log sd ~ relative sd) and how many layouts that ran more than once it comes from
         "run_noise_rel_sd": noise.log_std if noise else None,
         "run_noise_repeated_layouts": noise.repeated_layouts if noise else 0,
@@ -166,6 +164,11 @@ def with_sd(value: float | None, sd: float | None, spec: str = ",.0f") -> str:
     rounds to nothing at `spec`)."""
     shown = format(sd, spec) if value is not None and sd else ""
     return _fmt(value, spec) + (f" ±{shown}" if shown.strip("0.,") else "")
+
+
+def best_with_se(summary: dict[str, Any]) -> str:
+    """The recommendation's throughput ± its standard error (`8,860 ±165`), '' before any run completed."""
+    return with_sd(summary["best_tokens_per_s_per_gpu"], summary.get("best_tokens_per_s_per_gpu_se"))
 
 
 def runs_note(summary: dict[str, Any]) -> str:

@@ -75,7 +75,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # results: a simulated or replayed study's speeds and GPU time are not measurements
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), f"{s['dispatched']}/{s['budget']}",
                       str(s["oom"]), best,
-                      leaderboard.with_sd(s["best_tokens_per_s_per_gpu"], s["best_tokens_per_s_per_gpu_se"]),
+                      leaderboard.best_with_se(s),
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "",
                       f"{s['gpu_seconds'] / 3600:.1f}", s["metrics_source"])
     wide_console().print(table)

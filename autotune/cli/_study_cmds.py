@@ -344,8 +344,7 @@ def _print_final(board, summary) -> None:
     peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
             if s["best_peak_mem_gib"] else "peak memory not measured")  # a replay table without a memory column
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
-                  f"{leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s['best_tokens_per_s_per_gpu_se'])} "
-                  f"tokens/s/GPU{source}{runs}{speedup}, {peak}")
+                  f"{leaderboard.best_with_se(s)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
     if s["risky_faster_trials"]:
         listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
         console.print(f"faster but inside the memory margin (ran, not recommended): trial(s) {listed}")
@@ -465,7 +464,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = "running, controller silent" if s["controller_silent_s"] else s["status"]
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), status,
                       f"{s['dispatched']}/{s['budget']}", str(done), str(s["oom"]),
-                      (leaderboard.with_sd(best, s["best_tokens_per_s_per_gpu_se"])
+                      (leaderboard.best_with_se(s)
                        + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}")) if best else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "")
     console = wide_console()

@@ -114,6 +114,8 @@ class Recommendation:
     headroom_gib: float = 0.0
     runner_up: LayoutResult | None = None  # the next safe layout by estimate (screening runs)
     validation: dict[str, LayoutResult] = field(default_factory=dict)  # config_key -> its validation run(s)
+    # the run-to-run noise of the screening runs it was chosen from (None when the backend repeats exactly)
+    noise: "RunNoise | None" = None
 
     @property
     def trial(self) -> "Trial":
@@ -272,13 +274,14 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     results = layout_results(trials)
     if not results:
         return None
+    noise = run_noise(results) if pooled_estimate else None  # no noise to pool or show where runs repeat
     if pooled_estimate:
         results = pooled(results)
     validated = {r.trial.config_key: r for r in layout_results(trials, validation=True)}
     safe_limit = memory_limit_gib - headroom_gib
     safe = [r for r in results if r.peak_mem_gib is None or r.peak_mem_gib <= safe_limit]
     if not safe:  # every layout is inside the margin: recommend the best anyway, flagged by the caller
-        return Recommendation(results[0], tuple(results[1:]), headroom_gib, None, validated)
+        return Recommendation(results[0], tuple(results[1:]), headroom_gib, None, validated, noise)
     contenders = [r for r in safe[:2] if r.trial.config_key in validated]
     if len(contenders) == 2 and validated[contenders[1].trial.config_key].mean_tokens_per_s_per_gpu > \
             validated[contenders[0].trial.config_key].mean_tokens_per_s_per_gpu:
@@ -286,7 +289,7 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     best = safe[0]
     risky = tuple(r for r in results if r.estimate_tokens_per_s_per_gpu > best.estimate_tokens_per_s_per_gpu
                   and r not in safe)
-    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated)
+    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated, noise)
 
 
 def validation_choices(pick: Recommendation | None, noise_log_std: float) -> list[LayoutResult]:

@@ -126,7 +126,6 @@ class DashboardApp:
                 continue
             checked = " checked" if s.name in selected else ""
             kind = " <span class='muted'>(simulated)</span>" if s.backend == "simulate" else ""
-            best = leaderboard.with_sd(summary["best_tokens_per_s_per_gpu"], summary["best_tokens_per_s_per_gpu_se"])
             rows.append(
                 f"<tr><td class='l'><input type='checkbox' name='study' value='{escape(s.name)}'{checked}></td>"
                 f"<td class='l'><a href='/study/{quote(s.name, safe='')}'>{escape(s.name)}</a>{kind}</td>"
@@ -134,7 +133,7 @@ class DashboardApp:
                 f"<td class='l'>{text(s.workload.get('gpu', ''))}</td><td class='l'>{escape(s.status)}"
                 f"{', controller silent' if summary['controller_silent_s'] else ''}</td>"
                 f"<td>{summary['dispatched']}/{s.budget}</td><td>{summary['oom']}</td>"
-                f"<td>{escape(best)}</td>"
+                f"<td>{escape(leaderboard.best_with_se(summary))}</td>"
                 f"<td>{num(summary['speedup_vs_baseline'], '.2f')}</td></tr>")
         table = ("<form method='get' action='/compare'><table id='studies'><tr><th></th><th class='l'>study</th>"
                  "<th class='l'>model</th><th>GPUs</th><th class='l'>GPU</th><th class='l'>status</th>"
@@ -160,7 +159,7 @@ class DashboardApp:
                         f"<td class='l'>{escape(study.model)}</td><td>{text(study.workload.get('gpus'))}</td>"
                         f"<td class='l'>{text(study.workload.get('gpu'))}</td><td class='l'>{escape(study.backend)}</td>"
                         f"<td class='l'>{escape(best)}</td>"
-                        f"<td>{escape(leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s['best_tokens_per_s_per_gpu_se']))}</td>"
+                        f"<td>{escape(leaderboard.best_with_se(s))}</td>"
                         f"<td>{num(s['speedup_vs_baseline'], '.2f')}</td><td>{s['completed']}</td><td>{s['oom']}</td>"
                         f"<td>{num(s['gpu_seconds'], 'h')} {hours}</td></tr>")
         if not rows:
@@ -228,7 +227,7 @@ class DashboardApp:
         runs = leaderboard.runs_note(s) or "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "
-                f"{escape(leaderboard.with_sd(s['best_tokens_per_s_per_gpu'], s.get('best_tokens_per_s_per_gpu_se')))} "
+                f"{escape(leaderboard.best_with_se(s))} "
                 f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
                 f"{versus}{margin}</p>")
 
