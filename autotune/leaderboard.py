@@ -121,6 +121,104 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     return Board(study, rows, summary, pinned)
 
 
+def checked_prediction(stored: Any) -> dict[str, Any]:
+    """A trial's stored prediction as the read side uses it: its finite positive figures (and its
+    breakdown's), nothing else. It is advisory and checked where used (storage/_records.py): a hand-edited
+    one (a text, a list, 1e999) is left out, not a crash of the page or command showing it."""
+    from autotune._numbers import is_positive_finite
+
+    if not isinstance(stored, dict):
+        return {}
+    kept: dict[str, Any] = {k: v for k, v in stored.items() if isinstance(k, str) and is_positive_finite(v)}
+    if isinstance(stored.get("breakdown"), dict):
+        kept["breakdown"] = {str(k): v for k, v in stored["breakdown"].items() if is_positive_finite(v)}
+    return kept
+
+
+def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
+    """What `show` and the dashboard's trial page say about one trial beyond its record: its throughput's
+    run-to-run sd (as on the leaderboard), the runs of its layout (screening runs, so a repeat is seen
+    beside the others) and their mean, and the measurement against the cost model's prediction made
+    before the run, with that prediction's 80% interval (the validation residuals: cost.throughput_interval)."""
+    from autotune.cost import memory_interval, throughput_interval
+
+    dispatched = repo.trials(study.id, dispatched_only=True)
+    pick = study_recommendation(dispatched, study)
+    speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
+    noise = pick.noise if pick else None
+    runs = sorted((t for t in dispatched if t.config_key == trial.config_key and t.status == "completed"
+                   and t.tokens_per_s_per_gpu and t.origin == trial.origin), key=lambda t: t.number)
+    speeds = [t.tokens_per_s_per_gpu for t in runs]
+    mean = math.fsum(v / len(speeds) for v in speeds) if len(speeds) > 1 else None
+    predicted = checked_prediction(trial.predicted)
+    view: dict[str, Any] = {
+        "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
+        "layout_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu} for t in runs]
+        if len(runs) > 1 else [],
+        "layout_mean_tokens_per_s_per_gpu": mean,
+        "layout_mean_se": noise.mean_se(mean, len(speeds)) if mean and noise else None,
+        "predicted": predicted,
+    }
+    tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
+    if tokens:
+        view["predicted_tokens_per_s_per_gpu_80"] = list(throughput_interval(tokens))
+        view["measured_over_predicted_tokens"] = _ratio(speed, tokens)
+    if peak:
+        view["predicted_peak_mem_gib_80"] = list(memory_interval(peak))
+        view["measured_over_predicted_peak"] = _ratio(trial.peak_mem_gib, peak) if trial.peak_mem_gib else None
+    return view
+
+
+def prediction_text(view: dict[str, Any], source: str = "measured") -> str:
+    """`8,860 tokens/s/GPU (80% interval 6,900-11,600) and 75.9 GiB peak (80% interval 70.1-81.3); measured
+    1.04x and 0.97x of it`: the cost model's prediction made before the run (trial_view), '' without one."""
+    def shown(value: float, spec: str) -> str:  # a hand-edited 1e308 in 3 digits, not 309
+        return format(value, spec) if 1e-3 <= abs(value) < 1e15 else format(value, ".3g")
+
+    predicted = view["predicted"]
+    tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
+    parts = []
+    if tokens:
+        low, high = view["predicted_tokens_per_s_per_gpu_80"]
+        parts.append(f"{shown(tokens, ',.0f')} tokens/s/GPU (80% interval {shown(low, ',.0f')}-{shown(high, ',.0f')})")
+    if peak:
+        low, high = view["predicted_peak_mem_gib_80"]
+        parts.append(f"{shown(peak, ',.1f')} GiB peak (80% interval {shown(low, ',.1f')}-{shown(high, ',.1f')})")
+    ratios = [(f"{r:.2f}x" if r is not None and 1e-3 <= r <= 1e3 else None)
+              for r in (view.get("measured_over_predicted_tokens"), view.get("measured_over_predicted_peak"))]
+    if not parts:
+        return ""
+    text = " and ".join(parts)
+    if ratios[0] and ratios[1]:
+        text += f"; {source} {ratios[0]} and {ratios[1]} of it"
+    elif ratios[0] or ratios[1]:
+        text += f"; {source} {ratios[0] or ratios[1]} of its {'throughput' if ratios[0] else 'peak'}"
+    return text
+
+
+def layout_runs_text(view: dict[str, Any]) -> str:
+    """`ran 3 times: trials 4 (8,640), 17 (8,702), 31 (8,674); mean 8,672 ±93 (the ± is its standard error)`, '' for one run."""
+    runs = view["layout_runs"]
+    if not runs:
+        return ""
+    listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f})" for r in runs)
+    mean = with_sd(view["layout_mean_tokens_per_s_per_gpu"], view.get("layout_mean_se"))
+    return (f"ran {len(runs)} times: trials {listed}; mean {mean}"
+            + (" (the ± is its standard error)" if "±" in mean else ""))
+
+
+def breakdown_text(predicted: dict[str, Any], limit: int = 6) -> str:
+    """`compute 24.4 s (81%), ep 3.21 s (11%), ... and 3 smaller`: the largest terms of a predicted step
+    (checked_prediction)."""
+    step, terms = predicted.get("step_time_s"), predicted.get("breakdown") or {}
+    # terms under half a percent of the step are counted, not listed (a 0.0005 s DP term says nothing)
+    top = [(k, v) for k, v in sorted(terms.items(), key=lambda kv: -kv[1]) if not step or v >= 0.005 * step][:limit]
+    parts = [f"{name} {seconds:,.3g} s" + (f" ({seconds / step:.0%})" if step and seconds / step <= 1 else "")
+             for name, seconds in top]
+    rest = len(terms) - len(top)
+    return ", ".join(parts) + (f" and {rest} smaller" if rest > 0 else "")
+
+
 def estimate_note(summary: dict) -> str:
     """`; estimated N with the runs of layouts sharing its knob values` when the recommendation's pooled
     estimate differs from its measured mean by more than half a percent, else ''."""

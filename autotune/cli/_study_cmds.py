@@ -565,7 +565,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     # the overrides the run was given: its layout's and the study's benchmark-only settings (controller/_spec.py)
     settings = benchmark_only.of_study(study)
-    data = {**trial.to_dict(), "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)
+    from autotune import leaderboard
+
+    # beyond the record: the throughput's run-to-run sd, the layout's other runs, the measurement against
+    # the prediction made before the run (the same figures as the dashboard's trial page)
+    view = leaderboard.trial_view(repo, study, trial)
+    data = {**trial.to_dict(), **{k: v for k, v in view.items() if k != "predicted"},
+            "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)
             + benchmark_only.overrides(settings)}
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -574,16 +580,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     layout = LayoutConfig.from_mapping(trial.config).short()
+    source = leaderboard.metrics_source(study.backend, trial.origin)  # measured, simulated or replayed
     table = Table(title=escape(f"{study.name} trial {trial.number}: {layout}"), show_header=False)
     for key in ("status", "reason", "message", "strategy_note", "origin", "attempt", "worker_losses", "step_time_s",
                 "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "implied_by_trial",
-                "artifacts", "predicted"):
+                "artifacts"):
         value = data.get(key)
         if value not in (None, {}, [], 0) and not (key == "origin" and value == "study"):
-            table.add_row(key, escape(_shown(key, value)))  # a launcher's message is not markup
-    from autotune.leaderboard import metrics_source
-
-    table.add_row("results", metrics_source(study.backend, trial.origin))  # measured, simulated or replayed
+            shown = _shown(key, value)
+            if key == "tokens_per_s_per_gpu" and data["tokens_per_s_per_gpu_sd"]:
+                shown = leaderboard.with_sd(value, data["tokens_per_s_per_gpu_sd"]) + " (one run-to-run sd)"
+            table.add_row(key, escape(shown))  # a launcher's message is not markup
+    if leaderboard.layout_runs_text(view):
+        table.add_row("this layout", escape(leaderboard.layout_runs_text(view)))
+    if leaderboard.prediction_text(view):
+        table.add_row("predicted before the run", escape(leaderboard.prediction_text(view, source)))
+    if view["predicted"].get("breakdown"):
+        step = view["predicted"].get("step_time_s")
+        table.add_row("predicted step", escape((f"{step:,.3g} s: " if step else "")
+                                               + leaderboard.breakdown_text(view["predicted"])))
+    table.add_row("results", source)
     table.add_row("overrides", escape(terminal_safe(" ".join(data["overrides"]))))  # `[a,b]` lists are no markup
     label = benchmark_only.label(settings)
     if label:
@@ -596,6 +612,6 @@ def _shown(key: str, value) -> str:
     """A value of `show`'s table for a reader (the --json output keeps every digit)."""
     if key == "mfu" and isinstance(value, float):
         return f"{100 * value:.1f}% of dense BF16 peak"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, float):  # a hand-edited 1e308 in four digits, not 309
+        return f"{value:,.4g}" if abs(value) < 1e4 or abs(value) >= 1e15 else f"{value:,.0f}"
     return terminal_safe(json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))

@@ -55,20 +55,6 @@ def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = Fa
             f"<style>{STYLE}</style>{js}</head><body>{body}</body></html>").encode()
 
 
-def prediction(stored: Any) -> dict[str, Any]:
-    """A trial's stored prediction as the pages use it: its finite positive figures (and its breakdown's),
-    nothing else. It is advisory and checked where used (storage/_records.py): a hand-edited one
-    (a text, a list, 1e999) is left out, not a 500 for the whole page."""
-    from autotune._numbers import is_positive_finite
-
-    if not isinstance(stored, dict):
-        return {}
-    kept: dict[str, Any] = {k: v for k, v in stored.items() if isinstance(k, str) and is_positive_finite(v)}
-    if isinstance(stored.get("breakdown"), dict):
-        kept["breakdown"] = {str(k): v for k, v in stored["breakdown"].items() if is_positive_finite(v)}
-    return kept
-
-
 def num(value: Any, spec: str) -> str:
     """A number as people read it: `%` multiplies a fraction by 100, `h` turns seconds into hours."""
     if value is None or isinstance(value, bool):
@@ -184,7 +170,7 @@ class DashboardApp:
         study = self.repo.get_study(name)
         board = leaderboard.build(self.repo, study)
         s = board.summary
-        predicted = {t.number: prediction(t.predicted) for t in self.repo.trials(study.id, dispatched_only=True)}
+        predicted = {t.number: leaderboard.checked_prediction(t.predicted) for t in self.repo.trials(study.id, dispatched_only=True)}
         rows = [dict(r, predicted=predicted.get(r["trial"])) for r in board.rows]
         limit, headroom = self._memory(study, s)
         baseline = s["baseline_tokens_per_s_per_gpu"]
@@ -291,13 +277,23 @@ class DashboardApp:
         trial = self.repo.trial(study.id, number)
         layout = LayoutConfig.from_mapping(trial.config)
         _, workload = study_space_and_workload(study)
-        metrics = "".join(f"<tr><td class='l'>{escape(label)}</td><td>{num(value, spec) if spec else text(value)}</td></tr>"
+        # beyond the record: the throughput's run-to-run sd, the layout's other runs, the prediction (as `show`)
+        view = leaderboard.trial_view(self.repo, study, trial)
+        sd = view["tokens_per_s_per_gpu_sd"]
+        metrics = "".join(f"<tr><td class='l'>{escape(label)}"
+                          + (" <span class='muted'>± one run-to-run sd</span>" if key == "tokens_per_s_per_gpu" and sd
+                             else "") + "</td><td>"
+                          + (escape(leaderboard.with_sd(value, sd)) if key == "tokens_per_s_per_gpu" and sd
+                             else num(value, spec) if spec else text(value)) + "</td></tr>"
                           for key, label, spec in TRIAL_FIELDS
                           if (value := getattr(trial, key)) not in (None, 0, "")
                           and (key != "origin" or trial.origin != "study"))
+        if leaderboard.layout_runs_text(view):
+            metrics += (f"<tr id='layout-runs'><td class='l'>this layout</td>"
+                        f"<td>{escape(leaderboard.layout_runs_text(view))}</td></tr>")
         config = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{text(v) if v is not None else '&mdash;'}</td></tr>"
                          for k, v in trial.config.items())
-        predicted = prediction(trial.predicted)
+        predicted = view["predicted"]
         trace = self._trace_summary(study, trial)
         from autotune.megatron import benchmark_only
 
@@ -316,9 +312,9 @@ class DashboardApp:
         body = (f"<p><a href='/'>studies</a> / <a href='/study/{quote(name, safe='')}'>{escape(name)}</a></p>"
                 f"<h1>trial {number}: {escape(layout.short())}</h1>{provenance(study.backend)}{message}"
                 f"<h2>metrics</h2><table id='metrics'>{metrics}</table>"
-                f"<p class='muted' id='prediction'>the cost model predicted "
-                f"{num(predicted.get('tokens_per_s_per_gpu'), ',.0f')} tokens/s/GPU and "
-                f"{num(predicted.get('peak_mem_gib'), '.1f')} GiB peak memory before this run</p>"
+                + (f"<p class='muted' id='prediction'>the cost model predicted, before this run: "
+                   f"{escape(leaderboard.prediction_text(view, leaderboard.metrics_source(study.backend, trial.origin)))}"
+                   "</p>" if leaderboard.prediction_text(view) else "") +
                 f"<div class='charts'>{chart('breakdown-chart', figure)}</div>"
                 f"<p class='muted'>{escape(trace_note)}</p>"
                 f"<h2>config</h2><table id='config'>{config}</table>"

@@ -164,6 +164,51 @@ def test_trial_page_formats_numbers_and_shows_predicted_and_measured_step(repo):
     assert app.artifact(name, 1, "../../etc/passwd") is None  # only recorded artifacts are served
 
 
+def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_against(repo, cli):
+    """`show` printed the stored prediction as raw JSON (15-digit floats) and no uncertainty; it and the trial
+    page now give the throughput ± one run-to-run sd, the layout's runs with their mean ± its standard error,
+    and the measurement against the prediction made before the run, with its 80% interval."""
+    import math
+
+    from autotune.controller.surrogate import run_noise_log_std
+    from autotune.cost import memory_interval, throughput_interval
+
+    name = f"demo{HOSTILE}"
+    study = repo.get_study(name)
+    layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True, "mbs": 2})  # trial 2's layout, run again
+    again = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 5, dispatch_key=layout.key() + "#run2",
+                                predicted={"tokens_per_s_per_gpu": 7000.0, "peak_mem_gib": 70.0}, strategy_note="remeasure")
+    repo.finish_trial(study.id, again.number, "completed", gpu_seconds=1000.0, metrics={
+        "tokens_per_s_per_gpu": 8100.0, "peak_mem_gib": 75.0, "step_time_s": 1024 * 4096 / (8100.0 * 16)})
+    view = leaderboard.trial_view(repo, study, repo.trial(study.id, 2))
+    log_sd = run_noise_log_std([[math.log(7400.0)], [math.log(7900.0), math.log(8100.0)]])
+    assert view["tokens_per_s_per_gpu_sd"] == pytest.approx(7900.0 * log_sd)
+    assert view["layout_runs"] == [{"trial": 2, "tokens_per_s_per_gpu": 7900.0},
+                                   {"trial": again.number, "tokens_per_s_per_gpu": 8100.0}]
+    assert view["layout_mean_tokens_per_s_per_gpu"] == pytest.approx(8000.0)
+    assert view["layout_mean_se"] == pytest.approx(8000.0 * log_sd / math.sqrt(2))
+    assert view["predicted_tokens_per_s_per_gpu_80"] == pytest.approx(list(throughput_interval(7000.0)))
+    assert view["predicted_peak_mem_gib_80"] == pytest.approx(list(memory_interval(70.0)))
+    assert view["measured_over_predicted_tokens"] == pytest.approx(7900 / 7000)
+    assert leaderboard.trial_view(repo, study, repo.trial(study.id, 1))["layout_runs"] == []  # ran once
+    low, high = throughput_interval(7000.0)
+    page = DashboardApp(repo).trial_page(name, 2).decode()
+    assert f"7,900 ±{7900 * log_sd:,.0f}" in page
+    assert f"ran 2 times: trials 2 (7,900), {again.number} (8,100); mean 8,000 ±" in page
+    assert f"7,000 tokens/s/GPU (80% interval {low:,.0f}-{high:,.0f})" in page and "simulated 1.13x and 1.07x" in page
+    shown = cli("show", name, "2", "--storage", str(repo.engine.url))
+    assert shown.returncode == 0, shown.stderr
+    words = " ".join(shown.stdout.replace("│", " ").split())
+    assert f"7,900 ±{7900 * log_sd:,.0f} (one run-to-run sd)" in words
+    assert f"this layout ran 2 times: trials 2 (7,900), {again.number} (8,100); mean 8,000 ±" in words
+    assert "predicted before the run 7,000 tokens/s/GPU (80% interval" in words and "simulated 1.13x" in words
+    assert "predicted step compute 20 s, ep 5 s" in words  # no step time stored: terms without shares
+    assert '"breakdown"' not in shown.stdout  # the raw JSON is for --json
+    as_json = json.loads(cli("show", name, "2", "--storage", str(repo.engine.url), "--json").stdout)
+    assert as_json["layout_mean_tokens_per_s_per_gpu"] == pytest.approx(8000.0)
+    assert as_json["predicted"]["tokens_per_s_per_gpu"] == 7000.0  # the record as stored
+
+
 def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_folder(repo, tmp_path):
     import sqlite3
 
