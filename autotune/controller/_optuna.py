@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 from autotune.config import LayoutConfig
 from autotune.errors import StudyError
 from autotune.space import SearchSpace
-from autotune.storage import engine_kwargs
+from autotune.storage import engine_kwargs, use_store_pragmas
 
 PLAIN_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "dist_opt")
 OBJECTIVE = "tokens_per_s_per_gpu"  # the study's one value, maximised
@@ -149,6 +149,7 @@ class OptunaStudy:
     def __init__(self, url: str, study_name: str, space: SearchSpace, sampler: str, seed: int | None,
                  create: bool, backend: str | None = None) -> None:
         self.storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+        use_store_pragmas(self.storage.engine)  # WAL without an fsync per commit, as our own engine
         if create:
             _make_room(self.storage, study_name)
         try:

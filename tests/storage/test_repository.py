@@ -254,6 +254,23 @@ def test_sqlite_runs_in_wal_mode(tmp_path):
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
 
 
+def test_optunas_connections_to_a_sqlite_store_use_the_stores_settings(tmp_path):
+    """Optuna's RDBStorage opened its own connections with SQLite's default synchronous=FULL: an fsync of the
+    log at each of its commits (two a trial) where the store's own need none. Both engines write one log,
+    so one setting keeps what a power loss leaves a consistent earlier state."""
+    from autotune.controller._optuna import OptunaStudy
+    from autotune.space import load_space
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    repo = Repository.open(url)
+    optuna_side = OptunaStudy(url, "t", load_space("qwen3_30b"), "auto", 0, create=True)
+    for engine in (repo.engine, optuna_side.storage.engine):
+        with engine.connect() as c:
+            assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert c.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+            assert c.execute(text("PRAGMA busy_timeout")).scalar() > 0
+
+
 def test_database_errors_become_one_line_storage_errors(tmp_path):
     """A broken store (here: a table dropped under the repository) is a StorageError naming the store."""
     from sqlalchemy import text
