@@ -131,7 +131,10 @@ def parse_fixes(items: list[str]) -> dict[str, Any]:
         if name in PERF_KNOBS:
             raise ConfigError(f"--fix pins layout knobs; performance knob {name} is tuned by the knob phase "
                               "(--knob-share 0 keeps every one at the recipe's value)")
-        fixes[name] = coerce_knob(name, value.strip())
+        coerced = coerce_knob(name, value.strip())
+        if name in fixes and fixes[name] != coerced:  # the last one silently won: which one is meant?
+            raise ConfigError(f"--fix pins {name} twice, to {fixes[name]!r} and {coerced!r}: which one is meant?")
+        fixes[name] = coerced
     return fixes
 
 

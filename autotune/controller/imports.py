@@ -39,8 +39,19 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
         parsed = parse_log(text)
     except TooManyIterations as e:
         raise ConfigError(f"{name}: {e}: import a profiling run's log (or cut this one with head)") from None
+    if parsed.unreadable_iterations:  # 1e9 ms, -5 ms: no figure Megatron prints; reading the rest would
+        # measure the run by whichever lines happen to be readable, the warm-up alone if it is the only one
+        raise ConfigError(f"{name}: {parsed.unreadable_iterations} iteration line(s) whose figures are no number "
+                          "Megatron prints (an exponent, a sign); nothing imported")
+    if parsed.max_reserved_gib is not None and parsed.max_allocated_gib is not None \
+            and parsed.max_allocated_gib > parsed.max_reserved_gib * 1.001:  # PyTorch reserves what it allocates
+        raise ConfigError(f"{name}: the log's peak allocated memory ({parsed.max_allocated_gib:.1f} GiB) exceeds its "
+                          f"peak reserved memory ({parsed.max_reserved_gib:.1f} GiB), which cannot be; nothing imported")
     if parsed.failure == "oom":
         status = "oom"
+    elif len(parsed.iterations) == 1:  # the warm-up alone: no steady-state step to measure
+        raise ConfigError(f"{name}: one iteration line, the warm-up: no steady-state step time; import a log "
+                          "of two or more iterations")
     elif parsed.step_time_s is not None:
         status = "completed"
     else:

@@ -28,6 +28,11 @@ THROUGHPUT = re.compile(rf"throughput per GPU \(TFLOP/s/GPU\):\s*{NUMBER}")
 STEP_TIME = re.compile(rf"Step Time\s*:\s*{NUMBER}s\s+GPU utilization:\s*{NUMBER}\s*MODEL_TFLOP/s/GPU")
 MEMORY = re.compile(rf"\[Rank {COUNT}\].*?memory \(GB\).*?mem-max-allocated-gigabytes:\s*{NUMBER}"
                     rf"(?:.*?mem-max-reserved-gigabytes:\s*{NUMBER})?")
+# Megatron-LM's report_memory (and Bridge versions that kept it): "[Rank 0] (after 10 iterations) memory (MB) |
+# allocated: ... | max allocated: ... | reserved: ... | max reserved: ...", in MiB
+MEMORY_MB = re.compile(rf"memory \(MB\)\s*\|.*?max allocated:\s*{NUMBER}(?:.*?max reserved:\s*{NUMBER})?")
+# an iteration line whose figures ITERATION cannot read (an exponent, a minus sign): counted, not guessed at
+ITERATION_LIKE = "elapsed time per iteration"
 
 FAILURES = (  # (class, patterns): the first class whose pattern matches wins
     ("oom", ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory",
@@ -100,6 +105,7 @@ class ParsedLog:
     max_allocated_gib: float | None = None
     max_reserved_gib: float | None = None
     failure: str | None = None
+    unreadable_iterations: int = 0  # iteration lines whose figures are no number Megatron prints
 
     def measured_times(self) -> list[float]:
         """Iteration times after the first 10% (at least the first iteration) are skipped."""
@@ -148,19 +154,28 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
             if throughput:
                 parsed.tflops_per_gpu.append(float(throughput.group(1)))
             continue
+        if ITERATION_LIKE in line:
+            parsed.unreadable_iterations += 1
         match = STEP_TIME.search(line)
         if match and not parsed.tflops_per_gpu:
             parsed.tflops_per_gpu.append(float(match.group(2)))
         match = MEMORY.search(line)
         if match:
-            allocated = float(match.group(2)) * 1e9 / GIB
-            parsed.max_allocated_gib = max(parsed.max_allocated_gib or 0.0, allocated)
-            if match.group(3):
-                reserved = float(match.group(3)) * 1e9 / GIB
-                parsed.max_reserved_gib = max(parsed.max_reserved_gib or 0.0, reserved)
+            _peaks(parsed, match.group(2), match.group(3), 1e9)
+            continue
+        match = MEMORY_MB.search(line)
+        if match:
+            _peaks(parsed, match.group(1), match.group(2), float(1 << 20))
     failure = _first_failure(found)
     parsed.failure = failure if failure != "config_error" or not parsed.iterations else None
     return parsed
+
+
+def _peaks(parsed: ParsedLog, allocated: str, reserved: str | None, unit_bytes: float) -> None:
+    """Raise the log's peak allocated and reserved memory (GiB) to a memory line's figures."""
+    parsed.max_allocated_gib = max(parsed.max_allocated_gib or 0.0, float(allocated) * unit_bytes / GIB)
+    if reserved:
+        parsed.max_reserved_gib = max(parsed.max_reserved_gib or 0.0, float(reserved) * unit_bytes / GIB)
 
 
 def merge_rank_failures(results: list[dict]) -> dict | None:

@@ -105,6 +105,9 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("estimate-huge-dispatcher-sms", ["estimate", "--model", "qwen3_30b", "--ep", "16", "--dispatcher-sms",
                                       "99999999999999999999999"], "between 1 and 256"),
     ("fix-a-performance-knob", [*START, "--fix", "ep_overlap=true", "--storage", "{url}"], "knob phase"),
+    # found by review: the last of two values silently won (check refuses a key given twice)
+    ("fix-one-knob-twice", [*START, "--fix", "tp=2", "--fix", "tp=4", "--storage", "{url}"],
+     "--fix pins tp twice, to 2 and 4"),
     ("benchmark-setting-unknown", [*START, "--benchmark-setting", "model.anything=true", "--storage", "{url}"],
      "--benchmark-setting"),  # only the named benchmark-only settings reach the overrides
     ("benchmark-setting-value", [*START, "--benchmark-setting", "moe_router_force_load_balancing=1; rm -rf",
@@ -142,11 +145,18 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
     # found by review: "[0-9.]+" took "1.2.3" for a number and float() raised; a 300-digit warm-up step was stored
     ("import-log-not-a-number", ["import-log", "{log_dots}", "--study", "demo", "--storage", "{url}"],
-     "no Megatron iteration lines"),
+     "iteration line(s) whose figures are no number"),
     ("import-log-300-digit-warmup", ["import-log", "{log_warmup}", "--study", "demo", "--storage", "{url}"],
      "step_times_s holds a step"),
     ("import-log-400-digit-warmup", ["import-log", "{log_inf}", "--study", "demo", "--storage", "{url}"],
      "not a finite number"),
+    # found by review: iterations 2-10 at "1e9" ms were dropped without a word and the warm-up stored as the run
+    ("import-log-exponents-after-warmup", ["import-log", "{log_exponent}", "--study", "demo", "--storage", "{url}"],
+     "4 iteration line(s) whose figures are no number"),
+    ("import-log-warmup-only", ["import-log", "{log_one}", "--study", "demo", "--storage", "{url}"],
+     "one iteration line, the warm-up"),
+    ("import-log-allocated-above-reserved", ["import-log", "{log_alloc}", "--study", "demo", "--storage", "{url}"],
+     "exceeds its peak reserved memory"),
     # found by review: a Parquet list cell raised from NumPy's .item()
     ("replay-parquet-list-cell", [*START, "--backend", "replay", "--replay", "{list_parquet}", "--storage", "{url}"],
      "not a layout"),
@@ -188,6 +198,15 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     warmup.write_text(Path(_log(folder, "30000.0")).read_text().replace("30000.0", "9" * 300, 1))
     infinite = folder / "log-inf.txt"  # float() reads 400 digits as infinity
     infinite.write_text(Path(_log(folder, "30000.0")).read_text().replace("30000.0", "9" * 400, 1))
+    steady = Path(_log(folder, "30000.0")).read_text()
+    exponent = folder / "log-exponent.txt"  # the warm-up readable, the steady state not
+    exponent.write_text(steady.splitlines(keepends=True)[0] + "".join(
+        line.replace("30000.0", "1e9") for line in steady.splitlines(keepends=True)[1:]))
+    one = folder / "log-one.txt"
+    one.write_text(steady.splitlines(keepends=True)[0])
+    alloc = folder / "log-alloc.txt"
+    alloc.write_text(steady + "[Rank 0] (after 5 iterations) memory (GB) | mem-allocated-gigabytes: 40.0 | "
+                              "mem-max-allocated-gigabytes: 500.0 | mem-max-reserved-gigabytes: 70.0\n")
     import pandas as pd
 
     list_parquet = folder / "list-cell.parquet"
@@ -195,6 +214,7 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
         list_parquet)
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
               "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "log_inf": str(infinite),
+              "log_exponent": str(exponent), "log_one": str(one), "log_alloc": str(alloc),
               "list_parquet": str(list_parquet),
               "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
               "binary": str(binary), "nul": str(nul), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}

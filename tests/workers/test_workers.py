@@ -50,6 +50,17 @@ def test_a_figure_with_an_exponent_is_no_figure():
     parsed = parse_log("\n".join([lines[0], lines[1], hostile, lines[3]]))
     assert [i for i, _ in parsed.iterations] == [1, 3]
     assert parsed.step_time_s == pytest.approx(29.9)
+    assert parsed.unreadable_iterations == 1  # counted, so import-log refuses the log rather than guess
+
+
+def test_megatron_lm_memory_report_in_mib_is_read():
+    # review: Megatron-LM's report_memory line ("memory (MB) | ... | max allocated: ...") was not read, and
+    # an imported run's peak memory was stored as None without a word
+    line = ("[Rank 0] (after 10 iterations) memory (MB) | allocated: 41000.5 | max allocated: 61440.0 | "
+            "reserved: 65000.0 | max reserved: 67584.0")
+    parsed = parse_log(LOG.splitlines()[1] + "\n" + line + "\n")
+    assert parsed.max_allocated_gib == pytest.approx(60.0) and parsed.max_reserved_gib == pytest.approx(66.0)
+    assert parse_log(line.split(" | reserved")[0]).max_reserved_gib is None  # reserved is optional
 
 
 def test_a_log_read_line_by_line_parses_like_its_whole_text(tmp_path):
