@@ -84,4 +84,9 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     trial = repo.add_imported(study.id, layout.to_dict(), layout.key(), number, status, metrics,
                               every_step, source,
                               number=number if study.numbering == TrialNumbering.OPTUNA else None)
+    from autotune.leaderboard import METRICS_SOURCES
+
+    if study.backend in METRICS_SOURCES:  # found by review: said nowhere, and its ± then mixes both kinds of run
+        notes.append(f"the study's other runs are {METRICS_SOURCES[study.backend]}, not measured: this measured run "
+                     "is compared with them as if alike, and its spread enters the study's run-to-run noise")
     return trial, notes

@@ -85,8 +85,13 @@ def chart(chart_id: str, figure: fig.Figure, wide: bool = False) -> str:
             f"<script type='application/json' id='{chart_id}-data'>{payload}</script>")
 
 
-def provenance(backend: str) -> str:
+def provenance(backend: str, origin: str = "study") -> str:
+    """The banner saying where a page's numbers come from; an imported run's page says it was measured
+    (found by review: it carried its simulated study's banner while `show` said measured)."""
     note = PROVENANCE.get(backend)
+    if note and origin == "imported":
+        note = (f"measured: this run was imported from its log (`autotune import-log`); the study's other runs are "
+                f"{leaderboard.metrics_source(backend)} ({backend} backend)")
     return f"<p class='banner' id='provenance'>{escape(note)}</p>" if note else ""
 
 
@@ -310,7 +315,7 @@ class DashboardApp:
         trace_note = ("measured terms come from the trial's Nsight Systems summary" if trace else
                       "no Nsight Systems summary recorded for this trial: only the whole step was measured")
         body = (f"<p><a href='/'>studies</a> / <a href='/study/{quote(name, safe='')}'>{escape(name)}</a></p>"
-                f"<h1>trial {number}: {escape(layout.short())}</h1>{provenance(study.backend)}{message}"
+                f"<h1>trial {number}: {escape(layout.short())}</h1>{provenance(study.backend, trial.origin)}{message}"
                 f"<h2>metrics</h2><table id='metrics'>{metrics}</table>"
                 + (f"<p class='muted' id='prediction'>the cost model predicted, before this run: "
                    f"{escape(leaderboard.prediction_text(view, leaderboard.metrics_source(study.backend, trial.origin)))}"

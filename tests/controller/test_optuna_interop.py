@@ -37,7 +37,13 @@ def started(tmp_path_factory):
     imported = run_cli("import-log", str(log), "--study", NAME, "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
                        "--storage", url, "--json")
     assert imported.returncode == 0, imported.stderr[-2000:]
+    # a measured run among simulated ones is said to be one (found by review: nothing said so)
+    assert any("other runs are simulated, not measured" in n for n in json.loads(imported.stdout)["notes"])
     repo = Repository.open(url, create=False)
+    from autotune.dashboard.server import DashboardApp
+
+    page = DashboardApp(repo).trial_page(NAME, repo.trials(repo.get_study(NAME).id)[-1].number).decode()
+    assert "measured: this run was imported from its log" in page and "every number on this page" not in page
     yield url, repo
     repo.close()
 
