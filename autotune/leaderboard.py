@@ -170,8 +170,9 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
 
 
 def prediction_text(view: dict[str, Any], source: str = "measured") -> str:
-    """`8,860 tokens/s/GPU (80% interval 6,900-11,600) and 75.9 GiB peak (80% interval 70.1-81.3); measured
-    1.04x and 0.97x of it`: the cost model's prediction made before the run (trial_view), '' without one."""
+    """`8,860 tokens/s/GPU (80% interval 6,900-11,600) and 75.9 GiB peak (80% interval 70.1-81.3);
+    measured/predicted: 1.04x throughput, 0.97x peak memory`: the cost model's prediction made before the
+    run (trial_view), '' without one."""
     def shown(value: float, spec: str) -> str:  # a hand-edited 1e308 in 3 digits, not 309
         return format(value, spec) if 1e-3 <= abs(value) < 1e15 else format(value, ".3g")
 
@@ -189,10 +190,9 @@ def prediction_text(view: dict[str, Any], source: str = "measured") -> str:
     if not parts:
         return ""
     text = " and ".join(parts)
-    if ratios[0] and ratios[1]:
-        text += f"; {source} {ratios[0]} and {ratios[1]} of it"
-    elif ratios[0] or ratios[1]:
-        text += f"; {source} {ratios[0] or ratios[1]} of its {'throughput' if ratios[0] else 'peak'}"
+    shares = [f"{r} {what}" for r, what in zip(ratios, ("throughput", "peak memory")) if r]
+    if shares:
+        text += f"; {source}/predicted: {', '.join(shares)}"
     return text
 
 

@@ -195,13 +195,13 @@ def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_a
     page = DashboardApp(repo).trial_page(name, 2).decode()
     assert f"7,900 ±{7900 * log_sd:,.0f}" in page
     assert f"ran 2 times: trials 2 (7,900), {again.number} (8,100); mean 8,000 ±" in page
-    assert f"7,000 tokens/s/GPU (80% interval {low:,.0f}-{high:,.0f})" in page and "simulated 1.13x and 1.07x" in page
+    assert f"7,000 tokens/s/GPU (80% interval {low:,.0f}-{high:,.0f})" in page and "simulated/predicted: 1.13x throughput, 1.07x peak memory" in page
     shown = cli("show", name, "2", "--storage", str(repo.engine.url))
     assert shown.returncode == 0, shown.stderr
     words = " ".join(shown.stdout.replace("│", " ").split())
     assert f"7,900 ±{7900 * log_sd:,.0f} (one run-to-run sd)" in words
     assert f"this layout ran 2 times: trials 2 (7,900), {again.number} (8,100); mean 8,000 ±" in words
-    assert "predicted before the run 7,000 tokens/s/GPU (80% interval" in words and "simulated 1.13x" in words
+    assert "predicted before the run 7,000 tokens/s/GPU (80% interval" in words and "simulated/predicted: 1.13x throughput" in words
     assert "predicted step compute 20 s, ep 5 s" in words  # no step time stored: terms without shares
     assert '"breakdown"' not in shown.stdout  # the raw JSON is for --json
     as_json = json.loads(cli("show", name, "2", "--storage", str(repo.engine.url), "--json").stdout)
