@@ -58,6 +58,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                 warning = export.risk_warning(repo, study)
                 if warning:
                     print(warning, file=sys.stderr)
+                if study.status != "finished":  # found by review: a mid-study recommendation went out unmarked
+                    counts = repo.counts(study.id)
+                    print(f"note: study {study.name!r} is {study.status} ({counts['dispatched']} of {study.budget} runs "
+                          "dispatched): its recommendation may still change", file=sys.stderr)
             _write(args.output, text)
     except OSError as exc:  # a missing or read-only folder, a full disk
         raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
