@@ -43,10 +43,14 @@ class Board:
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None) -> dict[str, Any]:
+def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None,
+         study_status: str = "running") -> dict[str, Any]:
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     return {
         "trial": trial.number, "status": trial.status, "reason": trial.reason, "config": trial.config,
+        # a run the study's interruption cancelled (SIGTERM, Ctrl-C): its record stays dispatched for `resume`
+        # to run again, but nothing runs it (found by review: shown as running, and `--watch` never ended)
+        "stopped": trial.status == "dispatched" and study_status == "interrupted",
         "step_time_s": trial.step_time_s if speed else None, "tokens_per_s_per_gpu": speed,
         # how far another run of this layout may land: one run-to-run sd (recommend.RunNoise)
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
@@ -80,18 +84,21 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     # throughput (none where the backend's runs repeat exactly, such as replay)
     pick = study_recommendation(dispatched, study)
     noise = pick.noise if pick else None
-    rows = [_row(t, baseline_speed, noise) for t in shown]
+    rows = [_row(t, baseline_speed, noise, study.status) for t in shown]
     if top is not None:
         rows = rows[:top]
-    pinned = [_row(baseline, baseline_speed, noise)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
+    pinned = ([_row(baseline, baseline_speed, noise, study.status)]
+              if baseline and baseline.number not in {r["trial"] for r in rows} else [])
     counts = repo.counts(study.id)
+    stopped = counts["running"] if study.status == "interrupted" else 0  # _row: dispatched, but nothing runs them
     best = pick.trial if pick else None
     best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
     summary = {
         "study": study.name, "model": study.model, "status": study.status, "budget": study.budget,
         "sampler": study.sampler, "backend": study.backend, "workload": study.workload,
         "dispatched": counts["dispatched"], "rejected_before_dispatch": counts["rejected"],
-        "running": counts["running"], "completed": counts["completed"], "oom": counts["oom"],
+        "running": counts["running"] - stopped, "stopped": stopped,
+        "completed": counts["completed"], "oom": counts["oom"],
         "pruned": counts["pruned"], "failed": counts["failed"], "timeout": counts["timeout"], "lost": counts["lost"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
@@ -309,10 +316,18 @@ def controller_silence_s(study: Study) -> float | None:
     return silent if silent > STALE_AFTER_HEARTBEATS * HEARTBEAT_S else None
 
 
+def shown_status(row: dict[str, Any]) -> str:
+    """A row's status as readers see it: a dispatched run is `running`, or `stopped` when the study's
+    interruption cancelled it (`resume` runs it again)."""
+    if row["status"] != "dispatched":
+        return row["status"]
+    return "stopped" if row.get("stopped") else "running"
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
     from autotune._tables import cell_text
 
-    status = row["status"] if row["status"] != "dispatched" else "running"
+    status = shown_status(row)
     style = STYLES.get(row["status"])
     speedup = row["speedup_vs_baseline"]
     return [str(row["trial"]), f"[{style}]{status}[/]" if style else status,
@@ -401,6 +416,11 @@ def summary_line(summary: dict[str, Any]) -> str:
     tag = f" | {summary['benchmark_only']}" if summary.get("benchmark_only") else ""
     if summary.get("controller_silent_s"):
         tag += f" | {silence_note(summary)}"
+    if summary.get("stopped"):
+        import shlex
+
+        tag += (f" | {summary['stopped']} run(s) stopped by the interruption (`autotune resume "
+                f"{shlex.quote(summary['study'])}` runs them again)")
     return (f"dispatched {summary['dispatched']}/{summary['budget']} | completed {summary['completed']} | "
             f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed'] + summary['timeout']} | "
             f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}{tag}")

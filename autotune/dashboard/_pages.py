@@ -234,7 +234,7 @@ class DashboardApp:
             (None, "reason / note")))
         body = []
         for r in rows:
-            status = r["status"] if r["status"] != "dispatched" else "running"
+            status = leaderboard.shown_status(r)
             baseline = " baseline-row" if r["trial"] == s.get("baseline_trial") else ""
             note = r["reason"] or r["note"] or ""
             body.append(

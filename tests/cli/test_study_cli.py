@@ -10,6 +10,7 @@ import sqlite3
 
 import pytest
 
+from autotune.config import LayoutConfig
 from tests.conftest import FAKE_LAUNCHER
 
 ENV = {"RAY_AUTH_MODE": "disabled"}
@@ -323,6 +324,28 @@ def test_db_current_and_upgrade_from_the_first_schema(cli, tmp_path):
     upgraded = json.loads(cli("db", "upgrade", "--storage", url, "--json").stdout)
     assert upgraded == {"from": "0001_initial", "to": current["head"]}
     assert cli("status", "--storage", url).returncode == 0
+
+
+def test_a_run_the_interruption_cancelled_is_stopped_not_running_and_watch_ends(cli, tmp_path):
+    """Found by review: after SIGTERM a study's cancelled run read `running` (leaderboard, status --json
+    "running": 1), and `leaderboard --watch` waited for it for ever. Its record stays dispatched (`resume`
+    runs it again); readers call it stopped."""
+    from autotune.storage import StudyStatus
+    from tests.test_export import _study_with_trial
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True}, name="cut")
+    layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True})
+    repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), 1, "c", 3)  # cancelled: never finished
+    repo.set_study_status(study.id, StudyStatus.INTERRUPTED)
+    data = json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]
+    assert (data["running"], data["stopped"]) == (0, 1)
+    board = cli("leaderboard", "cut", "--storage", repo.url, env={"COLUMNS": "200"})
+    assert board.returncode == 0 and "stopped" in board.stdout and "running" not in board.stdout
+    assert "1 run(s) stopped by the interruption (`autotune resume cut` runs them again)" in " ".join(board.stdout.split())
+    watched = cli("leaderboard", "cut", "--watch", "--storage", repo.url, timeout=60)
+    assert watched.returncode == 0, watched.stderr[-500:]
+    repo.set_study_status(study.id, StudyStatus.RUNNING)  # while its controller runs, the run is running
+    assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["running"] == 1
 
 
 def test_a_study_whose_controller_went_silent_is_shown_so_and_watch_ends(cli, tmp_path):
