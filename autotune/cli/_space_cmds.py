@@ -119,6 +119,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         given = [flags]
     else:
         given = [_given(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
+        if not given:  # found by review: an empty stdin printed nothing and exited 0, as if all were checked
+            from autotune.errors import ConfigError
+
+            raise ConfigError("no layout to check: give one JSON object per line on stdin (echo '{\"tp\": 2}' | "
+                              "autotune check ...) or knob flags (--tp 2 --ep 8)")
     for values in given:
         config, filled = with_recipe_defaults(values, workload, space.domains)
         bad = violations(config, workload)

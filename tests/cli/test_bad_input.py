@@ -368,7 +368,9 @@ def test_a_ray_address_where_something_else_listens_fails_in_bounded_time(store)
     ('{"tp": ' + "9" * 4301 + "}\n", "not usable JSON"),
     ("[" * 100_000 + "\n", "nests too deeply"),
     ('{"tp": 2, "tp": 4}\n', "gives 'tp' twice"),  # json would keep the last one silently
-], ids=["4301-digit-integer", "100k-nested-brackets", "repeated-key"])
+    ("", "no layout to check"),  # found by review: nothing printed, exit 0
+    ("\n  \n", "no layout to check"),
+], ids=["4301-digit-integer", "100k-nested-brackets", "repeated-key", "empty-stdin", "blank-lines"])
 def test_check_refuses_pathological_json(stdin, needle):
     result = run_cli("check", "--model", "qwen3_30b", stdin=stdin)
     _assert_one_line_error(result, needle)
