@@ -8,7 +8,7 @@ import json
 
 def register(sub) -> None:
     p = sub.add_parser("db", help="database schema: current revision, upgrade")
-    db = p.add_subparsers(dest="db_command", metavar="ACTION", parser_class=type(p))
+    db = p.add_subparsers(dest="db_command", metavar="{current,upgrade}", parser_class=type(p), required=True)
     for name, handler, text in (("current", cmd_current, "show the schema revision of the database"),
                                 ("upgrade", cmd_upgrade, "migrate the database to this autotune's schema")):
         q = db.add_parser(name, help=text)

@@ -11,7 +11,7 @@ def register(sub) -> None:
     from autotune.cli._study_cmds import add_storage_option
 
     p = sub.add_parser("trace", help="Nsight Systems traces")
-    actions = p.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=type(p))
+    actions = p.add_subparsers(dest="trace_command", metavar="{summarize}", parser_class=type(p), required=True)
     q = actions.add_parser("summarize", help="compute, NCCL, overlapped and exposed time per device")
     q.add_argument("file", help="an .nsys-rep (needs nsys) or its `nsys export --type sqlite` file")
     q.add_argument("--json", action="store_true", help="print the per-device summary as JSON")

@@ -104,6 +104,9 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "--workdir"),  # where the trial specs go: refused before anything runs
     ("estimate-huge-dispatcher-sms", ["estimate", "--model", "qwen3_30b", "--ep", "16", "--dispatcher-sms",
                                       "99999999999999999999999"], "between 1 and 256"),
+    # found by review: a command group without its action printed the top-level help, no error line
+    ("db-without-action", ["db"], "required: {current,upgrade}"),
+    ("trace-without-action", ["trace"], "required: {summarize}"),
     ("fix-a-performance-knob", [*START, "--fix", "ep_overlap=true", "--storage", "{url}"], "knob phase"),
     # found by review: the last of two values silently won (check refuses a key given twice)
     ("fix-one-knob-twice", [*START, "--fix", "tp=2", "--fix", "tp=4", "--storage", "{url}"],
