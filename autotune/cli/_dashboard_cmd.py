@@ -59,7 +59,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from autotune.config import LayoutConfig
 
     repo = open_repo(args, read_only=True)
-    summaries = [leaderboard.build(repo, repo.get_study(name), top=0).summary for name in args.studies]
+    # a study named twice is compared once, as on the dashboard's compare page (review: it was listed twice)
+    summaries = [leaderboard.build(repo, repo.get_study(name), top=0).summary for name in dict.fromkeys(args.studies)]
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
         return 0

@@ -135,11 +135,12 @@ class DashboardApp:
 
     def compare_page(self, names: list[str]) -> bytes:
         """Several studies side by side (clusters, models): their answers, and best-so-far curves."""
-        rows, boards = [], []
+        rows, boards, unknown = [], [], []
         for name in dict.fromkeys(names):  # each study once, in the order asked
             try:
                 study = self.repo.get_study(name)
             except StudyError:
+                unknown.append(name)  # said on the page (review: a lone unknown name read "select studies")
                 continue
             board = leaderboard.build(self.repo, study)
             s = board.summary
@@ -153,8 +154,11 @@ class DashboardApp:
                         f"<td>{escape(leaderboard.best_with_se(s))}</td>"
                         f"<td>{num(s['speedup_vs_baseline'], '.2f')}</td><td>{s['completed']}</td><td>{s['oom']}</td>"
                         f"<td>{num(s['gpu_seconds'], 'h')} {hours}</td></tr>")
+        missing = (f"<p class='banner' id='unknown-studies'>no study named "
+                   f"{', '.join(escape(repr(n)[:120]) for n in unknown[:10])}{' ...' if len(unknown) > 10 else ''}"
+                   f": left out</p>") if unknown else ""
         if not rows:
-            return page("compare", "<p><a href='/'>studies</a></p><h1>compare</h1>"
+            return page("compare", f"<p><a href='/'>studies</a></p><h1>compare</h1>{missing}"
                                    "<p>select studies on <a href='/'>the list</a> to compare them</p>")
         table = ("<table id='compare'><tr><th class='l'>study</th><th class='l'>model</th><th>GPUs</th>"
                  "<th class='l'>GPU</th><th class='l'>backend</th><th class='l'>recommended layout</th>"
@@ -166,7 +170,7 @@ class DashboardApp:
                 f"{', '.join(unscaled)}</p>") if unscaled else ""
         charts = (chart("compare-relative-chart", fig.compare_running_best(boards, relative=True))
                   + chart("compare-absolute-chart", fig.compare_running_best(boards, relative=False)))
-        return page("compare studies", f"<p><a href='/'>studies</a></p><h1>compare studies</h1>{table}"
+        return page("compare studies", f"<p><a href='/'>studies</a></p><h1>compare studies</h1>{missing}{table}"
                                        f"<div class='charts'>{charts}</div>{note}", scripts=True)
 
     # --- one study ----------------------------------------------------------------------------------

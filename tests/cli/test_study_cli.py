@@ -86,6 +86,12 @@ def test_status_and_show(cli, finished_study):
     assert any(o.startswith("model.expert_model_parallel_size=") for o in shown["overrides"])
 
 
+def test_compare_lists_a_study_named_twice_once(cli, finished_study):
+    url, _ = finished_study  # review: it was listed twice (the dashboard's compare page lists it once)
+    compared = json.loads(cli("compare", "demo", "demo", "--storage", url, "--json").stdout)
+    assert [s["study"] for s in compared] == ["demo"]
+
+
 def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained(cli, finished_study):
     from autotune.controller.physics import STEP_NOISE_GRID_LOG_STD, TERMS
 

@@ -281,7 +281,10 @@ def test_compare_page(repo):
     assert "<" not in relative["data"][0]["name"]  # plotly renders some tags in names: none get through
     assert "simulated" in html
     assert "<td>7,900 ±237</td>" in html  # the recommendation's figure ± its standard error (one run, assumed 3%)
-    assert "select studies" in app.compare_page([]).decode()
+    assert "select studies" in app.compare_page([]).decode() and "unknown-studies" not in app.compare_page([]).decode()
+    assert "no study named &#x27;ghost&#x27;: left out" in html  # an unknown name is said, not dropped in silence
+    alone = app.compare_page(["<b>nosuch</b>"]).decode()
+    assert "no study named &#x27;&lt;b&gt;nosuch&lt;/b&gt;&#x27;: left out" in alone and "<b>nosuch" not in alone
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
