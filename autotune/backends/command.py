@@ -97,16 +97,16 @@ class CommandBackend(Backend):
         for reader in readers:
             reader.join(timeout=5)
         wall = time.monotonic() - start
-        tail = "".join(stderr_tail)[-4000:] or None
+        tail = _output_tail(stderr_tail, stdout_lines)
         if ended in ("cancelled", "timeout"):
-            return stopped_outcome(spec, ended, times, wall, f"stderr tail:\n{tail or ''}")
+            return stopped_outcome(spec, ended, times, wall, tail)
         if process.returncode != 0:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
-                                error=f"exit code {process.returncode}; stderr tail:\n{tail or ''}")
+                                error=f"exit code {process.returncode}; {tail}")
         result = self._last_json(stdout_lines)
         if result is None:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
-                                error=f"the command printed no result JSON line; stderr tail:\n{tail or ''}")
+                                error=f"the command printed no result JSON line; {tail}")
         return parse_result(spec, result, times, wall)
 
     @staticmethod
@@ -145,3 +145,13 @@ class CommandBackend(Backend):
             if value is not None and not ("step" in value and "status" not in value):
                 return value
         return None
+
+
+def _output_tail(stderr_tail: deque[str], stdout_lines: deque[str]) -> str:
+    """What a failed run's record quotes: its stderr tail, or its stdout tail when stderr was empty
+    (found by review: a launcher that reported on stdout left the record an empty "stderr tail:")."""
+    tail = "".join(stderr_tail)[-4000:]
+    if tail.strip():
+        return f"stderr tail:\n{tail}"
+    out = "\n".join(list(stdout_lines)[-STDERR_TAIL_LINES:])[-4000:]
+    return f"stderr empty; stdout tail:\n{out}" if out.strip() else "no output on stderr or stdout"

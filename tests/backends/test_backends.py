@@ -121,6 +121,19 @@ class TestCommand(BackendContract):
         time.sleep(0.2)
         assert self._group_alive() == []
 
+    def test_a_failure_reported_on_stdout_is_quoted_when_stderr_is_empty(self):
+        """Review: `bash -c "echo garbage; exit 3"` left the record an empty "stderr tail:"."""
+        def failed(command: str) -> str:
+            outcome = CommandBackend({"command": command}).run(self.spec(), lambda r: None, threading.Event())
+            assert outcome.status == TrialStatus.FAILED
+            return outcome.error
+
+        assert failed("bash -c 'echo garbage; exit 3'") == "exit code 3; stderr empty; stdout tail:\ngarbage"
+        assert failed("bash -c 'echo on-stdout; echo on-stderr >&2; exit 3'") == "exit code 3; stderr tail:\non-stderr\n"
+        assert failed("bash -c 'exit 3'") == "exit code 3; no output on stderr or stdout"
+        assert failed("bash -c 'echo not json'") == "the command printed no result JSON line; stderr empty; " \
+                                                   "stdout tail:\nnot json"
+
     def test_missing_program_is_failed_not_raised(self):
         outcome = CommandBackend({"command": "/nonexistent/launcher"}).run(self.spec(), lambda r: None,
                                                                         threading.Event())
