@@ -313,12 +313,15 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     from autotune import leaderboard
 
     board = leaderboard.build(repo, repo.get_study(study.name), top=10)
+    # a study that ran and completed nothing has no answer: exit 1 for the scripts that run it (found by
+    # review: it exited 0), after the table that shows why
+    code = 0 if board.summary["best_config"] is not None else 1
     if args.json:
         print(json.dumps({**board.summary, "elapsed_s": summary.elapsed_s, "stop_reason": summary.stop_reason,
                           "controller_s_per_trial": summary.controller_s_per_trial}, indent=2, default=str))
-        return 0
+        return code
     _print_final(board, summary)
-    return 0
+    return code
 
 
 def _print_final(board, summary) -> None:
@@ -334,7 +337,13 @@ def _print_final(board, summary) -> None:
     console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
     s = board.summary
     if s["best_config"] is None:
-        console.print("[red]no trial completed[/red]")
+        first = next((r for r in board.rows if r["status"] != "completed" and (r["message"] or r["reason"])), None)
+        why = ""
+        if first is not None:  # the first failure's own words, on one line (the table cuts them)
+            words = " ".join(str(first["message"] or first["reason"]).split())
+            why = (f": trial {first['trial']} {first['status']}, {words[:160]}{'...' if len(words) > 160 else ''} "
+                   f"(`autotune show {shlex.quote(board.study.name)} {first['trial']}` has the whole message)")
+        console.print("no trial completed" + why, style="red", markup=False)
         return
     best = LayoutConfig.from_mapping(s["best_config"])
     speedup = f", {s['speedup_vs_baseline']:.2f}x the recipe's layout" if s["speedup_vs_baseline"] else ""

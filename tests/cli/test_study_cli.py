@@ -86,6 +86,21 @@ def test_status_and_show(cli, finished_study):
     assert any(o.startswith("model.expert_model_parallel_size=") for o in shown["overrides"])
 
 
+def test_a_study_that_completes_nothing_exits_1_and_says_why(cli, tmp_path):
+    """Review: every run failing ended with exit 0 and "no trial completed", the launcher's words nowhere
+    but in `show` (and there an empty "stderr tail:" when it wrote to stdout)."""
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    result = cli("start", "--model", "qwen3_30b", "--budget", "1", "--study", "none", "--storage", url,
+                 "--backend", "command", "--command", "bash -c 'echo garbage; exit 3'",
+                 "--workdir", str(tmp_path / "runs"), env=ENV, timeout=300)
+    assert result.returncode == 1, result.stderr[-1000:]
+    words = " ".join(result.stdout.split())
+    assert "no trial completed: trial 0 failed, exit code 3; stderr empty; stdout tail: garbage " \
+           "(`autotune show none 0` has the whole message)" in words
+    as_json = cli("resume", "none", "--storage", url, env=ENV)  # nothing left to run: refused, not re-run
+    assert as_json.returncode == 2
+
+
 def test_compare_lists_a_study_named_twice_once(cli, finished_study):
     url, _ = finished_study  # review: it was listed twice (the dashboard's compare page lists it once)
     compared = json.loads(cli("compare", "demo", "demo", "--storage", url, "--json").stdout)
