@@ -122,10 +122,34 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         # a running study whose controller stopped heartbeating (killed, its machine gone): `resume` continues it
         "controller_silent_s": controller_silence_s(study),
         "baseline_trial": baseline.number if baseline else None,
+        # why the recipe's own layout never ran, when it did not (found by review: the board did not say)
+        "baseline_not_run": _baseline_not_run(study) if baseline is None and dispatched else None,
         "baseline_tokens_per_s_per_gpu": baseline_speed,
         "speedup_vs_baseline": _ratio(best_speed, baseline_speed),
     }
     return Board(study, rows, summary, pinned)
+
+
+def _baseline_not_run(study: Study) -> str:
+    """Why a study never ran the recipe's own layout: it breaks a rule on this cluster, or the cost model
+    predicts it does not fit the GPU (the search runs only layouts likely to fit)."""
+    from autotune.controller.session import recipe_baseline
+    from autotune.cost import estimate
+    from autotune.errors import UserError
+    from autotune.space import study_space_and_workload, violations
+
+    try:
+        space, workload = study_space_and_workload(study)
+        layout = recipe_baseline(space)
+    except (UserError, ValueError, KeyError, TypeError):  # advisory: a hand-edited study gets no reason
+        return ""
+    bad = violations(layout, workload)
+    if bad:
+        return f"{layout.short()}: breaks {bad[0].rule} on {workload.cluster.gpus} GPUs"
+    peak, memory = estimate(workload, layout).peak_mem_gib, workload.cluster.gpu.memory_gib
+    if peak > memory:
+        return f"{layout.short()}: predicted at {peak:.1f} GiB of the GPU's {memory:g}"
+    return f"{layout.short()}: not proposed"
 
 
 def checked_prediction(stored: Any) -> dict[str, Any]:
@@ -404,7 +428,8 @@ def legend(board: Board) -> str:
     elif s["baseline_trial"] is not None:
         parts.append(f"vs recipe: empty until the recipe's own layout (trial {s['baseline_trial']}) completes")
     else:
-        parts.append("vs recipe: empty, the recipe's own layout was not run")
+        why = s.get("baseline_not_run", "")
+        parts.append("vs recipe: empty, the recipe's own layout was not run" + (f" ({why})" if why else ""))
     return "; ".join(parts)
 
 

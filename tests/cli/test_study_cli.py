@@ -101,6 +101,29 @@ def test_a_study_that_completes_nothing_exits_1_and_says_why(cli, tmp_path):
     assert as_json.returncode == 2
 
 
+def test_the_board_says_why_the_recipes_own_layout_never_ran():
+    """Review: llama3_8b on 8 GPUs never ran its recipe's layout and the board said only "not run"."""
+    import tempfile
+    from pathlib import Path
+
+    from autotune import leaderboard
+    from autotune.cost import estimate
+    from autotune.space import load_space, make_workload
+    from tests.test_export import _study_with_trial
+
+    with tempfile.TemporaryDirectory() as folder:
+        repo, study, _ = _study_with_trial(Path(folder), {"pp": 4, "vpp": 4, "dist_opt": True}, model="llama3_8b",
+                                           gpus=8)
+        board = leaderboard.build(repo, study)
+        repo.close()
+    space = load_space("llama3_8b")
+    recipe = LayoutConfig.from_mapping(space.model.defaults.layout)
+    peak = estimate(make_workload(space, gpus=8), recipe).peak_mem_gib
+    assert peak > 79.6  # the premise: the cost model puts the recipe's layout above an H100's memory
+    assert board.summary["baseline_not_run"] == f"{recipe.short()}: predicted at {peak:.1f} GiB of the GPU's 79.6"
+    assert f"the recipe's own layout was not run ({recipe.short()}: predicted at" in leaderboard.legend(board)
+
+
 def test_compare_lists_a_study_named_twice_once(cli, finished_study):
     url, _ = finished_study  # review: it was listed twice (the dashboard's compare page lists it once)
     compared = json.loads(cli("compare", "demo", "demo", "--storage", url, "--json").stdout)
