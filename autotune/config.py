@@ -265,9 +265,9 @@ def _as_bool(name: str, value: Any) -> bool:
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    raise ConfigError(f"knob {name} must be true or false, got {value!r}")
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        return value.strip().lower() in ("true", "1", "yes", "on")  # review: sp=yes worked, sp=off did not
+    raise ConfigError(f"knob {name} must be true or false (or yes/no, on/off, 1/0), got {value!r}")
 
 
 # The largest GPU count, global batch size or sequence length a workload may have (a billion): no cluster

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from autotune.config import LayoutConfig
 from autotune.space import enumerate_legal, is_legal, load_space, make_workload, policy_violations
 
@@ -45,6 +47,18 @@ def test_fix_pins_knobs():
     assert {c.tp for c in legal.configs} == {2}
     assert {c.recompute for c in legal.configs} == {"none"}
     assert all(c.sp for c in legal.configs if c.ep > 1)  # EP with TP needs SP
+
+
+def test_a_boolean_knob_reads_the_usual_spellings_and_only_those():
+    from autotune.cli._options import parse_fixes
+    from autotune.errors import ConfigError
+
+    for on in ("true", "yes", "on", "1", " ON "):
+        assert parse_fixes([f"sp={on}"]) == {"sp": True}
+    for off in ("false", "no", "off", "0"):  # review: sp=yes worked, sp=off did not
+        assert parse_fixes([f"dist-opt={off}"]) == {"dist_opt": False}
+    with pytest.raises(ConfigError, match="must be true or false"):
+        parse_fixes(["sp=maybe"])
 
 
 def test_policy_filtered_layouts_are_counted_not_listed():
