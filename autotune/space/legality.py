@@ -197,8 +197,8 @@ def _ep_tp_sp(c, w):
 @rule("global_batch_divisible", "tp pp cp mbs", "ConfigContainer.validate / microbatch calculator")
 def _gbs(c, w):
     dp = data_parallel_size(c, w)
-    if dp < 1:
-        return None  # the grid rule reports this layout
+    if dp < 1 or _world(w) % (c["tp"] * c["pp"] * c["cp"]):
+        return None  # the grid rule reports this layout (DP is no whole number: "MBS*DP = 1*5" misled)
     if w.global_batch_size % (c["mbs"] * dp):
         return (f"global batch {w.global_batch_size} is not divisible by MBS*DP = "
                 f"{c['mbs']}*{dp} = {c['mbs'] * dp}")
@@ -209,8 +209,8 @@ def _vpp_mb(c, w):
     if c["vpp"] == 1 or c["pp"] == 1:
         return None
     dp = data_parallel_size(c, w)
-    if dp < 1 or w.global_batch_size % (c["mbs"] * dp):
-        return None
+    if dp < 1 or _world(w) % (c["tp"] * c["pp"] * c["cp"]) or w.global_batch_size % (c["mbs"] * dp):
+        return None  # the grid and batch rules report these
     microbatches = w.global_batch_size // (c["mbs"] * dp)
     if microbatches < c["pp"] or microbatches % c["pp"]:
         return f"the interleaved schedule needs microbatches ({microbatches}) to be a multiple of PP={c['pp']}"

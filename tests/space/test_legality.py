@@ -206,6 +206,16 @@ def test_recipe_defaults_are_legal():
         assert violations(layout, w) == [], (name, violations(layout, w))
 
 
+def test_a_layout_off_the_grid_gets_no_batch_message_with_a_fractional_data_parallel_size():
+    """Review: TP=3 on 16 GPUs also read "global batch 1024 is not divisible by MBS*DP = 1*5", a DP of 16 // 3."""
+    from autotune.space import violations
+
+    space = load_space("qwen3_30b")
+    rules = [v.rule for v in violations(LayoutConfig(tp=3, pp=1, cp=1, ep=1, vpp=2), make_workload(space, gpus=16))]
+    assert "world_divisible_by_tp_pp_cp" in rules
+    assert "global_batch_divisible" not in rules and "vpp_microbatches_divisible_by_pp" not in rules
+
+
 def test_policy_is_separate_from_legality():
     w = workload("llama3_70b", gpus=32)
     layout = LayoutConfig(tp=16, sp=True)
