@@ -53,13 +53,16 @@ def _print_table(workload, layout, result, filled) -> None:
     if filled:
         console.print(f"taken from the recipe or the space's only value (not given): {filled_text(filled)}",
                       markup=False)
-    console.print(f"step {result.step_time_s:.3f} s | {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU | "
+    def tokens(value: float) -> str:  # a sequence of a billion tokens runs at 0.0067 tokens/s, not "0"
+        return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+    console.print(f"step {result.step_time_s:.3f} s | {tokens(result.tokens_per_s_per_gpu)} tokens/s/GPU | "
                   f"{result.tflops_per_gpu:.0f} TFLOP/s/GPU | MFU {result.mfu:.1%} (of dense BF16 peak) | "
                   f"peak memory {result.peak_mem_gib:.1f} / {result.memory_limit_gib:g} GiB "
                   f"{'fits' if result.fits else '[red]does not fit[/red]'}")
     # the cost model's 80% prediction interval, from its held-out validation residuals
     (tokens_low, tokens_high), (mem_low, mem_high) = result.tokens_per_s_per_gpu_80, result.peak_mem_gib_80
-    console.print(f"80% interval: {tokens_low:,.0f}-{tokens_high:,.0f} tokens/s/GPU | "
+    console.print(f"80% interval: {tokens(tokens_low)}-{tokens(tokens_high)} tokens/s/GPU | "
                   f"peak memory {mem_low:.1f}-{mem_high:.1f} GiB "
                   f"(benchmarks/validate_cost_model.py, leave-one-model-out)")
     table = Table(title="step time breakdown")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 
 def test_estimate_json_has_the_documented_fields(cli):
@@ -21,6 +22,14 @@ def test_estimate_table_output(cli):
     result = cli("estimate", "--model", "llama3_70b", "--tp", "4", "--pp", "4", "--vpp", "5", "--cp", "2", "--sp")
     assert result.returncode == 0, result.stderr
     assert "tokens/s/GPU" in result.stdout and "bubble" in result.stdout
+
+
+def test_a_throughput_below_one_token_per_second_is_not_printed_as_zero(cli):
+    # review: a billion-token sequence read "0 tokens/s/GPU" next to an MFU of 50%
+    result = cli("estimate", "--model", "qwen3_30b", "--seq-length", "999999999", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert "| 0 tokens/s/GPU" not in result.stdout
+    assert re.search(r"\| 0\.\d+ tokens/s/GPU", result.stdout), result.stdout  # two significant digits
 
 
 def test_illegal_layout_is_refused_with_its_violations(cli):
