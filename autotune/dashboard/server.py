@@ -191,7 +191,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(404, page("not found", "<h1>not found</h1>"))
         except StudyError as exc:
-            self._send(404, page("not found", f"<h1>{escape(str(exc))}</h1>"))
+            if parts and parts[0] == "api":  # an API client reads JSON, errors too (review: it got an HTML page)
+                import json
+
+                self._send(404, json.dumps({"error": str(exc)}).encode(), "application/json")
+            else:
+                self._send(404, page("not found", f"<h1>{escape(str(exc))}</h1>"))
         except StorageError as exc:  # unreachable, or a row edited by hand: say so, escaped, and live on
             self._send(503, page("store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>"))
         except ConfigError as exc:  # a stored study names what this autotune does not know (a GPU, a setting)

@@ -261,6 +261,10 @@ def test_http_server_binds_to_localhost_and_serves_json_metrics_and_only_its_two
 
         with urllib.request.urlopen(f"{base}/api/study/{quote('demo' + HOSTILE, safe='')}") as response:
             assert b'"dispatched": 4' in response.read()
+        with pytest.raises(urllib.error.HTTPError) as unknown:  # an API client gets JSON, errors too
+            urllib.request.urlopen(f"{base}/api/study/nosuch")
+        assert unknown.value.code == 404 and unknown.value.headers["Content-Type"] == "application/json"
+        assert "nosuch" in json.loads(unknown.value.read())["error"]
         with urllib.request.urlopen(f"{base}/metrics") as response:
             text = response.read().decode()
         assert "autotune_trials_oom_total" in text and "autotune_best_tokens_per_s_per_gpu" in text
