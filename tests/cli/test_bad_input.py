@@ -20,6 +20,13 @@ from tests.conftest import run_cli
 
 ENV = {"RAY_AUTH_MODE": "disabled"}
 START = ["start", "--model", "qwen3_30b", "--budget", "1", "--sim-seconds", "0"]
+
+
+def _import(log: str) -> list[str]:
+    """`autotune import-log LOG` into the store's demo study."""
+    return ["import-log", log, "--study", "demo", "--storage", "{url}"]
+
+
 LONG_NAME = "x" * 201
 
 
@@ -154,11 +161,11 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-400-digit-warmup", ["import-log", "{log_inf}", "--study", "demo", "--storage", "{url}"],
      "not a finite number"),
     # found by review: iterations 2-10 at "1e9" ms were dropped without a word and the warm-up stored as the run
-    ("import-log-exponents-after-warmup", ["import-log", "{log_exponent}", "--study", "demo", "--storage", "{url}"],
+    ("import-log-exponents-after-warmup", _import("{log_exponent}"),
      "4 iteration line(s) whose figures are no number"),
-    ("import-log-warmup-only", ["import-log", "{log_one}", "--study", "demo", "--storage", "{url}"],
+    ("import-log-warmup-only", _import("{log_one}"),
      "one iteration line, the warm-up"),
-    ("import-log-allocated-above-reserved", ["import-log", "{log_alloc}", "--study", "demo", "--storage", "{url}"],
+    ("import-log-allocated-above-reserved", _import("{log_alloc}"),
      "exceeds its peak reserved memory"),
     # found by review: a Parquet list cell raised from NumPy's .item()
     ("replay-parquet-list-cell", [*START, "--backend", "replay", "--replay", "{list_parquet}", "--storage", "{url}"],
