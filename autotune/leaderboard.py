@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
-from autotune.controller.recommend import RunNoise, study_recommendation
+from autotune.controller.recommend import VALIDATION, RunNoise, study_recommendation
 from autotune.storage import Repository, Study, Trial
 
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
@@ -50,7 +50,7 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
         "trial": trial.number, "status": trial.status, "reason": trial.reason, "config": trial.config,
         # a run the study's interruption cancelled (SIGTERM, Ctrl-C): its record stays dispatched for `resume`
         # to run again, but nothing runs it (found by review: shown as running, and `--watch` never ended)
-        "stopped": trial.status == "dispatched" and study_status == "interrupted",
+        "stopped": _stopped(trial, study_status),
         "step_time_s": trial.step_time_s if speed else None, "tokens_per_s_per_gpu": speed,
         # how far another run of this layout may land: one run-to-run sd (recommend.RunNoise)
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
@@ -59,6 +59,22 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
         "speedup_vs_baseline": _ratio(speed, baseline_speed),
         "note": trial.strategy_note or (trial.origin if trial.origin != "study" else None), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
     }
+
+
+def _stopped(trial: Trial, study_status: str) -> bool:
+    """A dispatched run of an interrupted study that no controller heartbeats any more. Another controller
+    of the same study (several may share one PostgreSQL study) keeps heartbeating its own runs: those run."""
+    if trial.status != "dispatched" or study_status != "interrupted":
+        return False
+    from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
+    from autotune.storage.models import utcnow
+
+    beat = trial.heartbeat_at
+    if beat is None:
+        return True
+    if beat.tzinfo is not None:
+        beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return (utcnow() - beat).total_seconds() > STALE_AFTER_HEARTBEATS * HEARTBEAT_S
 
 
 def _ratio(speed: float | None, baseline_speed: float | None) -> float | None:
@@ -90,7 +106,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     pinned = ([_row(baseline, baseline_speed, noise, study.status)]
               if baseline and baseline.number not in {r["trial"] for r in rows} else [])
     counts = repo.counts(study.id)
-    stopped = counts["running"] if study.status == "interrupted" else 0  # _row: dispatched, but nothing runs them
+    stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them
     best = pick.trial if pick else None
     best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
     summary = {
@@ -177,8 +193,11 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
     pick = study_recommendation(dispatched, study)
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     noise = pick.noise if pick else None
+    # grouped as the recommendation groups them (recommend.layout_results): screening runs (the study's and
+    # imported ones) together, the longer validation runs apart
+    validation = trial.origin == VALIDATION
     runs = sorted((t for t in dispatched if t.config_key == trial.config_key and t.status == "completed"
-                   and t.tokens_per_s_per_gpu and t.origin == trial.origin), key=lambda t: t.number)
+                   and t.tokens_per_s_per_gpu and (t.origin == VALIDATION) == validation), key=lambda t: t.number)
     speeds = [t.tokens_per_s_per_gpu for t in runs]
     mean = math.fsum(v / len(speeds) for v in speeds) if len(speeds) > 1 else None
     predicted = checked_prediction(trial.predicted)
@@ -191,10 +210,11 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
         "predicted": predicted,
     }
     tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
-    if tokens:
+    # an interval overflowing a hand-edited 1.4e308 would be Infinity: no JSON, and no interval
+    if tokens and all(map(math.isfinite, throughput_interval(tokens))):
         view["predicted_tokens_per_s_per_gpu_80"] = list(throughput_interval(tokens))
         view["measured_over_predicted_tokens"] = _ratio(speed, tokens)
-    if peak:
+    if peak and all(map(math.isfinite, memory_interval(peak))):
         view["predicted_peak_mem_gib_80"] = list(memory_interval(peak))
         view["measured_over_predicted_peak"] = _ratio(trial.peak_mem_gib, peak) if trial.peak_mem_gib else None
     return view
@@ -210,10 +230,10 @@ def prediction_text(view: dict[str, Any], source: str = "measured") -> str:
     predicted = view["predicted"]
     tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
     parts = []
-    if tokens:
+    if tokens and "predicted_tokens_per_s_per_gpu_80" in view:
         low, high = view["predicted_tokens_per_s_per_gpu_80"]
         parts.append(f"{shown(tokens, ',.0f')} tokens/s/GPU (80% interval {shown(low, ',.0f')}-{shown(high, ',.0f')})")
-    if peak:
+    if peak and "predicted_peak_mem_gib_80" in view:
         low, high = view["predicted_peak_mem_gib_80"]
         parts.append(f"{shown(peak, ',.1f')} GiB peak (80% interval {shown(low, ',.1f')}-{shown(high, ',.1f')})")
     ratios = [(f"{r:.2f}x" if r is not None and 1e-3 <= r <= 1e3 else None)
@@ -247,6 +267,8 @@ def breakdown_text(predicted: dict[str, Any], limit: int = 6) -> str:
     parts = [f"{name} {seconds:,.3g} s" + (f" ({seconds / step:.0%})" if step and seconds / step <= 1 else "")
              for name, seconds in top]
     rest = len(terms) - len(top)
+    if not parts:
+        return f"{rest} terms, each under half a percent of the step" if rest else ""
     return ", ".join(parts) + (f" and {rest} smaller" if rest > 0 else "")
 
 

@@ -340,7 +340,8 @@ def _print_final(board, summary) -> None:
         first = next((r for r in board.rows if r["status"] != "completed" and (r["message"] or r["reason"])), None)
         why = ""
         if first is not None:  # the first failure's own words, on one line (the table cuts them)
-            words = " ".join(str(first["message"] or first["reason"]).split())
+            # a launcher's words: its colour codes and control characters shown as escapes (terminal_safe)
+            words = terminal_safe(" ".join(str(first["message"] or first["reason"]).split()))
             why = (f": trial {first['trial']} {first['status']}, {words[:160]}{'...' if len(words) > 160 else ''} "
                    f"(`autotune show {shlex.quote(board.study.name)} {first['trial']}` has the whole message)")
         console.print("no trial completed" + why, style="red", markup=False)
@@ -600,14 +601,16 @@ def cmd_show(args: argparse.Namespace) -> int:
             if key == "tokens_per_s_per_gpu" and data["tokens_per_s_per_gpu_sd"]:
                 shown = leaderboard.with_sd(value, data["tokens_per_s_per_gpu_sd"]) + " (one run-to-run sd)"
             table.add_row(key, escape(shown))  # a launcher's message is not markup
+    # terminal_safe: a stored prediction's term names are text from the store (found by review: an ESC in one
+    # reached the terminal)
     if leaderboard.layout_runs_text(view):
-        table.add_row("this layout", escape(leaderboard.layout_runs_text(view)))
+        table.add_row("this layout", escape(terminal_safe(leaderboard.layout_runs_text(view))))
     if leaderboard.prediction_text(view):
-        table.add_row("predicted before the run", escape(leaderboard.prediction_text(view, source)))
+        table.add_row("predicted before the run", escape(terminal_safe(leaderboard.prediction_text(view, source))))
     if view["predicted"].get("breakdown"):
         step = view["predicted"].get("step_time_s")
-        table.add_row("predicted step", escape((f"{step:,.3g} s: " if step else "")
-                                               + leaderboard.breakdown_text(view["predicted"])))
+        table.add_row("predicted step", escape(terminal_safe((f"{step:,.3g} s: " if step else "")
+                                                             + leaderboard.breakdown_text(view["predicted"]))))
     table.add_row("results", source)
     table.add_row("overrides", escape(terminal_safe(" ".join(data["overrides"]))))  # `[a,b]` lists are no markup
     label = benchmark_only.label(settings)

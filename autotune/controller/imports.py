@@ -49,7 +49,7 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
                           f"peak reserved memory ({parsed.max_reserved_gib:.1f} GiB), which cannot be; nothing imported")
     if parsed.failure == "oom":
         status = "oom"
-    elif len(parsed.iterations) == 1:  # the warm-up alone: no steady-state step to measure
+    elif len(dict(parsed.iterations)) == 1:  # the warm-up alone (printed once or more): no steady-state step
         raise ConfigError(f"{name}: one iteration line, the warm-up: no steady-state step time; import a log "
                           "of two or more iterations")
     elif parsed.step_time_s is not None:

@@ -71,7 +71,17 @@ def study_recommendation(trials: Iterable["Trial"], study: "Study") -> "Recommen
 
     memory_gib = get_gpu(study.workload["gpu"]).memory_gib
     headroom = StudyOptions.from_stored(study.options).memory_headroom_gib
-    return recommend(trials, memory_gib, _headroom_for(memory_gib) if headroom is None else float(headroom),
+    if headroom is not None:
+        try:  # a hand-edited study row ("abc", NaN): one line naming it, not a traceback (found by review)
+            headroom = float(headroom)
+        except (TypeError, ValueError):
+            headroom = math.nan
+        if not math.isfinite(headroom) or headroom < 0:
+            from autotune.errors import ConfigError  # as a study naming an unknown GPU: the others still show
+
+            raise ConfigError(f"study {study.name!r} stores memory_headroom_gib = "
+                               f"{str(study.options.get('memory_headroom_gib'))[:40]!r}, not a size in GiB")
+    return recommend(trials, memory_gib, _headroom_for(memory_gib) if headroom is None else headroom,
                      pooled_estimate=not backend_repeats_exactly(study.backend))
 
 

@@ -165,6 +165,7 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "4 iteration line(s) whose figures are no number"),
     ("import-log-warmup-only", _import("{log_one}"),
      "one iteration line, the warm-up"),
+    ("import-log-warmup-printed-twice", _import("{log_one_twice}"), "one iteration line, the warm-up"),
     ("import-log-allocated-above-reserved", _import("{log_alloc}"),
      "exceeds its peak reserved memory"),
     # found by review: a Parquet list cell raised from NumPy's .item()
@@ -214,6 +215,8 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
         line.replace("30000.0", "1e9") for line in steady.splitlines(keepends=True)[1:]))
     one = folder / "log-one.txt"
     one.write_text(steady.splitlines(keepends=True)[0])
+    one_twice = folder / "log-one-twice.txt"  # review: two lines of one iteration passed the count
+    one_twice.write_text(steady.splitlines(keepends=True)[0] * 2)
     alloc = folder / "log-alloc.txt"
     alloc.write_text(steady + "[Rank 0] (after 5 iterations) memory (GB) | mem-allocated-gigabytes: 40.0 | "
                               "mem-max-allocated-gigabytes: 500.0 | mem-max-reserved-gigabytes: 70.0\n")
@@ -225,6 +228,7 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
               "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "log_inf": str(infinite),
               "log_exponent": str(exponent), "log_one": str(one), "log_alloc": str(alloc),
+              "log_one_twice": str(one_twice),
               "list_parquet": str(list_parquet),
               "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
               "binary": str(binary), "nul": str(nul), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}

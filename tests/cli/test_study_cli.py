@@ -90,15 +90,18 @@ def test_a_study_that_completes_nothing_exits_1_and_says_why(cli, tmp_path):
     """Review: every run failing ended with exit 0 and "no trial completed", the launcher's words nowhere
     but in `show` (and there an empty "stderr tail:" when it wrote to stdout)."""
     url = f"sqlite:///{tmp_path / 'none.db'}"
+    launcher = tmp_path / "fail.sh"  # its colour codes reach the summary line as escapes, not as colours
+    launcher.write_text("#!/bin/sh\nprintf 'garbage \\033[31mred\\033]0;PWNED\\007\\n'\nexit 3\n")
+    launcher.chmod(0o755)
     result = cli("start", "--model", "qwen3_30b", "--budget", "1", "--study", "none", "--storage", url,
-                 "--backend", "command", "--command", "bash -c 'echo garbage; exit 3'",
+                 "--backend", "command", "--command", str(launcher),
                  "--workdir", str(tmp_path / "runs"), env=ENV, timeout=300)
     assert result.returncode == 1, result.stderr[-1000:]
     words = " ".join(result.stdout.split())
-    assert "no trial completed: trial 0 failed, exit code 3; stderr empty; stdout tail: garbage " \
-           "(`autotune show none 0` has the whole message)" in words
-    as_json = cli("resume", "none", "--storage", url, env=ENV)  # nothing left to run: refused, not re-run
-    assert as_json.returncode == 2
+    assert "no trial completed: trial 0 failed, exit code 3; stderr empty; stdout tail: garbage \\x1b[31mred" in words
+    assert "(`autotune show none 0` has the whole message)" in words and "\x1b" not in result.stdout
+    resumed = cli("resume", "none", "--storage", url, env=ENV)  # nothing left to run: refused, not re-run
+    assert resumed.returncode == 2
 
 
 def test_the_board_says_why_the_recipes_own_layout_never_ran():
@@ -154,8 +157,10 @@ def test_show_never_passes_a_launchers_control_characters_to_the_terminal(cli, f
     shutil.copy(url.removeprefix("sqlite:///"), copy)
     hostile = "E \x1b[31mRED \x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ \x07\u202eevil"
     with sqlite3.connect(copy) as db:
-        db.execute("UPDATE autotune_trials SET message = ?, artifacts = ? WHERE number = 1",
-                   (hostile, json.dumps({"log": "/tmp/\x1b[2Jx.log"})))
+        db.execute("UPDATE autotune_trials SET message = ?, artifacts = ?, predicted = ? WHERE number = 1",
+                   (hostile, json.dumps({"log": "/tmp/\x1b[2Jx.log"}),
+                    json.dumps({"step_time_s": 30.0, "tokens_per_s_per_gpu": 8000.0,
+                                "breakdown": {"\x1b[31mcompute": 25.0, "ep\x07": 5.0}})))
     shown = cli("show", "demo", "1", "--storage", f"sqlite:///{copy}")
     assert shown.returncode == 0, shown.stderr
     assert not any(c in shown.stdout for c in "\x1b\x07\u202e"), repr(shown.stdout[-400:])
@@ -379,8 +384,22 @@ def test_a_run_the_interruption_cancelled_is_stopped_not_running_and_watch_ends(
 
     repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True}, name="cut")
     layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True})
-    repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), 1, "c", 3)  # cancelled: never finished
+    cut = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), 1, "c", 3)  # cancelled: never finished
     repo.set_study_status(study.id, StudyStatus.INTERRUPTED)
+    import datetime as dt
+
+    from autotune.storage.models import TrialRow
+
+    def heartbeat(at):
+        from sqlalchemy import update
+
+        with repo.session() as s:
+            s.execute(update(TrialRow).where(TrialRow.study_id == study.id, TrialRow.number == cut.number)
+                      .values(heartbeat_at=at))
+
+    # another controller of the same study still heartbeats its run: that one runs (review: it read stopped)
+    assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["running"] == 1
+    heartbeat(dt.datetime(2020, 1, 1))  # no controller heartbeats it any more
     data = json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]
     assert (data["running"], data["stopped"]) == (0, 1)
     board = cli("leaderboard", "cut", "--storage", repo.url, env={"COLUMNS": "200"})
@@ -388,7 +407,7 @@ def test_a_run_the_interruption_cancelled_is_stopped_not_running_and_watch_ends(
     assert "1 run(s) stopped by the interruption (`autotune resume cut` runs them again)" in " ".join(board.stdout.split())
     watched = cli("leaderboard", "cut", "--watch", "--storage", repo.url, timeout=60)
     assert watched.returncode == 0, watched.stderr[-500:]
-    repo.set_study_status(study.id, StudyStatus.RUNNING)  # while its controller runs, the run is running
+    repo.set_study_status(study.id, StudyStatus.RUNNING)  # a running study's runs are never called stopped
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["running"] == 1
 
 

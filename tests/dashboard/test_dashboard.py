@@ -209,6 +209,34 @@ def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_a
     assert as_json["predicted"]["tokens_per_s_per_gpu"] == 7000.0  # the record as stored
 
 
+def test_a_trial_view_groups_runs_as_the_recommendation_and_survives_hand_edited_extremes(repo, cli):
+    """Review: `show` left an imported run of the same layout out of "this layout" (the recommendation pools it),
+    a 1.4e308 prediction gave an Infinity interval (no JSON), and a hand-edited headroom a traceback."""
+    from sqlalchemy import text
+
+    name = f"demo{HOSTILE}"
+    study = repo.get_study(name)
+    layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True, "mbs": 2})  # trial 2's layout, from a log
+    repo.add_imported(study.id, layout.to_dict(), layout.key(), 9, "completed",
+                      {"tokens_per_s_per_gpu": 8100.0, "peak_mem_gib": 75.0, "step_time_s": 32.4}, [32.4, 32.4], "x.log")
+    view = leaderboard.trial_view(repo, study, repo.trial(study.id, 2))
+    assert [r["tokens_per_s_per_gpu"] for r in view["layout_runs"]] == [7900.0, 8100.0]
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET predicted = :v WHERE number = 2"),
+                  {"v": json.dumps({"tokens_per_s_per_gpu": 1.5e308, "peak_mem_gib": 70.0})})
+    shown = cli("show", name, "2", "--storage", str(repo.engine.url), "--json")
+    data = json.loads(shown.stdout)  # strict JSON: no Infinity
+    assert "predicted_tokens_per_s_per_gpu_80" not in data and data["predicted_peak_mem_gib_80"][0] > 0
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_studies SET options = :v"), {"v": json.dumps({"memory_headroom_gib": "abc"})})
+    for argv in (["show", name, "2"], ["leaderboard", name], ["status", name]):
+        broken = cli(*argv, "--storage", str(repo.engine.url))
+        assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr[-500:]
+        assert "stores memory_headroom_gib = 'abc', not a size in GiB" in broken.stderr
+    listed = cli("status", "--storage", str(repo.engine.url), env={"COLUMNS": "200"})  # the others still listed
+    assert listed.returncode == 0 and "cannot be shown" in listed.stdout
+
+
 def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_folder(repo, tmp_path):
     import sqlite3
 
