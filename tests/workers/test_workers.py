@@ -420,7 +420,9 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     trial = json.loads(result.stdout)
     assert trial["status"] == "completed" and trial["origin"] == "imported"
     assert trial["step_time_s"] == pytest.approx(30.0)
-    assert trial["notes"] == [] and trial["tflops_per_gpu"] == pytest.approx(202.0)  # the log's own figure
+    assert trial["tflops_per_gpu"] == pytest.approx(202.0)  # the log's own figure
+    # the one note: a measured run joins a simulated study (said, since its runs are not alike)
+    assert len(trial["notes"]) == 1 and "other runs are simulated, not measured" in trial["notes"][0]
     # a log whose TFLOP/s cannot be this run's (0: a logging bug; no FLOP count gives 0 at 30 s a step) is
     # stored in this package's count, and the user is told (it was replaced silently before)
     zero = tmp_path / "zero-tflops.log"
@@ -430,7 +432,7 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
                    "--storage", url)
     assert replaced.returncode == 0, replaced.stderr
     note = [line for line in replaced.stdout.splitlines() if line.startswith("note: ")]
-    assert len(note) == 1 and "the log's 0 TFLOP/s/GPU disagrees with its iteration time" in note[0]
+    assert len(note) == 2 and "the log's 0 TFLOP/s/GPU disagrees with its iteration time" in note[0]
     board = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
     assert board["summary"]["dispatched"] == 1  # the imported run is outside the budget
     oom_log = tmp_path / "oom.log"
