@@ -9,6 +9,11 @@ Two things stood in the way:
 - A signal to the whole process group also hit Ray's raylet and GCS, whose deaths made the driver
   abort (SIGABRT, a C++ stack dump). `ray_outside_our_group` starts them in a process group of their
   own: the controller moves to a new group while Ray spawns its processes, then moves back.
+A signal handler's exception lands wherever the main thread happens to be, and where that is a
+finalizer (a weakref callback, `__del__`, as SQLAlchemy runs while it frees objects) Python prints
+"Exception ignored" and goes on: the SIGTERM was lost and the study ran to its end with exit 0 (seen
+in CI). So the handler also records the signal, and the controller's loop (`raise_if_terminated`)
+and the end of `sigterm_as_interrupt` raise it again where it cannot be swallowed.
 """
 
 from __future__ import annotations
@@ -25,8 +30,22 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: stop as after Ctrl-C (the CLI exits with 143)."""
 
 
+_received = threading.Event()  # set by the handler; cleared on entering sigterm_as_interrupt
+
+
 def _raise_terminated(_signum, _frame) -> None:
+    _received.set()
     raise Terminated()
+
+
+def raise_if_terminated() -> None:
+    """Raise Terminated if a SIGTERM arrived since `sigterm_as_interrupt` was entered.
+
+    Called where an interruption is safe to act on (the top of the controller's loop): the handler's
+    own exception may have been swallowed by a finalizer it interrupted.
+    """
+    if _received.is_set():
+        raise Terminated()
 
 
 @contextlib.contextmanager
@@ -35,11 +54,14 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
+        raise_if_terminated()  # the body ended normally although a SIGTERM came: it was swallowed
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        _received.clear()  # acted on: a later loop outside this block must not see it
 
 
 @contextlib.contextmanager

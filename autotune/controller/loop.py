@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 
+from autotune._signals import raise_if_terminated
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
 from autotune._numbers import is_positive_finite
@@ -159,6 +160,7 @@ class Controller:
         stop_reason = "budget"
         try:
             while True:
+                raise_if_terminated()  # a SIGTERM whose exception a finalizer swallowed
                 self._heartbeat()
                 self._adopt_stale()
                 self._fill_slots()
