@@ -12,8 +12,9 @@ Two things stood in the way:
 A signal handler's exception lands wherever the main thread happens to be, and where that is a
 finalizer (a weakref callback, `__del__`, as SQLAlchemy runs while it frees objects) Python prints
 "Exception ignored" and goes on: the SIGTERM was lost and the study ran to its end with exit 0 (seen
-in CI). So the handler also records the signal, and the controller's loop (`raise_if_terminated`)
-and the end of `sigterm_as_interrupt` raise it again where it cannot be swallowed.
+in CI). So the handlers (SIGTERM's, and Ctrl-C's while it is Python's default) also record the signal,
+and the controller's loop (`raise_if_terminated`) and the end of `sigterm_as_interrupt` raise it again
+where it cannot be swallowed.
 """
 
 from __future__ import annotations
@@ -30,37 +31,55 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: stop as after Ctrl-C (the CLI exits with 143)."""
 
 
-_received = threading.Event()  # set by the handler; cleared on entering sigterm_as_interrupt
+# The interruption that arrived inside `sigterm_as_interrupt` (Terminated for SIGTERM, KeyboardInterrupt
+# for Ctrl-C), or None; cleared on entering and on leaving the block.
+_received: list[type[KeyboardInterrupt]] = []
 
 
 def _raise_terminated(_signum, _frame) -> None:
-    _received.set()
+    _received.append(Terminated)
     raise Terminated()
 
 
+def _raise_interrupt(_signum, _frame) -> None:
+    _received.append(KeyboardInterrupt)
+    raise KeyboardInterrupt()
+
+
 def raise_if_terminated() -> None:
-    """Raise Terminated if a SIGTERM arrived since `sigterm_as_interrupt` was entered.
+    """Raise again the SIGTERM (Terminated) or Ctrl-C (KeyboardInterrupt) that arrived since
+    `sigterm_as_interrupt` was entered.
 
     Called where an interruption is safe to act on (the top of the controller's loop): the handler's
     own exception may have been swallowed by a finalizer it interrupted.
     """
-    if _received.is_set():
-        raise Terminated()
+    if _received:
+        raise _received[0]()
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """While inside, SIGTERM raises Terminated in the main thread (no-op in other threads)."""
+    """While inside, SIGTERM raises Terminated in the main thread (no-op in other threads), and
+    SIGTERM or Ctrl-C that a finalizer swallowed is raised again when the block ends normally.
+
+    Ctrl-C is only recorded when its handler is still Python's default (which raises
+    KeyboardInterrupt); a handler someone else installed is left alone.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _received.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         yield
-        raise_if_terminated()  # the body ended normally although a SIGTERM came: it was swallowed
+        raise_if_terminated()  # the body ended normally although a signal came: it was swallowed
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
         _received.clear()  # acted on: a later loop outside this block must not see it
 
 

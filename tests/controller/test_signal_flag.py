@@ -52,3 +52,19 @@ def test_the_record_does_not_outlive_the_block(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is not None
     with sigterm_as_interrupt():
         raise_if_terminated()  # nor a later block
+
+
+class _InterruptsInFinalizer:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_swallowed_ctrl_c_is_raised_again_as_a_plain_interrupt(monkeypatch):
+    monkeypatch.setattr("sys.unraisablehook", lambda info: None)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with sigterm_as_interrupt():
+            _InterruptsInFinalizer()
+            gc.collect()
+            raise_if_terminated()
+    assert raised.type is KeyboardInterrupt  # not Terminated: the CLI exits 130, not 143
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
