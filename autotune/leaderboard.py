@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
-from autotune.controller.recommend import VALIDATION, RunNoise, study_recommendation
+from autotune.controller.recommend import VALIDATION, RunNoise, layout_results, study_recommendation
 from autotune.storage import Repository, Study, Trial
 
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
@@ -66,15 +66,19 @@ def _stopped(trial: Trial, study_status: str) -> bool:
     of the same study (several may share one PostgreSQL study) keeps heartbeating its own runs: those run."""
     if trial.status != "dispatched" or study_status != "interrupted":
         return False
+    return trial.heartbeat_at is None or _stale_s(trial.heartbeat_at) is not None
+
+
+def _stale_s(beat: dt.datetime) -> float | None:
+    """Seconds since a heartbeat, when longer than the staleness limit the controllers themselves use (a
+    run or controller that silent is taken for dead: its trials are adoptable); else None."""
     from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
     from autotune.storage.models import utcnow
 
-    beat = trial.heartbeat_at
-    if beat is None:
-        return True
     if beat.tzinfo is not None:
         beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    return (utcnow() - beat).total_seconds() > STALE_AFTER_HEARTBEATS * HEARTBEAT_S
+    silent = (utcnow() - beat).total_seconds()
+    return silent if silent > STALE_AFTER_HEARTBEATS * HEARTBEAT_S else None
 
 
 def _ratio(speed: float | None, baseline_speed: float | None) -> float | None:
@@ -193,29 +197,28 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
     pick = study_recommendation(dispatched, study)
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     noise = pick.noise if pick else None
-    # grouped as the recommendation groups them (recommend.layout_results): screening runs (the study's and
-    # imported ones) together, the longer validation runs apart
-    validation = trial.origin == VALIDATION
-    runs = sorted((t for t in dispatched if t.config_key == trial.config_key and t.status == "completed"
-                   and t.tokens_per_s_per_gpu and (t.origin == VALIDATION) == validation), key=lambda t: t.number)
-    speeds = [t.tokens_per_s_per_gpu for t in runs]
-    mean = math.fsum(v / len(speeds) for v in speeds) if len(speeds) > 1 else None
+    # grouped as the recommendation groups them: screening runs (the study's and imported ones) together,
+    # the longer validation runs apart
+    group = next((r for r in layout_results(dispatched, validation=trial.origin == VALIDATION)
+                  if r.trials[0].config_key == trial.config_key), None)
+    runs = sorted(group.trials, key=lambda t: t.number) if group else []
+    mean = group.mean_tokens_per_s_per_gpu if len(runs) > 1 else None
     predicted = checked_prediction(trial.predicted)
     view: dict[str, Any] = {
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
         "layout_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu} for t in runs]
         if len(runs) > 1 else [],
         "layout_mean_tokens_per_s_per_gpu": mean,
-        "layout_mean_se": noise.mean_se(mean, len(speeds)) if mean and noise else None,
+        "layout_mean_se": noise.mean_se(mean, len(runs)) if mean and noise else None,
         "predicted": predicted,
     }
     tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
     # an interval overflowing a hand-edited 1.4e308 would be Infinity: no JSON, and no interval
-    if tokens and all(map(math.isfinite, throughput_interval(tokens))):
-        view["predicted_tokens_per_s_per_gpu_80"] = list(throughput_interval(tokens))
+    if tokens and all(map(math.isfinite, interval := throughput_interval(tokens))):
+        view["predicted_tokens_per_s_per_gpu_80"] = list(interval)
         view["measured_over_predicted_tokens"] = _ratio(speed, tokens)
-    if peak and all(map(math.isfinite, memory_interval(peak))):
-        view["predicted_peak_mem_gib_80"] = list(memory_interval(peak))
+    if peak and all(map(math.isfinite, interval := memory_interval(peak))):
+        view["predicted_peak_mem_gib_80"] = list(interval)
         view["measured_over_predicted_peak"] = _ratio(trial.peak_mem_gib, peak) if trial.peak_mem_gib else None
     return view
 
@@ -350,16 +353,10 @@ STYLES = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "mag
 def controller_silence_s(study: Study) -> float | None:
     """Seconds since the controller of a `running` study last wrote its heartbeat, when that is longer than
     the staleness limit the controllers themselves use (its trials are then adoptable); else None."""
-    from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
-    from autotune.storage.models import utcnow
-
     beat = study.controller_heartbeat_at
     if study.status != "running" or beat is None:
         return None
-    if beat.tzinfo is not None:
-        beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    silent = (utcnow() - beat).total_seconds()
-    return silent if silent > STALE_AFTER_HEARTBEATS * HEARTBEAT_S else None
+    return _stale_s(beat)
 
 
 def shown_status(row: dict[str, Any]) -> str:

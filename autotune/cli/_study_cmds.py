@@ -603,10 +603,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             table.add_row(key, escape(shown))  # a launcher's message is not markup
     # terminal_safe: a stored prediction's term names are text from the store (found by review: an ESC in one
     # reached the terminal)
-    if leaderboard.layout_runs_text(view):
-        table.add_row("this layout", escape(terminal_safe(leaderboard.layout_runs_text(view))))
-    if leaderboard.prediction_text(view):
-        table.add_row("predicted before the run", escape(terminal_safe(leaderboard.prediction_text(view, source))))
+    if runs_text := leaderboard.layout_runs_text(view):
+        table.add_row("this layout", escape(terminal_safe(runs_text)))
+    if predicted_text := leaderboard.prediction_text(view, source):
+        table.add_row("predicted before the run", escape(terminal_safe(predicted_text)))
     if view["predicted"].get("breakdown"):
         step = view["predicted"].get("step_time_s")
         table.add_row("predicted step", escape(terminal_safe((f"{step:,.3g} s: " if step else "")

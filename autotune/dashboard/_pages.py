@@ -297,12 +297,12 @@ class DashboardApp:
                           for key, label, spec in TRIAL_FIELDS
                           if (value := getattr(trial, key)) not in (None, 0, "")
                           and (key != "origin" or trial.origin != "study"))
-        if leaderboard.layout_runs_text(view):
-            metrics += (f"<tr id='layout-runs'><td class='l'>this layout</td>"
-                        f"<td>{escape(leaderboard.layout_runs_text(view))}</td></tr>")
+        if runs_text := leaderboard.layout_runs_text(view):
+            metrics += f"<tr id='layout-runs'><td class='l'>this layout</td><td>{escape(runs_text)}</td></tr>"
         config = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{text(v) if v is not None else '&mdash;'}</td></tr>"
                          for k, v in trial.config.items())
         predicted = view["predicted"]
+        predicted_text = leaderboard.prediction_text(view, leaderboard.metrics_source(study.backend, trial.origin))
         trace = self._trace_summary(study, trial)
         from autotune.megatron import benchmark_only
 
@@ -322,8 +322,7 @@ class DashboardApp:
                 f"<h1>trial {number}: {escape(layout.short())}</h1>{provenance(study.backend, trial.origin)}{message}"
                 f"<h2>metrics</h2><table id='metrics'>{metrics}</table>"
                 + (f"<p class='muted' id='prediction'>the cost model predicted, before this run: "
-                   f"{escape(leaderboard.prediction_text(view, leaderboard.metrics_source(study.backend, trial.origin)))}"
-                   "</p>" if leaderboard.prediction_text(view) else "") +
+                   f"{escape(predicted_text)}</p>" if predicted_text else "") +
                 f"<div class='charts'>{chart('breakdown-chart', figure)}</div>"
                 f"<p class='muted'>{escape(trace_note)}</p>"
                 f"<h2>config</h2><table id='config'>{config}</table>"
