@@ -20,7 +20,7 @@ from autotune.controller.notes import BASELINE, MEANINGS
 from autotune.controller.recommend import VALIDATION, RunNoise, layout_results, study_recommendation
 from autotune.storage import Repository, Study, Trial
 
-COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
+COLUMNS = ("trial", "status", "stopped", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
            "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note")
 
 
@@ -211,6 +211,7 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
         "layout_mean_tokens_per_s_per_gpu": mean,
         "layout_mean_se": noise.mean_se(mean, len(runs)) if mean and noise else None,
         "predicted": predicted,
+        "stopped": _stopped(trial, study.status),  # dispatched, but the study's interruption cancelled it
     }
     tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
     # an interval overflowing a hand-edited 1.4e308 would be Infinity: no JSON, and no interval

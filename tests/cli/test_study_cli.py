@@ -407,7 +407,14 @@ def test_a_run_the_interruption_cancelled_is_stopped_not_running_and_watch_ends(
     assert "1 run(s) stopped by the interruption (`autotune resume cut` runs them again)" in " ".join(board.stdout.split())
     watched = cli("leaderboard", "cut", "--watch", "--storage", repo.url, timeout=60)
     assert watched.returncode == 0, watched.stderr[-500:]
+    # the CSV, `show` and its JSON say so too (review: they said `dispatched` of a row the table called stopped)
+    rows = list(csv.DictReader(io.StringIO(cli("leaderboard", "cut", "--format", "csv", "--storage", repo.url).stdout)))
+    assert [r["stopped"] for r in rows if r["trial"] == str(cut.number)] == ["True"]
+    shown = cli("show", "cut", str(cut.number), "--storage", repo.url, env={"COLUMNS": "200"})
+    assert "stopped: the study's interruption cancelled it" in shown.stdout and "dispatched" not in shown.stdout
+    assert json.loads(cli("show", "cut", str(cut.number), "--json", "--storage", repo.url).stdout)["stopped"] is True
     repo.set_study_status(study.id, StudyStatus.RUNNING)  # a running study's runs are never called stopped
+    assert "running" in cli("show", "cut", str(cut.number), "--storage", repo.url, env={"COLUMNS": "200"}).stdout
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["running"] == 1
 
 
