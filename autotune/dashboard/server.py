@@ -156,6 +156,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(chunk)
             left -= len(chunk)
 
+    def _fail(self, api: bool, status: int, title: str, body_html: str, message: str) -> None:
+        """An error answer: `{"error": message}` to a client of /api, an HTML page (body_html, escaped by the
+        caller) to a browser."""
+        if api:
+            import json
+
+            self._send(status, json.dumps({"error": message}).encode(), "application/json")
+        else:
+            self._send(status, page(title, body_html))
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if self.loopback_only and not is_loopback(_host_name(self.headers.get("Host", "localhost"))):
             self._send(421, page("misdirected", "<h1>this dashboard answers to localhost only</h1>"))
@@ -163,6 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/") if p]
         query = parse_qs(url.query)
+        api = bool(parts) and parts[0] == "api"  # an API client reads JSON, errors too (review: it got HTML pages)
         try:
             if not parts:
                 self._send(200, self.app.studies_page(query.get("study", [])))
@@ -189,19 +200,16 @@ class _Handler(BaseHTTPRequestHandler):
                     with found[0] as handle:
                         self._send(200, handle, found[1], artifact=found[2])
             else:
-                self._send(404, page("not found", "<h1>not found</h1>"))
+                self._fail(api, 404, "not found", "<h1>not found</h1>", "not found")
         except StudyError as exc:
-            if parts and parts[0] == "api":  # an API client reads JSON, errors too (review: it got an HTML page)
-                import json
-
-                self._send(404, json.dumps({"error": str(exc)}).encode(), "application/json")
-            else:
-                self._send(404, page("not found", f"<h1>{escape(str(exc))}</h1>"))
+            self._fail(api, 404, "not found", f"<h1>{escape(str(exc))}</h1>", str(exc))
         except StorageError as exc:  # unreachable, or a row edited by hand: say so, escaped, and live on
-            self._send(503, page("store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>"))
+            self._fail(api, 503, "store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>",
+                       f"the store cannot be read: {exc}")
         except ConfigError as exc:  # a stored study names what this autotune does not know (a GPU, a setting)
-            self._send(503, page("store error", "<h1>the store holds a study this autotune cannot use</h1>"
-                                                f"<p>{escape(str(exc))}</p>"))
+            self._fail(api, 503, "store error", "<h1>the store holds a study this autotune cannot use</h1>"
+                                                f"<p>{escape(str(exc))}</p>",
+                       f"the store holds a study this autotune cannot use: {exc}")
         except ConnectionError:
             raise  # the client is gone: no error page to send (handle() ends the request quietly)
         except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
@@ -211,7 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
             if self._streaming:  # a second answer would land inside the first one's body: cut it short instead
                 self.close_connection = True
                 return
-            self._send(500, page("error", "<h1>this page could not be rendered</h1>"))
+            self._fail(api, 500, "error", "<h1>this page could not be rendered</h1>", "this request could not be answered")
         finally:
             self._streaming = False
 

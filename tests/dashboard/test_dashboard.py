@@ -450,6 +450,14 @@ def test_a_hand_edited_store_gets_an_escaped_503_page_and_the_server_lives_on(re
         body = refused.value.read().decode()
         assert refused.value.code == 503 and "peak_mem_gib" in body and "edited by hand" in body
         assert HOSTILE not in body and "&lt;script&gt;" in body
+        with pytest.raises(urllib.error.HTTPError) as refused:  # an API client gets the same error as JSON
+            urllib.request.urlopen(f"{base}/api/study/{quote('demo' + HOSTILE, safe='')}")
+        assert refused.value.code == 503 and refused.value.headers["Content-Type"] == "application/json"
+        assert "edited by hand" in json.loads(refused.value.read())["error"]
+        for path in ("/api/nosuch", "/api/study/a/b"):  # and a path the API does not have is a JSON 404
+            with pytest.raises(urllib.error.HTTPError) as missing:
+                urllib.request.urlopen(f"{base}{path}")
+            assert missing.value.code == 404 and json.loads(missing.value.read()) == {"error": "not found"}
         with urllib.request.urlopen(f"{base}/static/dashboard.js") as response:
             assert response.status == 200
     finally:
