@@ -51,7 +51,7 @@ def _print_table(workload, layout, result, filled) -> None:
     console.print(workload_summary(workload), markup=False)  # the model's name is text
     console.print(f"layout: [bold]{layout.short()}[/bold]")
     if filled:
-        console.print(f"taken from the recipe or the space's only value (not given): {filled_text(filled)}",
+        console.print(f"not given, so taken from the recipe (or following the knobs given: SP with TP > 1, VPP with PP) or the space's only value: {filled_text(filled)}",
                       markup=False)
     def tokens(value: float) -> str:  # a sequence of a billion tokens runs at 0.0067 tokens/s, not "0"
         return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"

@@ -23,7 +23,10 @@ def register(sub) -> None:
     p.add_argument("--list", action="store_true", help="print every legal layout as one JSON object per line")
     p.set_defaults(handler=cmd_space)
 
-    p = sub.add_parser("check", help="check layouts (JSON lines on stdin, or knob flags) against Megatron's rules")
+    p = sub.add_parser("check", help="check layouts (JSON lines on stdin, or knob flags) against Megatron's rules",
+                       description="Check layouts against Megatron's rules: the one layout the knob flags give, or, "
+                                   "without knob flags, one JSON object per line on stdin (stdin is not read when "
+                                   "knob flags are given). Knobs not given take the recipe's values.")
     add_workload_options(p)
     add_knob_flags(p)
     p.add_argument("--json", action="store_true", help="(output is always JSON lines; accepted for symmetry)")

@@ -38,8 +38,8 @@ from autotune.controller._spec import prediction, trial_spec
 from autotune.controller.notes import BASELINE, REMEASURE
 from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS, StudyOptions
 from autotune.controller.pruning import SlowBranchPruner
-from autotune.controller.recommend import (Recommendation, backend_repeats_exactly, default_headroom_gib, recommend,
-                                          validation_choices)
+from autotune.controller.recommend import (Recommendation, backend_repeats_exactly, default_headroom_gib,
+                                           pooled_cache_entry, recommend, validation_choices)
 from autotune.controller.screening import DUPLICATE, Rejection, frontier_skips, screen
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import Strategy, run_noise_std
@@ -187,8 +187,13 @@ class Controller:
 
     def summary(self, elapsed_s: float, stop_reason: str) -> RunSummary:
         trials = self.repo.trials(self.study.id, dispatched_only=True)
+        pooled_estimate = not backend_repeats_exactly(self.study.backend)
         pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
-                         pooled_estimate=not backend_repeats_exactly(self.study.backend))
+                         pooled_estimate=pooled_estimate)
+        if pooled_estimate and pick is not None:
+            # stored, so that the readers of the finished study (status, leaderboard, show, export, the
+            # dashboard) find the pooling done and need not fit the GP, nor import scikit-learn (~2.5 s)
+            self.repo.set_pooled_cache(self.study.id, pooled_cache_entry(trials))
         baseline = next((t for t in trials if t.strategy_note == BASELINE), None)
         counts = self.repo.counts(self.study.id)
         per_trial = self.controller_seconds / max(1, counts["dispatched"])

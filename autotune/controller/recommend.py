@@ -53,6 +53,12 @@ POOL_OPTIMIZE_UP_TO = 150
 # how far pooling may move a layout's estimate from its measured mean, in standard errors of that mean
 POOL_SHIFT_SE = 1.0
 PRIOR_RATIO_BOUND = 10.0  # a stored prediction 10x off what its run measured is no cost model's prediction
+# Part of the digest of a stored pooling cache (pooled_cache_entry): raise it whenever the pooling changes
+# (this module's rules or the GP's), so a store written by another version is pooled afresh, not read.
+POOL_VERSION = 1
+# A stored estimate this far from its layout's measured mean is no pooling's (it moves by a standard error
+# of a few per cent): the whole cache is then ignored.
+STORED_ESTIMATE_BOUND = 1.5
 
 
 def default_headroom_gib(workload: "Workload") -> float:
@@ -82,7 +88,7 @@ def study_recommendation(trials: Iterable["Trial"], study: "Study") -> "Recommen
             raise ConfigError(f"study {study.name!r} stores memory_headroom_gib = "
                                f"{str(study.options.get('memory_headroom_gib'))[:40]!r}, not a size in GiB")
     return recommend(trials, memory_gib, _headroom_for(memory_gib) if headroom is None else headroom,
-                     pooled_estimate=not backend_repeats_exactly(study.backend))
+                     pooled_estimate=not backend_repeats_exactly(study.backend), pooled_cache=study.pooled_cache)
 
 
 def backend_repeats_exactly(backend: str) -> bool:
@@ -196,7 +202,7 @@ def _log_prior(trial: "Trial") -> float | None:
 _POOLED: dict[tuple, dict[str, float]] = {}  # the last few pooled fits: the live view rebuilds every 0.25 s
 
 
-def pooled(results: list[LayoutResult]) -> list[LayoutResult]:
+def pooled(results: list[LayoutResult], stored: object = None) -> list[LayoutResult]:
     """`results` with each layout's pooled estimate (module doc), best estimate first.
 
     The estimate is a shrinkage of the layout's measured mean: the GP's posterior mean at the layout,
@@ -204,15 +210,19 @@ def pooled(results: list[LayoutResult]) -> list[LayoutResult]:
     than once, shrunk toward the stated NOISE_LOG_STD: surrogate.run_noise_log_std), so a prediction can
     never outvote the measurements. Runs without a usable stored prediction (`_log_prior`) are left out
     of the fit and their layouts keep their plain means; with fewer than POOL_MIN_LAYOUTS layouts to
-    pool, `results` come back unchanged."""
+    pool, `results` come back unchanged.
+
+    `stored` is the study's cache (pooled_cache_entry, as the controller stored it): used instead of a
+    fit when it was computed from exactly these runs, so a reader of a finished study needs no GP (and
+    does not import scikit-learn)."""
     import dataclasses
 
-    key = tuple((t.number, t.config_key, t.tokens_per_s_per_gpu, repr(t.predicted))
-                for r in results for t in r.trials)
+    key = _pool_key(results)
     if key not in _POOLED:
         if len(_POOLED) >= 16:
             _POOLED.pop(next(iter(_POOLED)))
-        _POOLED[key] = _pooled_estimates(results)
+        cached = _stored_estimates(stored, results)
+        _POOLED[key] = _pooled_estimates(results) if cached is None else cached
     estimates = _POOLED[key]
     if not estimates:
         return results
@@ -220,6 +230,45 @@ def pooled(results: list[LayoutResult]) -> list[LayoutResult]:
                                                                                r.mean_tokens_per_s_per_gpu))
            for r in results]
     return sorted(out, key=lambda r: -r.estimate_tokens_per_s_per_gpu)
+
+
+def _pool_key(results: list[LayoutResult]) -> tuple:
+    """What the pooled estimates depend on: every run's number, layout, throughput and stored prediction."""
+    return tuple((t.number, t.config_key, t.tokens_per_s_per_gpu, repr(t.predicted))
+                 for r in results for t in r.trials)
+
+
+def _pool_digest(results: list[LayoutResult]) -> str:
+    import hashlib
+
+    constants = (POOL_VERSION, POOL_MIN_LAYOUTS, POOL_OPTIMIZE_UP_TO, POOL_SHIFT_SE, PRIOR_RATIO_BOUND)
+    return hashlib.sha256(repr((constants, _pool_key(results))).encode()).hexdigest()
+
+
+def pooled_cache_entry(trials: Iterable["Trial"]) -> dict:
+    """`{"key": digest of the runs, "estimates": {config_key: tokens/s/GPU}}` for the study's record
+    (Repository.set_pooled_cache); fits the GP unless these runs were pooled in this process already."""
+    results = layout_results(trials)
+    pooled(results)
+    return {"key": _pool_digest(results), "estimates": _POOLED[_pool_key(results)]}
+
+
+def _stored_estimates(stored: object, results: list[LayoutResult]) -> dict[str, float] | None:
+    """The cache's estimates when it was computed from exactly `results` and holds what a pooling could
+    have written (a positive estimate near each pooled layout's mean); None otherwise (no cache, stale,
+    another version's, or edited by hand)."""
+    if not isinstance(stored, dict) or stored.get("key") != _pool_digest(results):
+        return None
+    estimates = stored.get("estimates")
+    if not isinstance(estimates, dict):
+        return None
+    means = {r.trial.config_key: r.mean_tokens_per_s_per_gpu for r in results}
+    for config_key, value in estimates.items():
+        mean = means.get(config_key)
+        if mean is None or not is_positive_finite(value) \
+                or not 1 / STORED_ESTIMATE_BOUND <= value / mean <= STORED_ESTIMATE_BOUND:
+            return None
+    return {str(k): float(v) for k, v in estimates.items()}
 
 
 def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
@@ -274,7 +323,7 @@ def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
 
 
 def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: float,
-              pooled_estimate: bool = True) -> Recommendation | None:
+              pooled_estimate: bool = True, pooled_cache: object = None) -> Recommendation | None:
     """The best layout by estimated throughput (pooled when `pooled_estimate`, see the module doc)
     whose measured peak keeps the headroom.
 
@@ -286,7 +335,7 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
         return None
     noise = run_noise(results) if pooled_estimate else None  # no noise to pool or show where runs repeat
     if pooled_estimate:
-        results = pooled(results)
+        results = pooled(results, pooled_cache)
     validated = {r.trial.config_key: r for r in layout_results(trials, validation=True)}
     safe_limit = memory_limit_gib - headroom_gib
     safe = [r for r in results if r.peak_mem_gib is None or r.peak_mem_gib <= safe_limit]

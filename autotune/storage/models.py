@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0004_optuna_names_numbering"  # the newest Alembic revision this code writes
+SCHEMA_REVISION = "0005_study_pooled_cache"  # the newest Alembic revision this code writes
 
 
 def utcnow() -> dt.datetime:
@@ -103,6 +103,9 @@ class StudyRow(Base):
     # a TrialNumbering value; revision 0004 marks the studies it found "sequence"
     numbering: Mapped[str] = mapped_column(String(20), default=TrialNumbering.OPTUNA.value,
                                            server_default=TrialNumbering.SEQUENCE.value)
+    # the pooled estimates of the last recommendation and the digest of the runs they pool (revision 0005;
+    # controller/recommend.py): a cache that spares readers the GP fit
+    pooled_cache: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     trials: Mapped[list["TrialRow"]] = relationship(back_populates="study", cascade="all, delete-orphan")
 

@@ -57,6 +57,8 @@ class Study:
     controller_heartbeat_at: dt.datetime | None = None
     controller_id: str | None = None
     numbering: str = TrialNumbering.OPTUNA.value  # how its trials are numbered (models.TrialNumbering)
+    # {"key": digest of the runs, "estimates": {config_key: tokens/s/GPU}}: recommend.pooled's cache
+    pooled_cache: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,13 @@ class Repository:
         with self.session() as s:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status.value,
                                                                              updated_at=utcnow()))
+
+    def set_pooled_cache(self, study_id: int, cache: dict[str, Any]) -> None:
+        """Store the pooled estimates of the study's last recommendation (recommend.pooled_cache_entry).
+        `updated_at` stays: a cache is no change of the study."""
+        with self.session() as s:
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(pooled_cache=cache,
+                                                                             updated_at=StudyRow.updated_at))
 
     def controller_heartbeat(self, study_id: int, controller_id: str) -> None:
         with self.session() as s:

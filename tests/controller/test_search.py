@@ -4,6 +4,7 @@ in-process dispatcher, and the sampler inside a plain Optuna study."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -447,6 +448,43 @@ def test_recommendation_pools_a_lucky_run_with_the_layouts_that_share_its_knobs(
         assert recommend(trials, 80.0, 3.0).best.trial.config_key == confirmed
     assert backend_repeats_exactly("replay") and not backend_repeats_exactly("simulate")
     assert backend_repeats_exactly("a-backend-of-a-newer-autotune")
+
+
+def test_a_stored_pooling_of_the_same_runs_is_used_and_any_other_is_not(monkeypatch):
+    """The controller stores its pooled estimates with a digest of the runs (readers of a finished study
+    then need no GP fit); a cache of other runs, of another pooling version, or with values no pooling
+    writes is ignored and the estimates are computed."""
+    from autotune.controller import recommend as rec
+
+    trials = _lucky_and_confirmed()
+    rec._POOLED.clear()
+    entry = rec.pooled_cache_entry(trials)
+    computed = {r.trial.config_key: r.estimate_tokens_per_s_per_gpu for r in rec.pooled(rec.layout_results(trials))}
+    assert entry["estimates"] == computed and len(entry["key"]) == 64
+    json.loads(json.dumps(entry))  # storable as JSON
+
+    def no_fit(results):
+        raise AssertionError("fitted although the stored pooling was of these runs")
+
+    monkeypatch.setattr(rec, "_pooled_estimates", no_fit)
+    rec._POOLED.clear()
+    pick = recommend(trials, 80.0, 3.0, pooled_cache=entry)
+    assert pick.best.estimate_tokens_per_s_per_gpu == computed[pick.best.trial.config_key]
+    monkeypatch.undo()
+    lucky = LayoutConfig(tp=2, mbs=1).key()
+    one_more = trials + [_layout_run(99, 101.0, 100.0, tp=8)]
+    staleish = [dict(entry, key=rec._pool_digest(rec.layout_results(one_more))), dict(entry, key="0" * 64)]
+    with monkeypatch.context() as m:
+        m.setattr(rec, "POOL_VERSION", rec.POOL_VERSION + 1)  # a cache written by another pooling
+        rec._POOLED.clear()
+        assert rec._stored_estimates(entry, rec.layout_results(trials)) is None
+    for hostile in (dict(entry, estimates={**entry["estimates"], lucky: 1e9}),  # no pooling moves a mean 10^7x
+                    dict(entry, estimates={**entry["estimates"], lucky: float("nan")}),
+                    dict(entry, estimates={**entry["estimates"], "not-a-layout": 100.0}),
+                    dict(entry, estimates=[1, 2]), {"key": entry["key"]}, "x", None, *staleish):
+        assert rec._stored_estimates(hostile, rec.layout_results(trials)) is None, hostile
+        rec._POOLED.clear()
+        assert recommend(trials, 80.0, 3.0, pooled_cache=hostile).best.trial.config_key != lucky
 
 
 def test_pooling_never_lets_a_prediction_outvote_the_measurements():

@@ -442,3 +442,39 @@ def test_an_attempts_gpu_time_that_would_make_the_study_unreadable_is_never_writ
         repo.retry_trial(study.id, trial.number, "again", "c1", gpu_seconds=gpu_seconds)
     repo.finish_trial(study.id, trial.number, "failed", gpu_seconds=3600.0)
     assert repo.trial(study.id, trial.number).gpu_seconds == 3600.0 and repo.list_studies()
+
+
+def test_0005_adds_the_pooling_cache_and_its_downgrade_drops_only_that(storage_url):
+    """A cache column: a 0004 store upgrades with its studies readable and no cache; a downgrade keeps
+    every study and trial and drops the column."""
+    engine = make_engine(storage_url)
+    upgrade(engine, "0004_optuna_names_numbering")
+    upgrade(engine)
+    repo = Repository.open(storage_url)
+    study = new_study(repo, name="kept")
+    repo.claim_dispatch(study.id, {"tp": 2}, "k1", 1, "c", 3)
+    assert study.pooled_cache is None
+    repo.set_pooled_cache(study.id, {"key": "k" * 64, "estimates": {"a": 1.5}})
+    assert repo.get_study("kept").pooled_cache == {"key": "k" * 64, "estimates": {"a": 1.5}}
+    assert repo.get_study("kept").updated_at == study.updated_at  # a cache is no change of the study
+    repo.close()
+    downgrade(engine, "0004_optuna_names_numbering")
+    assert "pooled_cache" not in {c["name"] for c in inspect(engine).get_columns("autotune_studies")}
+    with engine.connect() as c:
+        assert c.execute(text("SELECT name FROM autotune_studies")).scalars().all() == ["kept"]
+        assert c.execute(text("SELECT COUNT(*) FROM autotune_trials")).scalar() == 1  # no cascade on the way down
+    upgrade(engine)
+    repo = Repository.open(storage_url)
+    assert repo.get_study("kept").pooled_cache is None
+    repo.close()
+
+
+def test_a_hand_edited_pooling_cache_is_refused_like_any_other_column(storage_url):
+    repo = Repository.open(storage_url)
+    study = new_study(repo, name="edited")
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_studies SET pooled_cache = :v WHERE id = :i"),
+                  {"v": json.dumps([1, 2]), "i": study.id})
+    with pytest.raises(StorageError, match="pooled_cache"):
+        repo.get_study("edited")
+    repo.close()
