@@ -25,7 +25,7 @@ from autotune._numbers import is_finite_number, is_positive_finite
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
 from autotune.storage._records import check_study_values, check_trial_values
-from autotune.storage.migrations import current_revision, ensure_schema
+from autotune.storage.migrations import current_revision, ensure_schema, stamped_revision
 from autotune.storage.models import (REJECTED_BASE, TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus,
                                      TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
 
@@ -151,7 +151,8 @@ class Repository:
         engine = make_engine(url, create=create)
         where = engine.url.render_as_string(hide_password=True)
         try:
-            if not create and current_revision(engine) is None:
+            # plain SQL first: Alembic is imported only when the store is not at this code's revision
+            if not create and stamped_revision(engine) is None and current_revision(engine) is None:
                 raise StorageError(f"no autotune store at {where} (nothing to read; `autotune start` creates one)")
             ensure_schema(engine)
         except SQLAlchemyError as exc:  # a corrupt file, a disk I/O error, a read-only file
