@@ -167,8 +167,15 @@ def test_table_export_feeds_the_replay_backend(tmp_path):
     path.write_text(export.render(repo, study, "table"))
     assert len(pd.read_csv(path)) == 1
     backend = create_backend("replay", {"replay": str(path)})
-    outcome = backend.run(make_spec(config=layout.to_dict()), lambda r: None, threading.Event())
+    spec = make_spec(config=layout.to_dict())
+    outcome = backend.run(spec, lambda r: None, threading.Event())
     assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == 30.0
+    # charged as a simulated run would be (review: a replayed study read "GPU-hours 0.00"): start-up and steps
+    from autotune.backends.simulate import STARTUP_S
+
+    assert outcome.wall_time_s == pytest.approx(STARTUP_S + (spec.warmup_steps + spec.measured_steps) * 30.0)
+    missing = backend.run(make_spec(config={"tp": 8, "ep": 2}), lambda r: None, threading.Event())
+    assert missing.status == TrialStatus.FAILED and missing.wall_time_s == 0.0  # no run: nothing charged
 
 
 def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_mean(tmp_path):

@@ -8,6 +8,7 @@ the table is a failed trial. `autotune export STUDY --format table` writes this 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from pathlib import Path
@@ -135,4 +136,12 @@ class ReplayBackend(Backend):
         row = self._index.get(key)
         if row is None:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, error="layout not in the replay table")
-        return parse_result(spec, {k: v for k, v in row.items() if v is not None}, [], 0.0)
+        outcome = parse_result(spec, {k: v for k, v in row.items() if v is not None}, [], 0.0)
+        # what the run would have held its GPUs for, as a simulated run is charged (start-up, then the warm-up
+        # and measured steps; a run that ended otherwise only the start-up): GPU-hours and the in-process
+        # dispatcher's clock then mean the same for a replayed study as for a simulated one
+        from autotune.backends.simulate import STARTUP_S
+
+        steps_s = (spec.warmup_steps + spec.measured_steps) * outcome.step_time_s \
+            if outcome.status == TrialStatus.COMPLETED and is_positive_finite(outcome.step_time_s) else 0.0
+        return dataclasses.replace(outcome, wall_time_s=STARTUP_S + steps_s)

@@ -30,6 +30,11 @@ from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, 
 from autotune.config import LayoutConfig, Workload
 
 
+# Simulated seconds before a run's first step (model build, NCCL init): what a study's simulated and replayed
+# runs are charged besides their steps (the `startup_s` option overrides it).
+STARTUP_S = 90.0
+
+
 def workload_from_spec(spec: TrialSpec) -> Workload:
     from autotune.space import make_workload, space_from_document
 
@@ -73,7 +78,7 @@ class SimulateBackend(Backend):
             step_time_s /= land.speed_factor(config, workload)
             peak_gib *= land.memory_factor(config)
         step_time_s /= run_noise_factor(spec.seed, spec.trial, spec.attempt, float(opts.get("run_noise", 0.0)))
-        startup_s = float(opts.get("startup_s", 90.0))
+        startup_s = float(opts.get("startup_s", STARTUP_S))
         limit = workload.cluster.gpu.memory_gib
         if peak_gib > limit:
             return TrialOutcome(spec.trial, TrialStatus.OOM, peak_mem_gib=peak_gib, wall_time_s=startup_s,
