@@ -31,26 +31,30 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: stop as after Ctrl-C (the CLI exits with 143)."""
 
 
-# The interruption that arrived inside `sigterm_as_interrupt` (Terminated for SIGTERM, KeyboardInterrupt
-# for Ctrl-C), or None; cleared on entering and on leaving the block.
+# The interruptions that arrived inside the outermost `sigterm_as_interrupt` (Terminated for SIGTERM,
+# KeyboardInterrupt for Ctrl-C); cleared when the outermost block is entered and left. Blocks nest (`start`
+# enters one again after Ray installed its own handler): an inner block must not forget what the outer saw.
 _received: list[type[KeyboardInterrupt]] = []
+_depth = 0
 
 
 def _raise_terminated(_signum, _frame) -> None:
+    already = Terminated in _received
     _received.append(Terminated)
-    raise Terminated()
+    if not already:  # a second SIGTERM is recorded only: it must not cut short the first one's clean-up
+        raise Terminated()
 
 
 def _raise_interrupt(_signum, _frame) -> None:
     _received.append(KeyboardInterrupt)
-    raise KeyboardInterrupt()
+    raise KeyboardInterrupt()  # every Ctrl-C: a second one is how a user insists
 
 
 def raise_if_terminated() -> None:
-    """Raise again the SIGTERM (Terminated) or Ctrl-C (KeyboardInterrupt) that arrived since
+    """Raise again the SIGTERM (Terminated) or Ctrl-C (KeyboardInterrupt) that arrived since the outermost
     `sigterm_as_interrupt` was entered.
 
-    Called where an interruption is safe to act on (the top of the controller's loop): the handler's
+    Called where an interruption is safe to act on (the top of the controller's loops): the handler's
     own exception may have been swallowed by a finalizer it interrupted.
     """
     if _received:
@@ -65,10 +69,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
     Ctrl-C is only recorded when its handler is still Python's default (which raises
     KeyboardInterrupt); a handler someone else installed is left alone.
     """
+    global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _received.clear()
+    if _depth == 0:
+        _received.clear()
+    _depth += 1
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int is signal.default_int_handler:
@@ -77,10 +84,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
         raise_if_terminated()  # the body ended normally although a signal came: it was swallowed
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        if previous_int is signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous_int)
-        _received.clear()  # acted on: a later loop outside this block must not see it
+        # each step runs even if a signal lands between them (its exception then leaves after the last)
+        try:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        finally:
+            try:
+                if previous_int is signal.default_int_handler:
+                    signal.signal(signal.SIGINT, previous_int)
+            finally:
+                _depth -= 1
+                if _depth == 0:
+                    _received.clear()  # acted on: a later loop outside every block must not see it
 
 
 @contextlib.contextmanager

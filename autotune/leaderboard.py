@@ -20,8 +20,9 @@ from autotune.controller.notes import BASELINE, MEANINGS
 from autotune.controller.recommend import VALIDATION, RunNoise, layout_results, study_recommendation
 from autotune.storage import Repository, Study, Trial
 
-COLUMNS = ("trial", "status", "stopped", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
-           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note")
+# new columns go last: a script reading the CSV by position keeps working
+COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
+           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped")
 
 
 # What a study's numbers are, by backend: only backends that run the training measure anything.

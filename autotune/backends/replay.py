@@ -144,4 +144,5 @@ class ReplayBackend(Backend):
 
         steps_s = (spec.warmup_steps + spec.measured_steps) * outcome.step_time_s \
             if outcome.status == TrialStatus.COMPLETED and is_positive_finite(outcome.step_time_s) else 0.0
-        return dataclasses.replace(outcome, wall_time_s=STARTUP_S + steps_s)
+        startup_s = float({**self.options, **spec.backend_options}.get("startup_s", STARTUP_S))  # as simulate's
+        return dataclasses.replace(outcome, wall_time_s=startup_s + steps_s)

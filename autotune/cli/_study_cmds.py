@@ -183,9 +183,15 @@ def cmd_start(args: argparse.Namespace) -> int:
               f"starting a local Ray with {args.local_gpus or workload.cluster.gpus} logical GPUs ...", flush=True)
     from autotune._signals import sigterm_as_interrupt
 
-    with sigterm_as_interrupt():  # a SIGTERM while Ray starts ends like Ctrl-C (exit 143)
-        dispatcher = start_ray_dispatcher(args.backend, backend_options, workload, ray_address=address,
-                                          local_gpus=args.local_gpus, max_concurrent=args.max_concurrent)
+    dispatcher = None
+    try:
+        with sigterm_as_interrupt():  # a SIGTERM while Ray starts ends like Ctrl-C (exit 143)
+            dispatcher = start_ray_dispatcher(args.backend, backend_options, workload, ray_address=address,
+                                              local_gpus=args.local_gpus, max_concurrent=args.max_concurrent)
+    except KeyboardInterrupt:  # also one raised again at the block's end, after Ray started (found by review)
+        if dispatcher is not None:
+            dispatcher.shutdown()
+        raise
     try:
         study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
                              sampler=args.sampler, backend=args.backend, backend_options=backend_options,

@@ -32,6 +32,7 @@ from autotune.backends.runs import harvest
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import METRIC_KEYS, possible_step
 from autotune.config import LayoutConfig, Workload
+from autotune.errors import StorageError
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller._spec import prediction, trial_spec
@@ -171,6 +172,7 @@ class Controller:
             if self._exhausted and self.repo.counts(self.study.id)["dispatched"] < self.study.budget:
                 stop_reason = "exhausted"
             if self.options.validate_steps > 0:
+                raise_if_terminated()  # not validation runs of a study a swallowed SIGTERM stopped
                 self._validate(self.options.validate_steps)
         except KeyboardInterrupt:
             stop_reason = "interrupted"
@@ -193,7 +195,10 @@ class Controller:
         if pooled_estimate and pick is not None:
             # stored, so that the readers of the finished study (status, leaderboard, show, export, the
             # dashboard) find the pooling done and need not fit the GP, nor import scikit-learn (~2.5 s)
-            self.repo.set_pooled_cache(self.study.id, pooled_cache_entry(trials))
+            try:
+                self.repo.set_pooled_cache(self.study.id, pooled_cache_entry(trials))
+            except StorageError:  # a cache: the study ended all the same, and readers pool afresh
+                pass
         baseline = next((t for t in trials if t.strategy_note == BASELINE), None)
         counts = self.repo.counts(self.study.id)
         per_trial = self.controller_seconds / max(1, counts["dispatched"])
@@ -381,6 +386,7 @@ class Controller:
                 continue
             self._submit(claimed, config, measured_steps)
             while self.running:
+                raise_if_terminated()
                 self._heartbeat()
                 self._poll()
                 self.on_tick(self)

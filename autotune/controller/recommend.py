@@ -241,7 +241,13 @@ def _pool_key(results: list[LayoutResult]) -> tuple:
 def _pool_digest(results: list[LayoutResult]) -> str:
     import hashlib
 
-    constants = (POOL_VERSION, POOL_MIN_LAYOUTS, POOL_OPTIMIZE_UP_TO, POOL_SHIFT_SE, PRIOR_RATIO_BOUND)
+    from autotune.controller import surrogate as s  # constants only: no scikit-learn at import
+
+    # this module's constants and the GP's that the pooling reads (some come from the cost model's
+    # calibration): a recalibrated autotune pools afresh even if nobody bumps POOL_VERSION
+    constants = (POOL_VERSION, POOL_MIN_LAYOUTS, POOL_OPTIMIZE_UP_TO, POOL_SHIFT_SE, PRIOR_RATIO_BOUND,
+                 s.PRIOR_LOG_STD, s.OFFSET_PRIOR_LOG_STD, s.NOISE_LOG_STD, s.VARIANCE_BOUNDS, s.PAIR_BOUNDS,
+                 s.PAIR_SHRINK_LOG_STD, s.HYPER_MAX_ITERATIONS)
     return hashlib.sha256(repr((constants, _pool_key(results))).encode()).hexdigest()
 
 
@@ -254,21 +260,39 @@ def pooled_cache_entry(trials: Iterable["Trial"]) -> dict:
 
 
 def _stored_estimates(stored: object, results: list[LayoutResult]) -> dict[str, float] | None:
-    """The cache's estimates when it was computed from exactly `results` and holds what a pooling could
-    have written (a positive estimate near each pooled layout's mean); None otherwise (no cache, stale,
-    another version's, or edited by hand)."""
+    """The cache's estimates when it was computed from exactly `results` and holds what this pooling
+    could have written: an estimate for each layout it pools and no other, each within its bound
+    (POOL_SHIFT_SE standard errors of the run noise) of the layout's mean; None otherwise (no cache, stale,
+    another version's, or edited by hand: the estimates are then computed)."""
     if not isinstance(stored, dict) or stored.get("key") != _pool_digest(results):
         return None
     estimates = stored.get("estimates")
     if not isinstance(estimates, dict):
         return None
-    means = {r.trial.config_key: r.mean_tokens_per_s_per_gpu for r in results}
+    poolable = {r.trial.config_key: r for r in results if _poolable(r)}
+    if set(estimates) != (set(poolable) if len(poolable) >= POOL_MIN_LAYOUTS else set()):
+        return None
+    noise = run_noise(results).log_std
     for config_key, value in estimates.items():
-        mean = means.get(config_key)
-        if mean is None or not is_positive_finite(value) \
-                or not 1 / STORED_ESTIMATE_BOUND <= value / mean <= STORED_ESTIMATE_BOUND:
+        r = poolable[config_key]
+        bound = POOL_SHIFT_SE * noise / math.sqrt(r.runs) + 1e-9  # + float rounding of the clip
+        if not is_positive_finite(value) or abs(math.log(value / r.mean_tokens_per_s_per_gpu)) > bound:
             return None
     return {str(k): float(v) for k, v in estimates.items()}
+
+
+def _poolable(result: LayoutResult) -> bool:
+    """A layout the pooling fits (_pooled_estimates): a run with a usable prediction, a readable layout."""
+    from autotune.config import LayoutConfig
+    from autotune.errors import ConfigError
+
+    if not any(_log_prior(t) is not None for t in result.trials):
+        return False
+    try:
+        LayoutConfig.from_mapping(result.trial.config)
+    except (ConfigError, TypeError, ValueError, KeyError):
+        return False
+    return True
 
 
 def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:

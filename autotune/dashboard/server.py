@@ -103,7 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
         rather than http.server's bare 501)."""
         self.close_connection = True  # a body the client may have sent is never read
         self._allow = True
-        self._send(405, page("method not allowed", "<h1>the dashboard only reads: GET and HEAD</h1>"))
+        self._fail(_is_api(self.path), 405, "method not allowed", "<h1>the dashboard only reads: GET and HEAD</h1>",
+                   "the dashboard only reads: GET and HEAD")
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
@@ -168,12 +169,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if self.loopback_only and not is_loopback(_host_name(self.headers.get("Host", "localhost"))):
-            self._send(421, page("misdirected", "<h1>this dashboard answers to localhost only</h1>"))
+            self._fail(_is_api(self.path), 421, "misdirected", "<h1>this dashboard answers to localhost only</h1>",
+                       "this dashboard answers to localhost only")
             return
         url = urlparse(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/") if p]
         query = parse_qs(url.query)
-        api = bool(parts) and parts[0] == "api"  # an API client reads JSON, errors too (review: it got HTML pages)
+        api = _is_api(self.path)
         try:
             if not parts:
                 self._send(200, self.app.studies_page(query.get("study", [])))
@@ -222,6 +224,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._fail(api, 500, "error", "<h1>this page could not be rendered</h1>", "this request could not be answered")
         finally:
             self._streaming = False
+
+
+def _is_api(path: str) -> bool:
+    """A request for the JSON API: its errors are JSON too (review: an API client got HTML pages)."""
+    parts = [unquote(p) for p in urlparse(path).path.strip("/").split("/") if p]
+    return bool(parts) and parts[0] == "api"
 
 
 MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column of trial numbers: a larger one is no trial, not an OverflowError

@@ -155,7 +155,6 @@ STUDY_RULES: dict[str, tuple[Check, str]] = {
     "status": (_one_of(StudyStatus), "a study status"),
     "controller_id": (_optional(_text), "a text"),
     "numbering": (_one_of(TrialNumbering), "a numbering"),
-    "pooled_cache": (_optional(_mapping), "a JSON object"),
 }
 
 

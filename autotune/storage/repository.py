@@ -127,7 +127,12 @@ def _next_number(session: Session, study_id: int, rejected: bool = False) -> int
 
 
 def _study(row: StudyRow) -> Study:
-    return Study(**check_study_values({f.name: getattr(row, f.name) for f in dataclasses.fields(Study)}))
+    values = {f.name: getattr(row, f.name) for f in dataclasses.fields(Study)}
+    # a cache, not a record: one autotune cannot read is no cache (recommend.pooled then pools afresh),
+    # never a reason to refuse the study (and with it every listing of the store)
+    if not isinstance(values["pooled_cache"], dict):
+        values["pooled_cache"] = None
+    return Study(**check_study_values(values))
 
 
 def _trial(row: TrialRow) -> Trial:

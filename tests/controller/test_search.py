@@ -478,7 +478,13 @@ def test_a_stored_pooling_of_the_same_runs_is_used_and_any_other_is_not(monkeypa
         m.setattr(rec, "POOL_VERSION", rec.POOL_VERSION + 1)  # a cache written by another pooling
         rec._POOLED.clear()
         assert rec._stored_estimates(entry, rec.layout_results(trials)) is None
+    worst = min(entry["estimates"], key=entry["estimates"].get)
+    dropped = dict(entry["estimates"])
+    dropped.pop(worst)
     for hostile in (dict(entry, estimates={**entry["estimates"], lucky: 1e9}),  # no pooling moves a mean 10^7x
+                    # within 1.5x but beyond the pooling's own bound (review: it made the worst layout the winner)
+                    dict(entry, estimates={**entry["estimates"], worst: 1.45 * entry["estimates"][worst]}),
+                    dict(entry, estimates=dropped),  # a layout the pooling pools is missing
                     dict(entry, estimates={**entry["estimates"], lucky: float("nan")}),
                     dict(entry, estimates={**entry["estimates"], "not-a-layout": 100.0}),
                     dict(entry, estimates=[1, 2]), {"key": entry["key"]}, "x", None, *staleish):

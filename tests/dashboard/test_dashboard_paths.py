@@ -249,6 +249,7 @@ def test_a_request_naming_another_host_is_refused(served, host_header):
     own name and read every study; a dashboard bound to loopback answers only requests naming loopback."""
     answer = _raw(served, f"GET /api/study/s HTTP/1.0\r\nHost: {host_header}\r\n\r\n".encode())
     assert answer.startswith(b"HTTP/1.0 421") and b"qwen3_30b" not in answer
+    assert answer.endswith(b'{"error": "this dashboard answers to localhost only"}')  # JSON to an API client
 
 
 @pytest.mark.parametrize("host_header", ["localhost", "localhost:1234", "127.0.0.1:80", "[::1]:8080", "LOCALHOST",
@@ -271,6 +272,8 @@ def test_every_answer_carries_the_security_headers(served, request_line, status)
     assert int(head.split(b" ")[1]) == status
     if status == 405:
         assert b"Allow: GET, HEAD" in head
+        # under /api the refusal is JSON, elsewhere a page
+        assert (b"application/json" in head) == (b" /api/" in request_line)
     assert b"X-Content-Type-Options: nosniff" in head and b"frame-ancestors 'none'" in head
     assert b"X-Frame-Options: DENY" in head
 
