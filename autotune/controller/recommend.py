@@ -56,9 +56,6 @@ PRIOR_RATIO_BOUND = 10.0  # a stored prediction 10x off what its run measured is
 # Part of the digest of a stored pooling cache (pooled_cache_entry): raise it whenever the pooling changes
 # (this module's rules or the GP's), so a store written by another version is pooled afresh, not read.
 POOL_VERSION = 1
-# A stored estimate this far from its layout's measured mean is no pooling's (it moves by a standard error
-# of a few per cent): the whole cache is then ignored.
-STORED_ESTIMATE_BOUND = 1.5
 
 
 def default_headroom_gib(workload: "Workload") -> float:
