@@ -140,9 +140,9 @@ class ReplayBackend(Backend):
         # what the run would have held its GPUs for, as a simulated run is charged (start-up, then the warm-up
         # and measured steps; a run that ended otherwise only the start-up): GPU-hours and the in-process
         # dispatcher's clock then mean the same for a replayed study as for a simulated one
-        from autotune.backends.simulate import STARTUP_S
+        from autotune.backends.simulate import startup_seconds
 
         steps_s = (spec.warmup_steps + spec.measured_steps) * outcome.step_time_s \
             if outcome.status == TrialStatus.COMPLETED and is_positive_finite(outcome.step_time_s) else 0.0
-        startup_s = float({**self.options, **spec.backend_options}.get("startup_s", STARTUP_S))  # as simulate's
+        startup_s = startup_seconds({**self.options, **spec.backend_options})
         return dataclasses.replace(outcome, wall_time_s=startup_s + steps_s)

@@ -35,6 +35,11 @@ from autotune.config import LayoutConfig, Workload
 STARTUP_S = 90.0
 
 
+def startup_seconds(options: dict) -> float:
+    """The start-up a simulated or replayed run is charged (`startup_s` in the backend's options)."""
+    return float(options.get("startup_s", STARTUP_S))
+
+
 def workload_from_spec(spec: TrialSpec) -> Workload:
     from autotune.space import make_workload, space_from_document
 
@@ -78,7 +83,7 @@ class SimulateBackend(Backend):
             step_time_s /= land.speed_factor(config, workload)
             peak_gib *= land.memory_factor(config)
         step_time_s /= run_noise_factor(spec.seed, spec.trial, spec.attempt, float(opts.get("run_noise", 0.0)))
-        startup_s = float(opts.get("startup_s", STARTUP_S))
+        startup_s = startup_seconds(opts)
         limit = workload.cluster.gpu.memory_gib
         if peak_gib > limit:
             return TrialOutcome(spec.trial, TrialStatus.OOM, peak_mem_gib=peak_gib, wall_time_s=startup_s,

@@ -604,9 +604,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         value = data.get(key)
         if value not in (None, {}, [], 0) and not (key == "origin" and value == "study"):
             shown = _shown(key, value)
-            if key == "status" and value == "dispatched":  # as the leaderboard says it (leaderboard.shown_status)
-                shown = ("stopped: the study's interruption cancelled it; `resume` runs it again" if view["stopped"]
-                         else "running")
+            if key == "status":  # as the leaderboard says it: a dispatched run is running or stopped
+                shown = leaderboard.shown_status({"status": value, "stopped": view["stopped"]})
+                if shown == "stopped":
+                    shown += ": the study's interruption cancelled it; `resume` runs it again"
             if key == "tokens_per_s_per_gpu" and data["tokens_per_s_per_gpu_sd"]:
                 shown = leaderboard.with_sd(value, data["tokens_per_s_per_gpu_sd"]) + " (one run-to-run sd)"
             table.add_row(key, escape(shown))  # a launcher's message is not markup

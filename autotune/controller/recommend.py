@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Iterable
 from autotune._numbers import is_positive_finite
 
 if TYPE_CHECKING:
-    from autotune.config import Workload
+    from autotune.config import LayoutConfig, Workload
     from autotune.storage import Study, Trial
 
 # Run-to-run spread of a measured peak (fragmentation, allocator caching, NCCL buffers), relative, 1 sd:
@@ -214,19 +214,25 @@ def pooled(results: list[LayoutResult], stored: object = None) -> list[LayoutRes
     does not import scikit-learn)."""
     import dataclasses
 
-    key = _pool_key(results)
-    if key not in _POOLED:
-        if len(_POOLED) >= 16:
-            _POOLED.pop(next(iter(_POOLED)))
-        cached = _stored_estimates(stored, results)
-        _POOLED[key] = _pooled_estimates(results) if cached is None else cached
-    estimates = _POOLED[key]
+    estimates = _estimates_of(results, stored)
     if not estimates:
         return results
     out = [dataclasses.replace(r, estimate_tokens_per_s_per_gpu=estimates.get(r.trial.config_key,
                                                                                r.mean_tokens_per_s_per_gpu))
            for r in results]
     return sorted(out, key=lambda r: -r.estimate_tokens_per_s_per_gpu)
+
+
+def _estimates_of(results: list[LayoutResult], stored: object = None) -> dict[str, float]:
+    """The pooled estimates of `results` (config_key -> tokens/s/GPU): the study's stored ones when they are
+    of exactly these runs (_stored_estimates), else a fit; kept for the next call with the same runs."""
+    key = _pool_key(results)
+    if key not in _POOLED:
+        if len(_POOLED) >= 16:
+            _POOLED.pop(next(iter(_POOLED)))
+        cached = _stored_estimates(stored, results)
+        _POOLED[key] = _pooled_estimates(results) if cached is None else cached
+    return _POOLED[key]
 
 
 def _pool_key(results: list[LayoutResult]) -> tuple:
@@ -252,8 +258,7 @@ def pooled_cache_entry(trials: Iterable["Trial"]) -> dict:
     """`{"key": digest of the runs, "estimates": {config_key: tokens/s/GPU}}` for the study's record
     (Repository.set_pooled_cache); fits the GP unless these runs were pooled in this process already."""
     results = layout_results(trials)
-    pooled(results)
-    return {"key": _pool_digest(results), "estimates": _POOLED[_pool_key(results)]}
+    return {"key": _pool_digest(results), "estimates": _estimates_of(results)}
 
 
 def _stored_estimates(stored: object, results: list[LayoutResult]) -> dict[str, float] | None:
@@ -266,7 +271,7 @@ def _stored_estimates(stored: object, results: list[LayoutResult]) -> dict[str, 
     estimates = stored.get("estimates")
     if not isinstance(estimates, dict):
         return None
-    poolable = {r.trial.config_key: r for r in results if _poolable(r)}
+    poolable = {r.trial.config_key: r for r, _, _ in _poolable(results)}
     if set(estimates) != (set(poolable) if len(poolable) >= POOL_MIN_LAYOUTS else set()):
         return None
     noise = run_noise(results).log_std
@@ -278,40 +283,37 @@ def _stored_estimates(stored: object, results: list[LayoutResult]) -> dict[str, 
     return {str(k): float(v) for k, v in estimates.items()}
 
 
-def _poolable(result: LayoutResult) -> bool:
-    """A layout the pooling fits (_pooled_estimates): a run with a usable prediction, a readable layout."""
+def _poolable(results: list[LayoutResult]) -> list[tuple[LayoutResult, "LayoutConfig", list[tuple["Trial", float]]]]:
+    """The layouts the pooling fits, each with its parsed layout and its runs with a usable stored prediction
+    (`_log_prior`) beside that prediction's log: a layout with no such run, or whose record an older or newer
+    autotune wrote, keeps its plain mean."""
     from autotune.config import LayoutConfig
     from autotune.errors import ConfigError
 
-    if not any(_log_prior(t) is not None for t in result.trials):
-        return False
-    try:
-        LayoutConfig.from_mapping(result.trial.config)
-    except (ConfigError, TypeError, ValueError, KeyError):
-        return False
-    return True
-
-
-def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
-    """config_key -> pooled estimate (tokens/s/GPU) of the layouts that can be pooled; {} when too few."""
-    import numpy as np
-
-    from autotune.config import LayoutConfig
-    from autotune.controller.state import knob_codes_of, varying_columns
-    from autotune.controller.surrogate import ResidualGP
-    from autotune.cost import LayoutArrays
-    from autotune.errors import ConfigError
-
-    layouts, configs, priors = [], [], []
-    rows, measured = [], []  # per usable run: its layout's row and its log throughput
+    poolable = []
     for r in results:
         usable = [(t, lp) for t, lp in zip(r.trials, map(_log_prior, r.trials)) if lp is not None]
         if not usable:
             continue
         try:
             config = LayoutConfig.from_mapping(r.trial.config)
-        except (ConfigError, TypeError, ValueError, KeyError):  # a record an older or newer autotune wrote
+        except (ConfigError, TypeError, ValueError, KeyError):
             continue
+        poolable.append((r, config, usable))
+    return poolable
+
+
+def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
+    """config_key -> pooled estimate (tokens/s/GPU) of the layouts that can be pooled; {} when too few."""
+    import numpy as np
+
+    from autotune.controller.state import knob_codes_of, varying_columns
+    from autotune.controller.surrogate import ResidualGP
+    from autotune.cost import LayoutArrays
+
+    layouts, configs, priors = [], [], []
+    rows, measured = [], []  # per usable run: its layout's row and its log throughput
+    for r, config, usable in _poolable(results):
         rows += [len(layouts)] * len(usable)
         measured += [math.log(t.tokens_per_s_per_gpu) for t, _ in usable]
         layouts.append(r)

@@ -103,8 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
         rather than http.server's bare 501)."""
         self.close_connection = True  # a body the client may have sent is never read
         self._allow = True
-        self._fail(_is_api(self.path), 405, "method not allowed", "<h1>the dashboard only reads: GET and HEAD</h1>",
-                   "the dashboard only reads: GET and HEAD")
+        self._fail(_is_api(_path_parts(self.path)), 405, "method not allowed", "the dashboard only reads: GET and HEAD")
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
@@ -157,25 +156,25 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(chunk)
             left -= len(chunk)
 
-    def _fail(self, api: bool, status: int, title: str, body_html: str, message: str) -> None:
-        """An error answer: `{"error": message}` to a client of /api, an HTML page (body_html, escaped by the
-        caller) to a browser."""
+    def _fail(self, api: bool, status: int, title: str, heading: str, detail: str = "") -> None:
+        """An error answer: `{"error": "heading: detail"}` to a client of /api, an HTML page (the heading and
+        the detail, escaped here) to a browser."""
         if api:
             import json
 
-            self._send(status, json.dumps({"error": message}).encode(), "application/json")
+            self._send(status, json.dumps({"error": heading + (f": {detail}" if detail else "")}).encode(),
+                       "application/json")
         else:
-            self._send(status, page(title, body_html))
+            body = f"<h1>{escape(heading)}</h1>" + (f"<p>{escape(detail)}</p>" if detail else "")
+            self._send(status, page(title, body))
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if self.loopback_only and not is_loopback(_host_name(self.headers.get("Host", "localhost"))):
-            self._fail(_is_api(self.path), 421, "misdirected", "<h1>this dashboard answers to localhost only</h1>",
-                       "this dashboard answers to localhost only")
+            self._fail(_is_api(_path_parts(self.path)), 421, "misdirected", "this dashboard answers to localhost only")
             return
-        url = urlparse(self.path)
-        parts = [unquote(p) for p in url.path.strip("/").split("/") if p]
-        query = parse_qs(url.query)
-        api = _is_api(self.path)
+        parts = _path_parts(self.path)
+        query = parse_qs(urlparse(self.path).query)
+        api = _is_api(parts)
         try:
             if not parts:
                 self._send(200, self.app.studies_page(query.get("study", [])))
@@ -197,21 +196,18 @@ class _Handler(BaseHTTPRequestHandler):
             elif parts[0] == "artifact" and len(parts) == 4 and _trial_number(parts[2]):
                 found = self.app.artifact(parts[1], int(parts[2]), parts[3])
                 if found is None:
-                    self._send(404, page("not found", "<h1>artifact not found</h1>"))
+                    self._fail(api, 404, "not found", "artifact not found")
                 else:
                     with found[0] as handle:
                         self._send(200, handle, found[1], artifact=found[2])
             else:
-                self._fail(api, 404, "not found", "<h1>not found</h1>", "not found")
+                self._fail(api, 404, "not found", "not found")
         except StudyError as exc:
-            self._fail(api, 404, "not found", f"<h1>{escape(str(exc))}</h1>", str(exc))
+            self._fail(api, 404, "not found", str(exc))
         except StorageError as exc:  # unreachable, or a row edited by hand: say so, escaped, and live on
-            self._fail(api, 503, "store error", f"<h1>the store cannot be read</h1><p>{escape(str(exc))}</p>",
-                       f"the store cannot be read: {exc}")
+            self._fail(api, 503, "store error", "the store cannot be read", str(exc))
         except ConfigError as exc:  # a stored study names what this autotune does not know (a GPU, a setting)
-            self._fail(api, 503, "store error", "<h1>the store holds a study this autotune cannot use</h1>"
-                                                f"<p>{escape(str(exc))}</p>",
-                       f"the store holds a study this autotune cannot use: {exc}")
+            self._fail(api, 503, "store error", "the store holds a study this autotune cannot use", str(exc))
         except ConnectionError:
             raise  # the client is gone: no error page to send (handle() ends the request quietly)
         except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
@@ -221,14 +217,18 @@ class _Handler(BaseHTTPRequestHandler):
             if self._streaming:  # a second answer would land inside the first one's body: cut it short instead
                 self.close_connection = True
                 return
-            self._fail(api, 500, "error", "<h1>this page could not be rendered</h1>", "this request could not be answered")
+            self._fail(api, 500, "error", "this request could not be answered" if api else "this page could not be rendered")
         finally:
             self._streaming = False
 
 
-def _is_api(path: str) -> bool:
+def _path_parts(path: str) -> list[str]:
+    """A request path's components, each unquoted (`/study/a%2Fb/` -> ["study", "a/b"])."""
+    return [unquote(p) for p in urlparse(path).path.strip("/").split("/") if p]
+
+
+def _is_api(parts: list[str]) -> bool:
     """A request for the JSON API: its errors are JSON too (review: an API client got HTML pages)."""
-    parts = [unquote(p) for p in urlparse(path).path.strip("/").split("/") if p]
     return bool(parts) and parts[0] == "api"
 
 

@@ -26,8 +26,8 @@ from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
 from autotune.storage._records import check_study_values, check_trial_values
 from autotune.storage.migrations import current_revision, ensure_schema, stamped_revision
-from autotune.storage.models import (REJECTED_BASE, TERMINAL_STATUSES, ClaimRefused, StudyRow, StudyStatus,
-                                     TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
+from autotune.storage.models import (REJECTED_BASE, SCHEMA_REVISION, TERMINAL_STATUSES, ClaimRefused, StudyRow,
+                                     StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
 
 T = TypeVar("T")
 NUMBER_RETRIES = 50  # concurrent controllers racing for the next trial number; each loss costs one query
@@ -156,10 +156,12 @@ class Repository:
         engine = make_engine(url, create=create)
         where = engine.url.render_as_string(hide_password=True)
         try:
-            # plain SQL first: Alembic is imported only when the store is not at this code's revision
-            if not create and stamped_revision(engine) is None and current_revision(engine) is None:
-                raise StorageError(f"no autotune store at {where} (nothing to read; `autotune start` creates one)")
-            ensure_schema(engine)
+            # one plain-SQL read decides the usual case: Alembic is imported only for a store at another revision
+            stamped = stamped_revision(engine)
+            if stamped != SCHEMA_REVISION:
+                if not create and stamped is None and current_revision(engine) is None:
+                    raise StorageError(f"no autotune store at {where} (nothing to read; `autotune start` creates one)")
+                ensure_schema(engine)
         except SQLAlchemyError as exc:  # a corrupt file, a disk I/O error, a read-only file
             engine.dispose()
             first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200]
