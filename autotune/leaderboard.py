@@ -134,6 +134,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         # the run-to-run noise (log sd ~ relative sd) and how many layouts that ran more than once it comes from
         "run_noise_rel_sd": noise.log_std if noise else None,
         "run_noise_repeated_layouts": noise.repeated_layouts if noise else 0,
+        # runs left out of that figure: far from their layout's other runs (a slow node, not noise)
+        "run_noise_stragglers": list(noise.stragglers) if noise else [],
         # what the study judged it by: its runs pooled with the runs of layouts sharing its knob values
         "best_estimated_tokens_per_s_per_gpu": pick.best.estimate_tokens_per_s_per_gpu if pick else None,
         "best_peak_mem_gib": pick.best.peak_mem_gib if pick else None,
@@ -207,7 +209,9 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
     predicted = checked_prediction(trial.predicted)
     view: dict[str, Any] = {
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
-        "layout_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu} for t in runs]
+        "layout_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+                         # too far from the layout's other runs to be noise: left out of the run noise
+                         "straggler": bool(noise and t.number in noise.stragglers)} for t in runs]
         if len(runs) > 1 else [],
         "layout_mean_tokens_per_s_per_gpu": mean,
         "layout_mean_se": noise.mean_se(mean, len(runs)) if mean and noise else None,
@@ -257,10 +261,14 @@ def layout_runs_text(view: dict[str, Any]) -> str:
     runs = view["layout_runs"]
     if not runs:
         return ""
-    listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f})" for r in runs)
+    listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f}"
+                       + (", a straggler" if r.get("straggler") else "") + ")" for r in runs)
     mean = with_sd(view["layout_mean_tokens_per_s_per_gpu"], view.get("layout_mean_se"))
     return (f"ran {len(runs)} times: trials {listed}; mean {mean}"
-            + (" (the ± is its standard error)" if "±" in mean else ""))
+            + (" (the ± is its standard error)" if "±" in mean else "")
+            + ("; a straggler is too far from the layout's other runs to be run-to-run noise (a slow node, a"
+               " throttled GPU): the study's run noise leaves it out, the mean keeps it"
+               if any(r.get("straggler") for r in runs) else ""))
 
 
 def breakdown_text(predicted: dict[str, Any], limit: int = 6) -> str:
@@ -345,6 +353,12 @@ def noise_note(summary: dict[str, Any]) -> str:
     n = summary.get("run_noise_repeated_layouts", 0)
     source = (f"from {n} layout{'s' if n > 1 else ''} run more than once, shrunk toward an assumed "
               f"{100 * NOISE_LOG_STD:.0f}%" if n else "assumed until a layout runs twice")
+    stragglers = summary.get("run_noise_stragglers") or []
+    if stragglers:
+        listed = ", ".join(str(number) for number in stragglers[:8]) + (", ..." if len(stragglers) > 8 else "")
+        whose = "their layouts'" if len(stragglers) > 1 else "its layout's"
+        source += (f"; without trial{'s' if len(stragglers) > 1 else ''} {listed}, too far from {whose} "
+                   "other runs to be noise")
     return f"±: one run-to-run sd ({100 * rel:.1f}%, {source})"
 
 

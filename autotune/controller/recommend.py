@@ -146,6 +146,8 @@ class RunNoise:
 
     log_std: float
     repeated_layouts: int  # layouts that ran more than once; 0: the figure is the assumption alone
+    # trial numbers of the runs left out of the figure as stragglers (surrogate.straggler_runs)
+    stragglers: tuple[int, ...] = ()
 
     def run_sd(self, tokens_per_s_per_gpu: float) -> float | None:
         """One run's sd, tokens/s/GPU (None where it overflows: a hand-edited store's 1e308 next to 1e-308)."""
@@ -159,10 +161,12 @@ class RunNoise:
 
 def run_noise(results: list[LayoutResult]) -> RunNoise:
     """The study's run-to-run noise from its layouts' runs (RunNoise)."""
-    from autotune.controller.surrogate import run_noise_log_std
+    from autotune.controller.surrogate import run_noise_log_std, straggler_runs
 
-    return RunNoise(run_noise_log_std([[math.log(t.tokens_per_s_per_gpu) for t in r.trials] for r in results]),
-                    sum(r.runs > 1 for r in results))
+    logs = [[math.log(t.tokens_per_s_per_gpu) for t in r.trials] for r in results]
+    left_out = straggler_runs(logs)
+    return RunNoise(run_noise_log_std(logs), sum(r.runs > 1 for r in results),
+                    tuple(sorted(r.trials[j].number for r, out in zip(results, left_out) for j in out)))
 
 
 def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[LayoutResult]:

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import warnings
 from dataclasses import dataclass, field
 
@@ -207,14 +208,121 @@ def knob_pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
 
 def run_noise_log_std(runs_per_layout) -> float:
     """Run-to-run noise (log sd) pooled over the layouts measured more than once (each item: the log
-    throughputs of one layout's runs), shrunk toward NOISE_LOG_STD as if it were three repeats."""
-    squares, dof = 0.0, 0
-    for runs in runs_per_layout:
-        if len(runs) > 1:
-            squares += float(np.sum((np.asarray(runs) - np.mean(runs)) ** 2))
-            dof += len(runs) - 1
-    prior_dof = 3
-    return math.sqrt((squares + prior_dof * NOISE_LOG_STD ** 2) / (dof + prior_dof))
+    throughputs of one layout's runs), shrunk toward NOISE_LOG_STD as if it were three repeats, and
+    leaving out stragglers (straggler_runs): one run on a slow node must not widen every layout's
+    uncertainty, turn every layout into a close contender, or loosen the pooling's bound."""
+    return _robust_noise([np.asarray(r, dtype=float) for r in runs_per_layout if len(r) > 1])[0]
+
+
+def straggler_runs(runs_per_layout) -> list[list[int]]:
+    """Per layout (in the order given), the positions of its runs left out of the run noise as stragglers
+    (_robust_noise). Of a layout measured twice whose runs disagree, both are left out (one of them
+    strayed; two runs cannot say which); a layout measured once has none."""
+    runs = [np.asarray(r, dtype=float) for r in runs_per_layout]
+    repeated = [i for i, r in enumerate(runs) if len(r) > 1]
+    _, left_out = _robust_noise([runs[i] for i in repeated])
+    out: list[list[int]] = [[] for _ in runs]
+    for i, positions in zip(repeated, left_out):
+        out[i] = positions
+    return out
+
+
+# A straggler is a run that a slow node, a throttled GPU or a stalled file system made slower (or a
+# mis-measured one faster) than run-to-run noise explains. Which runs are stragglers is decided by which
+# explanation of the repeated runs is more likely (_robust_noise): all runs normal, or the others normal
+# and these stragglers, each straggler a priori STRAGGLER_RATE likely and anywhere within a factor e of its
+# layout's value (log density 1/2). A run is then left out from about 4.5 sd of the kept runs' noise from
+# its layout's median. Simulated (normal noise of 2-10%, 1-11 layouts of 2-3 runs, 3,000 studies): 0.14%
+# of normal runs left out; a run 30% off among runs of 3% noise found 96% of the time, 15% off 9%, 10%
+# off 1% (indistinguishable from noise on three runs). The +-5% uniform noise of
+# benchmarks/search_quality.py (sd 2.9%, at most 2.3 sd from a layout's median) never leaves one out.
+STRAGGLER_RATE = 0.005
+_STRAGGLER_LOG_DENSITY = math.log(STRAGGLER_RATE * 0.5)
+STRAGGLER_MAX = 10  # the most extreme runs weighed as stragglers (the splits weighed: one per threshold)
+_NOISE_PRIOR_DOF = 3  # NOISE_LOG_STD counts as this many repeats (a scaled inverse chi-square prior)
+
+
+def _noise_sd(squares: float, dof: int) -> float:
+    return math.sqrt((squares + _NOISE_PRIOR_DOF * NOISE_LOG_STD ** 2) / (dof + _NOISE_PRIOR_DOF))
+
+
+def _split_score(squares: float, dof: int, stragglers: int) -> float:
+    """The log posterior of a split into kept runs and stragglers: the kept runs' normal likelihood around
+    their layouts' means (the means integrated out: degrees of freedom, not runs; `squares` their squared
+    deviations), the noise's prior (scaled inverse chi-square, NOISE_LOG_STD over _NOISE_PRIOR_DOF), each
+    evaluated at the noise _noise_sd gives, and each straggler's density (a disputed pair holds one)."""
+    var = _noise_sd(squares, dof) ** 2
+    likelihood = -0.5 * dof * math.log(2 * math.pi * var) - squares / (2 * var)
+    prior = -(_NOISE_PRIOR_DOF / 2 + 1) * math.log(var) - _NOISE_PRIOR_DOF * NOISE_LOG_STD ** 2 / (2 * var)
+    return likelihood + prior + stragglers * _STRAGGLER_LOG_DENSITY
+
+
+def _squares(runs: np.ndarray) -> float:
+    return float(np.sum((runs - np.mean(runs)) ** 2))
+
+
+def _robust_noise(groups: list[np.ndarray]) -> tuple[float, list[list[int]]]:
+    """The pooled run noise over `groups` (each a repeated layout's log throughputs) and, per group, the
+    positions of the runs left out as stragglers.
+
+    The splits weighed are nested: leave out every run at least t from its layout's median, for each t
+    among the STRAGGLER_MAX largest such distances, and none; the most likely split (_split_score) wins.
+    Stragglers stay a minority of their layout's runs (of three runs one, of five two: the median must be
+    a kept run's); a pair's runs are equally far from their mean, so a pair that disagrees is left out
+    whole. Where no split beats keeping every run, the figure is the plain pooled estimate, to the bit.
+    Trimming at 4 sd of the plain estimate would not do: one straggler inflates it enough to hide inside
+    its own 4 sd (runs [0, 0, -36%]: 13%); trimming from the prior's 3% would not either: on a cluster
+    whose noise really is 20%, it would keep the runs that happen to agree and call the rest stragglers.
+    The likelihood tells the two apart: a lone far run among close ones is a straggler, a wide spread of
+    many runs is noise. Each split is scored from per-layout sums (a study asks at every proposal)."""
+    squares = [_squares(g) for g in groups]
+    plain_squares, plain_dof = float(sum(squares)), sum(len(g) - 1 for g in groups)
+    plain = (_noise_sd(plain_squares, plain_dof), [[] for _ in groups])
+    # the runs that may be left out: (distance from the layout's median, layout, position; -1: a whole pair)
+    candidates = []
+    for k, g in enumerate(groups):
+        values = g.tolist()
+        if len(values) == 2:  # a pair: both runs as far from their mean, left out together
+            candidates.append((abs(values[0] - values[1]) / 2, k, -1))
+            continue
+        middle = statistics.median(values)
+        far = sorted(range(len(values)), key=lambda j: -abs(values[j] - middle))[:(len(values) - 1) // 2]
+        candidates.extend((abs(values[j] - middle), k, j) for j in far)
+    thresholds = sorted({d for d, _, _ in candidates}, reverse=True)[:STRAGGLER_MAX]
+    if not thresholds:
+        return plain
+    # per layout with a run that may be left out, farthest first, what leaving out its first r does to the
+    # squares, the degrees of freedom and the stragglers (computed once; each split adds them up)
+    by_layout: dict[int, list[tuple[float, int]]] = {}
+    for d, k, j in sorted(candidates, key=lambda c: -c[0]):
+        if d >= thresholds[-1]:
+            by_layout.setdefault(k, []).append((d, j))
+    effect: dict[int, list[tuple[float, int, int]]] = {}
+    for k, runs in by_layout.items():
+        if runs[0][1] == -1:  # a disputed pair: its squares and degree of freedom go, one straggler
+            effect[k] = [(0.0, 0, 0), (-squares[k], -1, 1)]
+            continue
+        effect[k] = [(0.0, 0, 0)] + [(_squares(np.delete(groups[k], [j for _, j in runs[:r]])) - squares[k], -r, r)
+                                     for r in range(1, len(runs) + 1)]
+    best_score, best = _split_score(plain_squares, plain_dof, 0), None
+    for t in thresholds:
+        split_squares, dof, stragglers = plain_squares, plain_dof, 0
+        for k, runs in by_layout.items():
+            r = sum(d >= t for d, _ in runs)
+            split_squares += effect[k][r][0]
+            dof += effect[k][r][1]
+            stragglers += effect[k][r][2]
+        score = _split_score(max(split_squares, 0.0), dof, stragglers)
+        if score > best_score:
+            best_score, best = score, (max(split_squares, 0.0), dof, t)
+    if best is None:
+        return plain
+    split_squares, dof, t = best
+    left_out = [[] for _ in groups]
+    for k, runs in by_layout.items():
+        chosen = [j for d, j in runs if d >= t]
+        left_out[k] = list(range(len(groups[k]))) if chosen == [-1] else sorted(chosen)
+    return _noise_sd(split_squares, dof), left_out
 
 
 HYPER_MAX_ITERATIONS = 25  # warm-started from the last fit, a few iterations settle the hyperparameters

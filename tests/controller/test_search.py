@@ -398,6 +398,60 @@ def test_run_noise_is_pooled_from_the_layouts_run_more_than_once_and_shrunk_towa
     assert measured.mean_se(105.0, 2) == pytest.approx(105.0 * measured.log_std / math.sqrt(2))
 
 
+def _plain_noise(groups):
+    """The pooled estimate before stragglers were left out: every run of every repeated layout."""
+    import math
+
+    from autotune.controller.surrogate import NOISE_LOG_STD
+
+    squares = sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups if len(g) > 1)
+    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return math.sqrt((squares + 3 * NOISE_LOG_STD ** 2) / (dof + 3))
+
+
+def test_a_straggler_is_left_out_of_the_run_noise_and_a_wide_spread_is_not():
+    """One run on a slow node among close repeats was pooled as noise (runs of 100, 100.5 and 65: 13%), widening
+    every layout's uncertainty; a cluster whose runs really spread by 20% must still be measured at ~20%."""
+    import math
+
+    from autotune.controller.surrogate import run_noise_log_std, straggler_runs
+
+    log = np.log
+    close = [[log(90.0), log(91.0)], [log(50.0), log(50.5)]]
+    with_straggler = close + [[log(100.0), log(100.5), log(65.0)]]
+    assert _plain_noise(with_straggler) > 0.1
+    assert straggler_runs([[log(80.0)]] + with_straggler) == [[], [], [], [2]]
+    assert run_noise_log_std(with_straggler) == pytest.approx(_plain_noise(close + [[log(100.0), log(100.5)]]))
+    # a pair that disagrees: one of its runs strayed, two runs cannot say which, so both are left out
+    disputed = close + [[log(100.0), log(60.0)]]
+    assert straggler_runs(disputed) == [[], [], [0, 1]]
+    assert run_noise_log_std(disputed) == pytest.approx(_plain_noise(close))
+    # a fast straggler (a mis-measured step) is one too
+    assert straggler_runs(close + [[log(100.0), log(99.0), log(101.0), log(160.0)]])[-1] == [3]
+    # stragglers stay a minority of their layout: three runs far apart are noise, not two stragglers
+    rng = np.random.default_rng(7)
+    wide = [list(rng.normal(0.0, 0.2, 3)) for _ in range(10)]
+    assert not any(straggler_runs(wide)) and 0.12 < run_noise_log_std(wide) < 0.3
+    assert run_noise_log_std(wide) == pytest.approx(_plain_noise(wide))
+    assert math.isclose(run_noise_log_std([]), _plain_noise([]))  # nothing repeated: the assumption
+
+
+def test_without_stragglers_the_run_noise_is_the_plain_pooled_estimate():
+    """The benchmark's landscapes draw run noise uniformly within +-5%: no run is ever far enough to be left
+    out, so the search measured there is the search as before; normal noise rarely loses a run."""
+    from autotune.controller.surrogate import run_noise_log_std, straggler_runs
+
+    rng = np.random.default_rng(3)
+    left_out = runs = 0
+    for _ in range(400):
+        uniform = [list(np.log1p(rng.uniform(-0.05, 0.05, rng.integers(2, 4)))) for _ in range(rng.integers(1, 12))]
+        assert run_noise_log_std(uniform) == pytest.approx(_plain_noise(uniform), rel=1e-12)
+        normal = [list(rng.normal(0.0, 0.03, rng.integers(2, 4))) for _ in range(rng.integers(1, 12))]
+        left_out += sum(map(len, straggler_runs(normal)))
+        runs += sum(map(len, normal))
+    assert left_out <= 0.005 * runs
+
+
 def _layout_run(number, tokens, predicted=100.0, **knobs):
     config = LayoutConfig(**knobs)
     return Trial(study_id=1, number=number, optuna_trial_number=None, config=config.to_dict(), config_key=config.key(),

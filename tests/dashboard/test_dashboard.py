@@ -13,6 +13,7 @@ import pytest
 
 from autotune import leaderboard
 from autotune.config import LayoutConfig
+from autotune.controller.surrogate import NOISE_LOG_STD
 from autotune.dashboard.server import DashboardApp, serve_in_background
 from autotune.backends.runs import study_dir
 from autotune.storage import Repository
@@ -183,8 +184,8 @@ def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_a
     view = leaderboard.trial_view(repo, study, repo.trial(study.id, 2))
     log_sd = run_noise_log_std([[math.log(7400.0)], [math.log(7900.0), math.log(8100.0)]])
     assert view["tokens_per_s_per_gpu_sd"] == pytest.approx(7900.0 * log_sd)
-    assert view["layout_runs"] == [{"trial": 2, "tokens_per_s_per_gpu": 7900.0},
-                                   {"trial": again.number, "tokens_per_s_per_gpu": 8100.0}]
+    assert view["layout_runs"] == [{"trial": 2, "tokens_per_s_per_gpu": 7900.0, "straggler": False},
+                                   {"trial": again.number, "tokens_per_s_per_gpu": 8100.0, "straggler": False}]
     assert view["layout_mean_tokens_per_s_per_gpu"] == pytest.approx(8000.0)
     assert view["layout_mean_se"] == pytest.approx(8000.0 * log_sd / math.sqrt(2))
     assert view["predicted_tokens_per_s_per_gpu_80"] == pytest.approx(list(throughput_interval(7000.0)))
@@ -207,6 +208,46 @@ def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_a
     as_json = json.loads(cli("show", name, "2", "--storage", str(repo.engine.url), "--json").stdout)
     assert as_json["layout_mean_tokens_per_s_per_gpu"] == pytest.approx(8000.0)
     assert as_json["predicted"]["tokens_per_s_per_gpu"] == 7000.0  # the record as stored
+
+
+def test_a_straggler_run_is_named_and_left_out_of_the_run_noise_everywhere_it_is_shown(repo, cli):
+    """One run on a slow node (5,000 against 7,900 and 8,100) used to set the study's run noise to ~13% and
+    widen every ± with it; it is named as a straggler on the trial page, in `show` and in the leaderboard's
+    note, the noise comes from the other runs, and the layout's mean still counts it."""
+    import math
+
+    from autotune.controller.surrogate import run_noise_log_std
+
+    name = f"demo{HOSTILE}"
+    study = repo.get_study(name)
+    layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True, "mbs": 2})  # trial 2's layout (7,900)
+    numbers = []
+    for run, speed in enumerate((8100.0, 5000.0)):
+        t = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 6,
+                                dispatch_key=f"{layout.key()}#run{run + 2}", predicted={"tokens_per_s_per_gpu": 7000.0},
+                                strategy_note="remeasure")
+        repo.finish_trial(study.id, t.number, "completed", gpu_seconds=1000.0, metrics={
+            "tokens_per_s_per_gpu": speed, "peak_mem_gib": 75.0, "step_time_s": 1024 * 4096 / (speed * 16)})
+        numbers.append(t.number)
+    slow = numbers[1]
+    view = leaderboard.trial_view(repo, study, repo.trial(study.id, 2))
+    assert [r["straggler"] for r in view["layout_runs"]] == [False, False, True]
+    assert view["layout_mean_tokens_per_s_per_gpu"] == pytest.approx((7900 + 8100 + 5000) / 3)  # the mean keeps it
+    kept_sd = run_noise_log_std([[math.log(7400.0)], [math.log(7900.0), math.log(8100.0)]])
+    assert view["tokens_per_s_per_gpu_sd"] == pytest.approx(7900.0 * kept_sd)
+    assert run_noise_log_std([[math.log(7900.0), math.log(8100.0), math.log(5000.0)]]) == pytest.approx(kept_sd)
+    board = leaderboard.build(repo, study)
+    assert board.summary["run_noise_stragglers"] == [slow]
+    assert board.summary["run_noise_rel_sd"] == pytest.approx(kept_sd) and kept_sd < 0.05
+    note = leaderboard.noise_note(board.summary)
+    assert f"without trial {slow}, too far from its layout's other runs to be noise" in note
+    page = DashboardApp(repo).trial_page(name, 2).decode()
+    assert f"{slow} (5,000, a straggler)" in page
+    shown = cli("show", name, "2", "--storage", str(repo.engine.url))
+    assert shown.returncode == 0, shown.stderr
+    words = " ".join(shown.stdout.replace("│", " ").split())
+    assert f"{slow} (5,000, a straggler)" in words and "the study's run noise leaves it out, the mean keeps it" in words
+    assert f"7,900 ±{7900 * kept_sd:,.0f} (one run-to-run sd)" in words
 
 
 def test_a_trial_view_groups_runs_as_the_recommendation_and_survives_hand_edited_extremes(repo, cli):
@@ -507,8 +548,8 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
             assert response.status == 200
     finally:
         server.shutdown()
-    # two runs of one layout at the ends of the float range (each positive and finite, so readable): their
-    # run-to-run sd overflows, and the page shows the throughputs without one rather than failing on inf
+    # runs of one layout at the ends of the float range (each positive and finite, so readable): two that far
+    # apart are a disputed pair (surrogate.straggler_runs), left out of the run noise, which stays the assumed 3%
     with repo.engine.begin() as c:
         first = c.execute(text("SELECT config, config_key FROM autotune_trials WHERE number = 1")).one()
         c.execute(text("UPDATE autotune_trials SET config = :c, config_key = :k, tokens_per_s_per_gpu = 1e-308 "
@@ -517,8 +558,19 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
     extreme = app.study_page(name, "trial", "asc").decode()
     points = figure(extreme, "throughput-chart")["data"][0]
     bars = dict(zip(points["y"], points["error_y"]["array"]))
-    assert set(bars) == {1e-308, 1e308} and bars[1e308] == 0.0  # no bar where the sd is not a number
-    assert not any("±" in label for label in points["text"])  # nor a ±0 in the hover text
+    assert set(bars) == {1e-308, 1e308} and bars[1e308] == pytest.approx(1e308 * NOISE_LOG_STD)
+    # a third run between them: stragglers stay a minority, so the run-to-run sd overflows, and the page shows
+    # the throughputs without one rather than failing on inf
+    layout = LayoutConfig.from_mapping(json.loads(first[0]) if isinstance(first[0], str) else first[0])
+    third = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 5, dispatch_key="third",
+                                strategy_note="remeasure")
+    repo.finish_trial(study.id, third.number, "completed", gpu_seconds=1.0, metrics={"tokens_per_s_per_gpu": 1.0})
+    extreme = app.study_page(name, "trial", "asc").decode()
+    points = figure(extreme, "throughput-chart")["data"][0]
+    bars = dict(zip(points["y"], points["error_y"]["array"]))
+    assert set(bars) == {1e-308, 1e308, 1.0} and bars[1e308] == 0.0  # no bar where the sd is not a number
+    labels = dict(zip(points["y"], points["text"]))
+    assert "±" not in labels[1e308] and "±" in labels[1.0]  # nor a ±0 in the hover text
     # two runs near the float maximum (their sum overflows) and a 5e-324 baseline (an infinite speed-up):
     # the pages show them, with no Infinity in their strict JSON
     with repo.engine.begin() as c:
