@@ -89,4 +89,22 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     if study.backend in METRICS_SOURCES:  # found by review: said nowhere, and its ± then mixes both kinds of run
         notes.append(f"the study's other runs are {METRICS_SOURCES[study.backend]}, not measured: this measured run "
                      "is compared with them as if alike, and its spread enters the study's run-to-run noise")
+    _refresh_pooled_cache(repo, study)
     return trial, notes
+
+
+def _refresh_pooled_cache(repo: Repository, study: Study) -> None:
+    """The study's stored pooling (recommend.pooled_cache_entry) no longer matches its runs: pool them
+    again now, once (this command pays the GP's import), so `status`, `leaderboard`, `show`, `export` and
+    the dashboard find it done instead of each pooling afresh. A running study's controller stores its own
+    at its end; a backend whose runs repeat exactly pools nothing; a store error leaves the readers to pool."""
+    from autotune.controller.recommend import backend_repeats_exactly, pooled_cache_entry
+    from autotune.errors import StorageError
+    from autotune.storage import StudyStatus
+
+    if backend_repeats_exactly(study.backend) or repo.get_study(study.name).status == StudyStatus.RUNNING:
+        return
+    try:
+        repo.set_pooled_cache(study.id, pooled_cache_entry(repo.trials(study.id, dispatched_only=True)))
+    except StorageError:
+        pass

@@ -55,7 +55,8 @@ POOL_SHIFT_SE = 1.0
 PRIOR_RATIO_BOUND = 10.0  # a stored prediction 10x off what its run measured is no cost model's prediction
 # Part of the digest of a stored pooling cache (pooled_cache_entry): raise it whenever the pooling changes
 # (this module's rules or the GP's), so a store written by another version is pooled afresh, not read.
-POOL_VERSION = 1
+# 2: the run noise that bounds the pooling leaves stragglers out (surrogate.straggler_runs)
+POOL_VERSION = 2
 
 
 def default_headroom_gib(workload: "Workload") -> float:
@@ -254,7 +255,7 @@ def _pool_digest(results: list[LayoutResult]) -> str:
     # calibration): a recalibrated autotune pools afresh even if nobody bumps POOL_VERSION
     constants = (POOL_VERSION, POOL_MIN_LAYOUTS, POOL_OPTIMIZE_UP_TO, POOL_SHIFT_SE, PRIOR_RATIO_BOUND,
                  s.PRIOR_LOG_STD, s.OFFSET_PRIOR_LOG_STD, s.NOISE_LOG_STD, s.VARIANCE_BOUNDS, s.PAIR_BOUNDS,
-                 s.PAIR_SHRINK_LOG_STD, s.HYPER_MAX_ITERATIONS)
+                 s.PAIR_SHRINK_LOG_STD, s.HYPER_MAX_ITERATIONS, s.STRAGGLER_RATE, s.STRAGGLER_MAX)
     return hashlib.sha256(repr((constants, _pool_key(results))).encode()).hexdigest()
 
 

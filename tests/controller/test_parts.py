@@ -379,6 +379,19 @@ print("sklearn" in sys.modules, "alembic" in sys.modules)  # nor Alembic: the st
     assert read.returncode == 0 and read.stdout.split() == ["True", "False"], read.stderr[-2000:]
     assert json.loads(run_cli("leaderboard", "c", "--format", "json", "--storage", url).stdout)["summary"]["best_trial"] \
         == summary.best.number
+    # a real import-log pools the study's runs again and stores them: its readers import no scikit-learn
+    best = LayoutConfig.from_mapping(summary.best.config)
+    log = tmp_path / "by-hand.log"
+    log.write_text("".join(f" iteration {i}/10 | consumed samples: {i} | elapsed time per iteration (ms): "
+                           f"{1000 * summary.best.step_time_s * (1.3 if i == 1 else 1.0):.1f} |\n" for i in range(1, 6)))
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in best.to_dict().items() if not isinstance(v, bool) and v is not None]
+    flags += [f"--{'' if v else 'no-'}{k.replace('_', '-')}" for k, v in best.to_dict().items() if isinstance(v, bool)]
+    imported = run_cli("import-log", "--study", "c", str(log), *flags, "--storage", url)
+    assert imported.returncode == 0, imported.stderr
+    stored = repo.get_study("c").pooled_cache
+    assert stored["key"] != cache["key"] and stored["key"] != "0" * 64
+    read = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=240)
+    assert read.returncode == 0 and read.stdout.split() == ["False", "False"], read.stderr[-2000:]
     repo.close()
 
 
