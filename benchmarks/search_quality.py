@@ -108,7 +108,7 @@ class Truth:
 
 
 def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1,
-              believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False):
+              believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False, stragglers: float = 0.0):
     from autotune.controller import strategies
 
     strategies.BELIEVE_PENDING = believe  # --naive-batch: in this (worker) process, for this study
@@ -118,7 +118,8 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
     study = create_study(repo, name="bench", space=truth.space, workload=truth.workload, budget=budget,
                          sampler=sampler, backend="simulate", seed=seed,
                          backend_options={"landscape_seed": 1000 + seed, "landscape": family,
-                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": run_noise},
+                                          "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": run_noise,
+                                          "stragglers": stragglers},
                          # these landscapes judge layouts; performance knobs: benchmarks/knob_tuning.py
                          options={"knob_share": 0.0})
     controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency)
@@ -151,10 +152,11 @@ def _study_job(job: tuple) -> tuple:
 
 
 def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str,
-            concurrency: int = 1, believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False) -> list[tuple]:
+            concurrency: int = 1, believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False,
+            stragglers: float = 0.0) -> list[tuple]:
     """The studies of one row (every seed), in the worker processes when there are any. The parent's
     landscapes are sent to them (pickled in under a second; rebuilding one takes ~7 s at 64 GPUs)."""
-    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise, keep)
+    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise, keep, stragglers)
             for seed, t in zip(seeds, truths)]
     if pool is None:
         return [run_study(*job) for job in jobs]
@@ -235,6 +237,9 @@ def main() -> None:
     parser.add_argument("--run-noise", type=float_in(0.0, 0.5, what="--run-noise"), default=RUN_NOISE,
                         help=f"per-run throughput noise of the hidden landscapes, uniform within +-this share "
                              f"(default {RUN_NOISE}); 0 shows what the search loses to exploration alone")
+    parser.add_argument("--stragglers", type=float_in(0.0, 0.5, what="--stragglers"), default=0.0,
+                        help="share of runs that land on a slow node and run 20-40%% slower (default 0): the "
+                             "run noise of a real cluster is not always a bell")
     parser.add_argument("--naive-batch", action="store_true",
                         help="with --concurrency: propose as before this version, ignoring the runs in flight "
                              "(the top of one expected improvement), for comparison")
@@ -275,7 +280,8 @@ def main() -> None:
                     budgets = args.budgets if sampler == "auto" else [top]
                     for budget in budgets:
                         runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency,
-                                       not args.naive_batch, args.run_noise, bool(args.keep_stores))
+                                       not args.naive_batch, args.run_noise, bool(args.keep_stores),
+                                       args.stragglers)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)

@@ -190,3 +190,15 @@ def run_noise_factor(seed: int, trial: int, attempt: int, run_noise: float) -> f
     if run_noise <= 0:
         return 1.0
     return 1.0 + run_noise * unit_hash(seed, "run", trial, attempt)
+
+
+STRAGGLER_SLOWDOWN = (0.2, 0.4)  # a straggler's throughput is this much lower (uniform within)
+
+
+def straggler_factor(seed: int, trial: int, attempt: int, rate: float) -> float:
+    """A run that landed on a slow node (a throttled GPU, a congested link), a share `rate` of all runs:
+    its throughput 20-40% lower, whatever its layout; 1.0 for the others."""
+    if rate <= 0 or (unit_hash(seed, "straggler", trial, attempt) + 1.0) / 2.0 >= rate:
+        return 1.0
+    low, high = STRAGGLER_SLOWDOWN
+    return 1.0 - (low + (high - low) * (unit_hash(seed, "straggler size", trial, attempt) + 1.0) / 2.0)

@@ -14,6 +14,7 @@ Options (all optional):
   layout_noise      max relative per-layout deviation (default 0.02)
   memory_error      max relative error of the memory model (default 0.05 knob, 0.08 others)
   run_noise         max relative throughput deviation of one run, drawn anew per run (default 0)
+  stragglers        share of runs that land on a slow node, 20-40% slower (default 0)
   startup_s         simulated seconds before the first step (model build, NCCL init; default 90)
   seconds_per_trial real seconds one trial takes, to watch a study run (default 0.05)
 """
@@ -25,7 +26,7 @@ import time
 
 import numpy as np
 
-from autotune.backends._landscapes import FAMILIES, Landscape, run_noise_factor
+from autotune.backends._landscapes import FAMILIES, Landscape, run_noise_factor, straggler_factor
 from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
 from autotune.config import LayoutConfig, Workload
 
@@ -83,6 +84,7 @@ class SimulateBackend(Backend):
             step_time_s /= land.speed_factor(config, workload)
             peak_gib *= land.memory_factor(config)
         step_time_s /= run_noise_factor(spec.seed, spec.trial, spec.attempt, float(opts.get("run_noise", 0.0)))
+        step_time_s /= straggler_factor(spec.seed, spec.trial, spec.attempt, float(opts.get("stragglers", 0.0)))
         startup_s = startup_seconds(opts)
         limit = workload.cluster.gpu.memory_gib
         if peak_gib > limit:

@@ -44,6 +44,23 @@ class TestSimulate(BackendContract):
         factor = land.speed_factor(LayoutConfig.from_mapping(spec.config), workload_from_spec(spec))
         assert 0.25 < factor < 4 and 0.95 <= land.memory_factor(LayoutConfig()) <= 1.05
 
+    def test_stragglers_are_a_share_of_runs_20_to_40_percent_slower(self):
+        """The benchmark's slow-node runs (`stragglers`): whatever the layout, a share of runs is slower by
+        20-40% (not a bell around the layout's speed), the same run the same way every time."""
+        from autotune.backends._landscapes import straggler_factor
+
+        factors = [straggler_factor(3, trial, 1, 0.2) for trial in range(2000)]
+        slow = [f for f in factors if f < 1.0]
+        assert 0.17 < len(slow) / len(factors) < 0.23 and all(0.6 <= f <= 0.8 for f in slow)
+        assert set(factors) - set(slow) == {1.0} and straggler_factor(3, 7, 1, 0.0) == 1.0
+        assert factors == [straggler_factor(3, trial, 1, 0.2) for trial in range(2000)]
+        plain = create_backend("simulate", {"seconds_per_trial": 0.0, "noise": 0.0})
+        always = create_backend("simulate", {"seconds_per_trial": 0.0, "noise": 0.0, "stragglers": 1.0})
+        spec = self.spec()
+        a = plain.run(spec, lambda r: None, threading.Event())
+        b = always.run(spec, lambda r: None, threading.Event())
+        assert 0.6 <= a.step_time_s / b.step_time_s <= 0.8
+
     def test_timeout(self):
         outcome, _ = self.run(self.spec(timeout_s=100.0))  # 90 s start-up + steps > 100 s
         assert outcome.status == TrialStatus.TIMEOUT
