@@ -130,7 +130,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "best_tokens_per_s_per_gpu": best_speed,
         "best_runs": pick.best.runs if pick else 0,
         # standard error of that mean (the study's run-to-run noise over the square root of its runs)
-        "best_tokens_per_s_per_gpu_se": noise.mean_se(best_speed, pick.best.runs) if noise else None,
+        "best_tokens_per_s_per_gpu_se": noise.mean_se(best_speed, pick.best.counted_runs) if noise else None,
         # the run-to-run noise (log sd ~ relative sd) and how many layouts that ran more than once it comes from
         "run_noise_rel_sd": noise.log_std if noise else None,
         "run_noise_repeated_layouts": noise.repeated_layouts if noise else 0,
@@ -210,11 +210,11 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
     view: dict[str, Any] = {
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
         "layout_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
-                         # too far from the layout's other runs to be noise: left out of the run noise
-                         "straggler": bool(noise and t.number in noise.stragglers)} for t in runs]
+                         # too far from the layout's other runs to be noise: left out of its mean and the noise
+                         "straggler": t.number in group.stragglers} for t in runs]
         if len(runs) > 1 else [],
         "layout_mean_tokens_per_s_per_gpu": mean,
-        "layout_mean_se": noise.mean_se(mean, len(runs)) if mean and noise else None,
+        "layout_mean_se": noise.mean_se(mean, group.counted_runs) if mean and noise else None,
         "predicted": predicted,
         "stopped": _stopped(trial, study.status),  # dispatched, but the study's interruption cancelled it
     }
@@ -267,8 +267,8 @@ def layout_runs_text(view: dict[str, Any]) -> str:
     return (f"ran {len(runs)} times: trials {listed}; mean {mean}"
             + (" (the ± is its standard error)" if "±" in mean else "")
             + ("; a straggler is too far from the layout's other runs to be run-to-run noise (a slow node, a"
-               " throttled GPU): the study's run noise leaves it out, the mean keeps it"
-               if any(r.get("straggler") for r in runs) else ""))
+               " throttled GPU): the mean and the study's run noise leave it out (a pair that disagrees is"
+               " averaged, as sure as one run)" if any(r.get("straggler") for r in runs) else ""))
 
 
 def breakdown_text(predicted: dict[str, Any], limit: int = 6) -> str:

@@ -95,4 +95,7 @@ def cmd_import_log(args: argparse.Namespace) -> int:
               + (f"; from the recipe: {taken}" if taken else ""))
         for note in notes:
             print(f"note: {note}")
+    from autotune.controller.imports import refresh_pooled_cache
+
+    refresh_pooled_cache(repo, study)  # after the import has succeeded and said so: only a cache
     return 0

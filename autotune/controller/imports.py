@@ -89,22 +89,22 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     if study.backend in METRICS_SOURCES:  # found by review: said nowhere, and its ± then mixes both kinds of run
         notes.append(f"the study's other runs are {METRICS_SOURCES[study.backend]}, not measured: this measured run "
                      "is compared with them as if alike, and its spread enters the study's run-to-run noise")
-    _refresh_pooled_cache(repo, study)
     return trial, notes
 
 
-def _refresh_pooled_cache(repo: Repository, study: Study) -> None:
-    """The study's stored pooling (recommend.pooled_cache_entry) no longer matches its runs: pool them
-    again now, once (this command pays the GP's import), so `status`, `leaderboard`, `show`, `export` and
-    the dashboard find it done instead of each pooling afresh. A running study's controller stores its own
-    at its end; a backend whose runs repeat exactly pools nothing; a store error leaves the readers to pool."""
+def refresh_pooled_cache(repo: Repository, study: Study) -> None:
+    """After an import, the study's stored pooling (recommend.pooled_cache_entry) no longer matches its
+    runs: pool them again, once (the import-log command pays the GP's import), so `status`, `leaderboard`,
+    `show`, `export` and the dashboard find it done instead of each pooling afresh. A running study's
+    controller stores its own at its end; a backend whose runs repeat exactly pools nothing. Only a cache:
+    whatever fails here (a store error, a hand-edited record the GP cannot fit) leaves the
+    imported trial stored and the readers to pool; the caller calls it after the import has succeeded."""
     from autotune.controller.recommend import backend_repeats_exactly, pooled_cache_entry
-    from autotune.errors import StorageError
     from autotune.storage import StudyStatus
 
-    if backend_repeats_exactly(study.backend) or repo.get_study(study.name).status == StudyStatus.RUNNING:
-        return
     try:
+        if backend_repeats_exactly(study.backend) or repo.get_study(study.name).status == StudyStatus.RUNNING:
+            return
         repo.set_pooled_cache(study.id, pooled_cache_entry(repo.trials(study.id, dispatched_only=True)))
-    except StorageError:
+    except Exception:  # noqa: BLE001 - a cache: the import stands whatever happens here
         pass

@@ -106,14 +106,27 @@ class LayoutResult:
     """All completed runs of one layout."""
 
     trials: tuple["Trial", ...]
-    mean_tokens_per_s_per_gpu: float
+    mean_tokens_per_s_per_gpu: float  # over its counted runs (stragglers left out)
     peak_mem_gib: float | None  # the largest measured peak over the runs
     # what the study judges it by: its runs pooled with similar layouts' (module doc); the mean when unpooled
     estimate_tokens_per_s_per_gpu: float = 0.0
+    # trial numbers of its runs too far from the others to be run-to-run noise (surrogate.straggler_runs)
+    stragglers: tuple[int, ...] = ()
 
     @property
     def runs(self) -> int:
         return len(self.trials)
+
+    @property
+    def counted(self) -> tuple["Trial", ...]:
+        """The runs its mean counts: all but the stragglers; both runs of a disputed pair (one of them
+        strayed, two cannot say which)."""
+        return tuple(t for t in self.trials if t.number not in self.stragglers) or self.trials
+
+    @property
+    def counted_runs(self) -> int:
+        """How many runs its mean is as sure as (its standard error's n): a disputed pair counts one."""
+        return max(1, self.runs - len(self.stragglers))
 
     @property
     def trial(self) -> "Trial":
@@ -161,12 +174,14 @@ class RunNoise:
 
 
 def run_noise(results: list[LayoutResult]) -> RunNoise:
-    """The study's run-to-run noise from its layouts' runs (RunNoise)."""
-    from autotune.controller.surrogate import run_noise_log_std, straggler_runs
+    """The study's run-to-run noise from its layouts' runs (RunNoise), stragglers left out."""
+    from autotune.controller.surrogate import run_noise_and_stragglers
 
-    logs = [[math.log(t.tokens_per_s_per_gpu) for t in r.trials] for r in results]
-    left_out = straggler_runs(logs)
-    return RunNoise(run_noise_log_std(logs), sum(r.runs > 1 for r in results),
+    noise, left_out = run_noise_and_stragglers([[math.log(t.tokens_per_s_per_gpu) for t in r.trials]
+                                                for r in results])
+    # the layouts the figure comes from: two runs or more kept (a disputed pair gives none)
+    contributing = sum(r.runs - len(out) > 1 for r, out in zip(results, left_out))
+    return RunNoise(noise, contributing,
                     tuple(sorted(r.trials[j].number for r, out in zip(results, left_out) for j in out)))
 
 
@@ -178,15 +193,22 @@ def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[
         if t.status == "completed" and t.tokens_per_s_per_gpu and t.dispatched \
                 and (t.origin == VALIDATION) == validation:
             groups.setdefault(t.config_key, []).append(t)
+    from autotune.controller.surrogate import straggler_runs
+
+    # a straggler (a slow node) says nothing of its layout: its mean counts the other runs, as the run
+    # noise does (run_noise)
+    left_out = straggler_runs([[math.log(t.tokens_per_s_per_gpu) for t in runs] for runs in groups.values()])
     results = []
-    for runs in groups.values():
-        values = [t.tokens_per_s_per_gpu for t in runs]
+    for runs, out in zip(groups.values(), left_out):
+        stragglers = tuple(runs[j].number for j in out)
+        counted = [t for t in runs if t.number not in stragglers] or runs
+        values = [t.tokens_per_s_per_gpu for t in counted]
         try:
             mean = statistics.fmean(values)
         except OverflowError:  # two runs near the float maximum (a hand-edited store): their sum overflows
             mean = math.fsum(v / len(values) for v in values)
         peaks = [t.peak_mem_gib for t in runs if t.peak_mem_gib]
-        results.append(LayoutResult(tuple(runs), mean, max(peaks) if peaks else None, mean))
+        results.append(LayoutResult(tuple(runs), mean, max(peaks) if peaks else None, mean, stragglers))
     return sorted(results, key=lambda r: -r.mean_tokens_per_s_per_gpu)
 
 
@@ -282,7 +304,7 @@ def _stored_estimates(stored: object, results: list[LayoutResult]) -> dict[str, 
     noise = run_noise(results).log_std
     for config_key, value in estimates.items():
         r = poolable[config_key]
-        bound = POOL_SHIFT_SE * noise / math.sqrt(r.runs) + 1e-9  # + float rounding of the clip
+        bound = POOL_SHIFT_SE * noise / math.sqrt(r.counted_runs) + 1e-9  # + float rounding of the clip
         if not is_positive_finite(value) or abs(math.log(value / r.mean_tokens_per_s_per_gpu)) > bound:
             return None
     return {str(k): float(v) for k, v in estimates.items()}
@@ -297,7 +319,7 @@ def _poolable(results: list[LayoutResult]) -> list[tuple[LayoutResult, "LayoutCo
 
     poolable = []
     for r in results:
-        usable = [(t, lp) for t, lp in zip(r.trials, map(_log_prior, r.trials)) if lp is not None]
+        usable = [(t, lp) for t, lp in zip(r.counted, map(_log_prior, r.counted)) if lp is not None]
         if not usable:
             continue
         try:
@@ -345,7 +367,7 @@ def _pooled_estimates(results: list[LayoutResult]) -> dict[str, float]:
         return {}
     log_mean = np.log([r.mean_tokens_per_s_per_gpu for r in layouts])
     noise = run_noise(results).log_std
-    bound = POOL_SHIFT_SE * noise / np.sqrt([r.runs for r in layouts])
+    bound = POOL_SHIFT_SE * noise / np.sqrt([r.counted_runs for r in layouts])
     estimate = np.clip(prior + mean, log_mean - bound, log_mean + bound)
     return {r.trial.config_key: float(e) for r, e in zip(layouts, np.exp(estimate))}
 
@@ -388,6 +410,6 @@ def validation_choices(pick: Recommendation | None, noise_log_std: float) -> lis
     runner_up = pick.runner_up
     if runner_up is not None:
         gap = math.log(pick.best.estimate_tokens_per_s_per_gpu / runner_up.estimate_tokens_per_s_per_gpu)
-        if gap <= 2 * noise_log_std * math.sqrt(1 / pick.best.runs + 1 / runner_up.runs):
+        if gap <= 2 * noise_log_std * math.sqrt(1 / pick.best.counted_runs + 1 / runner_up.counted_runs):
             chosen.append(runner_up)
     return chosen

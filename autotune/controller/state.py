@@ -87,6 +87,8 @@ class SearchState:
     _neighbourhoods: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
+    _means: dict[int, tuple[float, int]] = field(default_factory=dict)  # measured_means, for _means_at runs
+    _means_at: int = -1
     _believed: tuple | None = None  # ((runs fitted, layouts in flight), the GP believing them): _posterior_gp
     # performance-knob variants of legal layouts (issue 16): outside the enumerated legal set, keyed by
     # config key; the knob phase (controller/knobs.py) reads them, the GP and physics do not
@@ -284,8 +286,19 @@ class SearchState:
         self.pending = {self.index[k] for k in keys if k in self.index}
 
     def measured_means(self) -> dict[int, tuple[float, int]]:
-        """Per measured layout: mean log throughput over its runs and the number of runs."""
-        return {i: (float(np.mean(r)), len(r)) for i, r in self.runs.items()}
+        """Per measured layout: mean log throughput over its counted runs and how many runs that mean is as
+        sure as, as the recommendation counts them (recommend.LayoutResult): stragglers left out, a disputed
+        pair averaged and counted once (surrogate.straggler_runs). Kept until the next run arrives."""
+        n = self.n_runs
+        if self._means_at != n:
+            from autotune.controller.surrogate import straggler_runs
+
+            means = {}
+            for (i, runs), out in zip(self.runs.items(), straggler_runs(list(self.runs.values()))):
+                counted = [r for j, r in enumerate(runs) if j not in out] or runs
+                means[i] = (float(np.mean(counted)), max(1, len(runs) - len(out)))
+            self._means, self._means_at = means, n
+        return self._means
 
     def recommendable(self, i: int) -> bool:
         """True unless a run of layout i peaked inside the headroom: such a layout ran, but the study

@@ -209,34 +209,42 @@ def knob_pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
 def run_noise_log_std(runs_per_layout) -> float:
     """Run-to-run noise (log sd) pooled over the layouts measured more than once (each item: the log
     throughputs of one layout's runs), shrunk toward NOISE_LOG_STD as if it were three repeats, and
-    leaving out stragglers (straggler_runs): one run on a slow node must not widen every layout's
-    uncertainty, turn every layout into a close contender, or loosen the pooling's bound."""
-    return _robust_noise([np.asarray(r, dtype=float) for r in runs_per_layout if len(r) > 1])[0]
+    leaving out stragglers (run_noise_and_stragglers): one run on a slow node must not widen every
+    layout's uncertainty, turn every layout into a close contender, or loosen the pooling's bound."""
+    return run_noise_and_stragglers(runs_per_layout)[0]
 
 
 def straggler_runs(runs_per_layout) -> list[list[int]]:
-    """Per layout (in the order given), the positions of its runs left out of the run noise as stragglers
-    (_robust_noise). Of a layout measured twice whose runs disagree, both are left out (one of them
-    strayed; two runs cannot say which); a layout measured once has none."""
+    """Per layout (in the order given), the positions of its runs left out as stragglers
+    (run_noise_and_stragglers)."""
+    return run_noise_and_stragglers(runs_per_layout)[1]
+
+
+def run_noise_and_stragglers(runs_per_layout) -> tuple[float, list[list[int]]]:
+    """The run noise (run_noise_log_std) and, per layout in the order given, the positions of its runs left
+    out as stragglers (_robust_noise). Of a layout measured twice whose runs disagree, both are left out
+    (one of them strayed; two runs cannot say which); a layout measured once has none."""
     runs = [np.asarray(r, dtype=float) for r in runs_per_layout]
     repeated = [i for i, r in enumerate(runs) if len(r) > 1]
-    _, left_out = _robust_noise([runs[i] for i in repeated])
+    noise, left_out = _robust_noise([runs[i] for i in repeated])
     out: list[list[int]] = [[] for _ in runs]
     for i, positions in zip(repeated, left_out):
         out[i] = positions
-    return out
+    return noise, out
 
 
 # A straggler is a run that a slow node, a throttled GPU or a stalled file system made slower (or a
 # mis-measured one faster) than run-to-run noise explains. Which runs are stragglers is decided by which
 # explanation of the repeated runs is more likely (_robust_noise): all runs normal, or the others normal
 # and these stragglers, each straggler a priori STRAGGLER_RATE likely and anywhere within a factor e of its
-# layout's value (log density 1/2). A run is then left out from about 4.5 sd of the kept runs' noise from
-# its layout's median. Simulated (normal noise of 2-10%, 1-11 layouts of 2-3 runs, 3,000 studies): 0.14%
-# of normal runs left out; a run 30% off among runs of 3% noise found 96% of the time, 15% off 9%, 10%
-# off 1% (indistinguishable from noise on three runs). The +-5% uniform noise of
-# benchmarks/search_quality.py (sd 2.9%, at most 2.3 sd from a layout's median) never leaves one out.
-STRAGGLER_RATE = 0.005
+# layout's value (log density 1/2), the noise's variance integrated over its prior (_split_score).
+# Simulated (1,200 studies of 1-11 layouts run 2-3 times, normal noise of 2-10%): 0.15% of runs left out;
+# a run 30% off among its layout's three runs of 3% noise (0-5 other layouts run twice) found 80% of the
+# time, 15% off 3% (on three runs it is hard to tell from noise); where the noise really is 20% and only
+# two layouts ran twice, 13% of studies call one pair disputed (three layouts of three runs: 7%). The +-5%
+# uniform noise of benchmarks/search_quality.py (sd 2.9%, at most 2.3 sd from a layout's median) never
+# loses a run: its figures are the plain estimate's.
+STRAGGLER_RATE = 0.01
 _STRAGGLER_LOG_DENSITY = math.log(STRAGGLER_RATE * 0.5)
 STRAGGLER_MAX = 10  # the most extreme runs weighed as stragglers (the splits weighed: one per threshold)
 _NOISE_PRIOR_DOF = 3  # NOISE_LOG_STD counts as this many repeats (a scaled inverse chi-square prior)
@@ -246,15 +254,16 @@ def _noise_sd(squares: float, dof: int) -> float:
     return math.sqrt((squares + _NOISE_PRIOR_DOF * NOISE_LOG_STD ** 2) / (dof + _NOISE_PRIOR_DOF))
 
 
-def _split_score(squares: float, dof: int, stragglers: int) -> float:
-    """The log posterior of a split into kept runs and stragglers: the kept runs' normal likelihood around
-    their layouts' means (the means integrated out: degrees of freedom, not runs; `squares` their squared
-    deviations), the noise's prior (scaled inverse chi-square, NOISE_LOG_STD over _NOISE_PRIOR_DOF), each
-    evaluated at the noise _noise_sd gives, and each straggler's density (a disputed pair holds one)."""
-    var = _noise_sd(squares, dof) ** 2
-    likelihood = -0.5 * dof * math.log(2 * math.pi * var) - squares / (2 * var)
-    prior = -(_NOISE_PRIOR_DOF / 2 + 1) * math.log(var) - _NOISE_PRIOR_DOF * NOISE_LOG_STD ** 2 / (2 * var)
-    return likelihood + prior + stragglers * _STRAGGLER_LOG_DENSITY
+def _split_score(squares: float, dof: int, stragglers: int, disputed: int = 0) -> float:
+    """The log probability of a split into kept runs and stragglers: the kept runs' deviations from their
+    layouts' means (`squares` over `dof` degrees of freedom: the means integrated out) under normal noise
+    whose variance has the scaled inverse chi-square prior of NOISE_LOG_STD over _NOISE_PRIOR_DOF,
+    integrated out too (a Student-t marginal: with few repeats the prior is not taken as known), and each
+    straggler's density; a disputed pair holds one straggler, either of its two runs."""
+    nu, scale = _NOISE_PRIOR_DOF, _NOISE_PRIOR_DOF * NOISE_LOG_STD ** 2
+    marginal = (math.lgamma((nu + dof) / 2) - math.lgamma(nu / 2) + nu / 2 * math.log(scale)
+                - (nu + dof) / 2 * math.log(scale + squares) - dof / 2 * math.log(math.pi))
+    return marginal + stragglers * _STRAGGLER_LOG_DENSITY + disputed * math.log(2)
 
 
 def _squares(runs: np.ndarray) -> float:
@@ -306,13 +315,14 @@ def _robust_noise(groups: list[np.ndarray]) -> tuple[float, list[list[int]]]:
                                      for r in range(1, len(runs) + 1)]
     best_score, best = _split_score(plain_squares, plain_dof, 0), None
     for t in thresholds:
-        split_squares, dof, stragglers = plain_squares, plain_dof, 0
+        split_squares, dof, stragglers, disputed = plain_squares, plain_dof, 0, 0
         for k, runs in by_layout.items():
             r = sum(d >= t for d, _ in runs)
             split_squares += effect[k][r][0]
             dof += effect[k][r][1]
             stragglers += effect[k][r][2]
-        score = _split_score(max(split_squares, 0.0), dof, stragglers)
+            disputed += r > 0 and runs[0][1] == -1
+        score = _split_score(max(split_squares, 0.0), dof, stragglers, disputed)
         if score > best_score:
             best_score, best = score, (max(split_squares, 0.0), dof, t)
     if best is None:

@@ -343,7 +343,8 @@ print(summary.counts["dispatched"], summary.best is not None, "ray" in sys.modul
     assert result.stdout.split() == ["6", "True", "False"]
 
 
-def test_readers_of_a_finished_study_find_its_pooling_stored_and_import_no_scikit_learn(tmp_path, qwen16):
+def test_readers_of_a_finished_study_find_its_pooling_stored_and_import_no_scikit_learn(tmp_path, qwen16, monkeypatch,
+                                                                                          capsys):
     """The pooled recommendation's GP imports scikit-learn (~2.5 s of a 3.6 s `autotune status`): the
     controller stores the pooling with the study, and `status`, `leaderboard`, `show` and `export` read it.
     A run added later (an imported log) makes it stale: the reader pools afresh and says the same."""
@@ -392,6 +393,18 @@ print("sklearn" in sys.modules, "alembic" in sys.modules)  # nor Alembic: the st
     assert stored["key"] != cache["key"] and stored["key"] != "0" * 64
     read = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=240)
     assert read.returncode == 0 and read.stdout.split() == ["False", "False"], read.stderr[-2000:]
+    # a refresh that fails (here the pooling itself) is only a cache: the import stands and says so
+    import autotune.controller.recommend as rec
+    from autotune.cli import main
+
+    def broken(_trials):
+        raise RuntimeError("the GP could not be fitted")
+
+    before = len(repo.trials(study.id))
+    monkeypatch.setattr(rec, "pooled_cache_entry", broken)
+    assert main(["import-log", "--study", "c", str(log), *flags, "--storage", url]) == 0
+    assert len(repo.trials(study.id)) == before + 1
+    assert "imported as trial" in capsys.readouterr().out
     repo.close()
 
 
