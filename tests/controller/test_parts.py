@@ -408,6 +408,32 @@ print("sklearn" in sys.modules, "alembic" in sys.modules)  # nor Alembic: the st
     repo.close()
 
 
+@pytest.mark.parametrize("backend, status, stored", [("simulate", "finished", True), ("simulate", "running", False),
+                                                     ("replay", "finished", False)])
+def test_import_log_refreshes_the_stored_pooling_only_of_a_study_no_controller_will(tmp_path, backend, status, stored):
+    """After an import the stored pooling is refreshed for a finished study; a running study's controller
+    stores its own at its end, and a backend whose runs repeat exactly pools nothing."""
+    from autotune.controller.imports import refresh_pooled_cache
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'refresh.db'}")
+    study = repo.create_study(name="r", model="qwen3_30b",
+                              workload={"gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024,
+                                        "seq_length": 4096, "precision": "bf16"},
+                              space={"domains": {}}, budget=4, sampler="auto", backend=backend, backend_options={},
+                              options={}, optuna_study_name="autotune:r", status=status)
+    for config, speed in (({"ep": 16, "dist_opt": True}, 7400.0), ({"ep": 8, "dist_opt": True, "mbs": 2}, 7900.0),
+                          ({"ep": 4, "dist_opt": True}, 7600.0)):
+        layout = LayoutConfig.from_mapping(config)
+        trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 4,
+                                    predicted={"tokens_per_s_per_gpu": 7000.0})
+        repo.finish_trial(study.id, trial.number, "completed", gpu_seconds=1.0,
+                          metrics={"tokens_per_s_per_gpu": speed, "peak_mem_gib": 60.0})
+    refresh_pooled_cache(repo, repo.get_study("r"))
+    cache = repo.get_study("r").pooled_cache
+    assert (cache is not None and len(cache["key"]) == 64) == stored
+    repo.close()
+
+
 def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen16):
     from autotune.controller.recommend import layout_results
     from autotune.controller.session import build_controller
