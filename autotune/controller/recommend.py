@@ -174,15 +174,14 @@ class RunNoise:
 
 
 def run_noise(results: list[LayoutResult]) -> RunNoise:
-    """The study's run-to-run noise from its layouts' runs (RunNoise), stragglers left out."""
-    from autotune.controller.surrogate import run_noise_and_stragglers
+    """The study's run-to-run noise from its layouts' runs (RunNoise), leaving out the stragglers that
+    layout_results found (one decision for the means and the noise, made once)."""
+    from autotune.controller.surrogate import pooled_noise_log_std
 
-    noise, left_out = run_noise_and_stragglers([[math.log(t.tokens_per_s_per_gpu) for t in r.trials]
-                                                for r in results])
+    kept = [[math.log(t.tokens_per_s_per_gpu) for t in r.trials if t.number not in r.stragglers] for r in results]
     # the layouts the figure comes from: two runs or more kept (a disputed pair gives none)
-    contributing = sum(r.runs - len(out) > 1 for r, out in zip(results, left_out))
-    return RunNoise(noise, contributing,
-                    tuple(sorted(r.trials[j].number for r, out in zip(results, left_out) for j in out)))
+    return RunNoise(pooled_noise_log_std(kept), sum(len(k) > 1 for k in kept),
+                    tuple(sorted(n for r in results for n in r.stragglers)))
 
 
 def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[LayoutResult]:

@@ -88,6 +88,7 @@ class SearchState:
     _gp: ResidualGP | None = None
     _gp_runs: int = -1
     _means: dict[int, tuple[float, int]] = field(default_factory=dict)  # measured_means, for _means_at runs
+    _noise: float = 0.0  # run_noise, likewise
     _means_at: int = -1
     _believed: tuple | None = None  # ((runs fitted, layouts in flight), the GP believing them): _posterior_gp
     # performance-knob variants of legal layouts (issue 16): outside the enumerated legal set, keyed by
@@ -289,16 +290,28 @@ class SearchState:
         """Per measured layout: mean log throughput over its counted runs and how many runs that mean is as
         sure as, as the recommendation counts them (recommend.LayoutResult): stragglers left out, a disputed
         pair averaged and counted once (surrogate.straggler_runs). Kept until the next run arrives."""
+        self._judge_runs()
+        return self._means
+
+    def run_noise(self) -> float:
+        """Run-to-run noise (log sd) of the study's runs, stragglers left out (surrogate.run_noise_log_std),
+        from the same decision as measured_means; kept until the next run arrives."""
+        self._judge_runs()
+        return self._noise
+
+    def _judge_runs(self) -> None:
+        """One straggler decision per run count, for both measured_means and run_noise (the search asks for
+        them several times per proposal)."""
         n = self.n_runs
         if self._means_at != n:
-            from autotune.controller.surrogate import straggler_runs
+            from autotune.controller.surrogate import run_noise_and_stragglers
 
+            self._noise, left_out = run_noise_and_stragglers(list(self.runs.values()))
             means = {}
-            for (i, runs), out in zip(self.runs.items(), straggler_runs(list(self.runs.values()))):
+            for (i, runs), out in zip(self.runs.items(), left_out):
                 counted = [r for j, r in enumerate(runs) if j not in out] or runs
                 means[i] = (float(np.mean(counted)), max(1, len(runs) - len(out)))
             self._means, self._means_at = means, n
-        return self._means
 
     def recommendable(self, i: int) -> bool:
         """True unless a run of layout i peaked inside the headroom: such a layout ran, but the study

@@ -242,10 +242,9 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, incumbent: float) ->
 
 
 def run_noise_std(state: SearchState) -> float:
-    """Run-to-run noise (log sd): pooled from repeated layouts, shrunk toward the stated prior."""
-    from autotune.controller.surrogate import run_noise_log_std
-
-    return run_noise_log_std(state.runs.values())
+    """Run-to-run noise (log sd): pooled from repeated layouts, shrunk toward the stated prior, stragglers
+    left out (SearchState.run_noise)."""
+    return state.run_noise()
 
 
 def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float) -> int | None:

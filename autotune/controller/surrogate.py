@@ -220,6 +220,13 @@ def straggler_runs(runs_per_layout) -> list[list[int]]:
     return run_noise_and_stragglers(runs_per_layout)[1]
 
 
+def pooled_noise_log_std(runs_per_layout) -> float:
+    """The run noise pooled over every run given, none left out: for runs whose stragglers were already
+    taken out (recommend.run_noise, from recommend.layout_results' own decision)."""
+    groups = [np.asarray(r, dtype=float) for r in runs_per_layout if len(r) > 1]
+    return _noise_sd(float(sum(_squares(g) for g in groups)), sum(len(g) - 1 for g in groups))
+
+
 def run_noise_and_stragglers(runs_per_layout) -> tuple[float, list[list[int]]]:
     """The run noise (run_noise_log_std) and, per layout in the order given, the positions of its runs left
     out as stragglers (_robust_noise). Of a layout measured twice whose runs disagree, both are left out
