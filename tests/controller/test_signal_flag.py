@@ -97,6 +97,17 @@ class _InterruptsInFinalizer:
 
 def test_a_swallowed_ctrl_c_is_raised_again_as_a_plain_interrupt(monkeypatch):
     monkeypatch.setattr("sys.unraisablehook", lambda info: None)
+    # the case under test: Ctrl-C's handler is Python's default (sigterm_as_interrupt leaves anyone else's
+    # alone). An earlier test of the session may have left another handler installed (one full CI run of
+    # three saw this test not raise): set the default here and put back whatever was there
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _swallowed_ctrl_c()
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _swallowed_ctrl_c() -> None:
     with pytest.raises(KeyboardInterrupt) as raised:
         with sigterm_as_interrupt():
             _InterruptsInFinalizer()
