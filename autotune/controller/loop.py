@@ -43,7 +43,7 @@ from autotune.controller.recommend import (Recommendation, backend_repeats_exact
                                            pooled_cache_entry, recommend, validation_choices)
 from autotune.controller.screening import DUPLICATE, Rejection, frontier_skips, screen
 from autotune.controller.state import SearchState
-from autotune.controller.strategies import Strategy, run_noise_std
+from autotune.controller.strategies import Strategy
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
 from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT
@@ -369,7 +369,7 @@ class Controller:
         trials = self.repo.trials(self.study.id, dispatched_only=True)
         pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
                          pooled_estimate=not backend_repeats_exactly(self.study.backend))
-        for result in validation_choices(pick, run_noise_std(self.state)):
+        for result in validation_choices(pick, self.state.run_noise()):
             config = LayoutConfig.from_mapping(result.trial.config)
             dispatch_key = f"{config.key()}#validation"
             if self.repo.is_dispatched(self.study.id, dispatch_key):

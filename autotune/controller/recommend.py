@@ -32,6 +32,7 @@ Imports neither Optuna nor Ray: the read side (leaderboard, export, dashboard) u
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -199,15 +200,15 @@ def layout_results(trials: Iterable["Trial"], validation: bool = False) -> list[
     left_out = straggler_runs([[math.log(t.tokens_per_s_per_gpu) for t in runs] for runs in groups.values()])
     results = []
     for runs, out in zip(groups.values(), left_out):
-        stragglers = tuple(runs[j].number for j in out)
-        counted = [t for t in runs if t.number not in stragglers] or runs
-        values = [t.tokens_per_s_per_gpu for t in counted]
+        peaks = [t.peak_mem_gib for t in runs if t.peak_mem_gib]
+        result = LayoutResult(tuple(runs), 0.0, max(peaks) if peaks else None,
+                              stragglers=tuple(runs[j].number for j in out))
+        values = [t.tokens_per_s_per_gpu for t in result.counted]  # the one rule of which runs a mean counts
         try:
             mean = statistics.fmean(values)
         except OverflowError:  # two runs near the float maximum (a hand-edited store): their sum overflows
             mean = math.fsum(v / len(values) for v in values)
-        peaks = [t.peak_mem_gib for t in runs if t.peak_mem_gib]
-        results.append(LayoutResult(tuple(runs), mean, max(peaks) if peaks else None, mean, stragglers))
+        results.append(dataclasses.replace(result, mean_tokens_per_s_per_gpu=mean, estimate_tokens_per_s_per_gpu=mean))
     return sorted(results, key=lambda r: -r.mean_tokens_per_s_per_gpu)
 
 
@@ -238,8 +239,6 @@ def pooled(results: list[LayoutResult], stored: object = None) -> list[LayoutRes
     `stored` is the study's cache (pooled_cache_entry, as the controller stored it): used instead of a
     fit when it was computed from exactly these runs, so a reader of a finished study needs no GP (and
     does not import scikit-learn)."""
-    import dataclasses
-
     estimates = _estimates_of(results, stored)
     if not estimates:
         return results

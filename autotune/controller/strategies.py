@@ -211,7 +211,7 @@ class AutoStrategy(Strategy):
         # what one (noisy) run of a new layout is worth, on the same footing as remeasure_value: its
         # knowledge gradient, the posterior mean moving by sd std**2 / sqrt(std**2 + noise**2) (Frazier et
         # al. 2008); EI assumes the run reveals the layout's value exactly and overrates a near-known one
-        noise = run_noise_std(state)
+        noise = state.run_noise()
         moved = std ** 2 / np.sqrt(std ** 2 + noise ** 2)
         value = expected_improvement(mean, moved, incumbent) * keeps_headroom
         value[far] = 0.0
@@ -225,7 +225,7 @@ class AutoStrategy(Strategy):
         remaining = self.budget - state.dispatched
         if remaining <= 0 or remaining > max(1, round(REMEASURE_SHARE * self.budget)):
             return None
-        noise = run_noise_std(state)
+        noise = state.run_noise()
         # a layout that peaked inside the headroom is never recommended: ranking it better is worth nothing
         means = {i: m for i, m in state.measured_means().items() if state.recommendable(i)}
         i = remeasure_choice(means, noise)
@@ -239,12 +239,6 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, incumbent: float) ->
     std = np.maximum(std, 1e-9)
     z = (mean - incumbent) / std
     return std * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) + (mean - incumbent) * ndtr(z)
-
-
-def run_noise_std(state: SearchState) -> float:
-    """Run-to-run noise (log sd): pooled from repeated layouts, shrunk toward the stated prior, stragglers
-    left out (SearchState.run_noise)."""
-    return state.run_noise()
 
 
 def remeasure_choice(means: dict[int, tuple[float, int]], noise_std: float) -> int | None:
