@@ -118,7 +118,7 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = plt.subplots(figsize=(6, 4))
         x = np.arange(len(rows))
         ax.bar(x - 0.2, layout_only, 0.4, label="layout only")
         ax.bar(x + 0.2, joint, 0.4, label=f"layout + knobs (knob phase {args.knob_share:.0%})")
@@ -126,7 +126,8 @@ def main() -> None:
         ax.set_ylim(min(0.8, float(min(joint.min(), layout_only.min())) - 0.02), 1.0)
         ax.set_ylabel("true throughput / true optimum")
         ax.set_title(f"{args.model}@{args.gpus}, budget {args.budget}: joint vs layout-only")
-        ax.legend(loc="upper left")
+        # below the axes: inside, it hides the tops of the bars near 1.0
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}")
