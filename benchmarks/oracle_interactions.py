@@ -12,7 +12,13 @@ through the real controller:
             landscape's variance (0.12**2 / 3, log), the others and the per-value part none (their lower
             bounds), the landscape's layout and run noise are the white noise, no hyperparameter is fitted.
 
-The gap between them is what a perfect model of the interactions would be worth; the shipped GP's own
+The recommendation is judged alike in both (the pooling GP of controller/recommend.py is left as shipped).
+The oracle is one idealised variant, not every perfect model: it also drops the search's floor under a knob
+value's own effect (an exploration device), counts the per-layout deviation (+-2%, shared by a layout's
+repeated runs) as white noise, and on a dense model a pair with a knob that does not vary (TP x EP with
+EP 1) is a per-value effect of the other knob, which its kernel leaves out.
+
+The gap between them is what this model of the interactions would be worth; the shipped GP's own
 pair variances at its last fit show how far 40 runs go towards finding the pairs ("true pairs found": of
 the k largest fitted variances, k the true pairs among the GP's inputs, the share that are true; "by
 chance": k / all pairs, what a random ranking would give). The oracle is put in by replacing the GP's
@@ -51,8 +57,11 @@ _columns: list[np.ndarray] = []  # names of the GP's input columns in this worke
 _last_pairs: list[np.ndarray] = []  # the shipped GP's fitted pair variances at its last fit
 
 
-def _install(oracle: bool) -> None:
-    """Pool initializer: watch (shipped) or replace (oracle) the search GP in this worker process."""
+def _install(oracle: bool, patch=setattr) -> None:
+    """Pool initializer: watch (shipped) or replace (oracle) the search's GP in this worker process. Only the
+    search's GP (one variance per pair of knobs) is touched: the recommendation's pooling GP
+    (controller/recommend.py, one shared pair variance) stays as shipped in both runs, so both judge their
+    runs alike. `patch` is setattr in a worker (a test passes pytest's monkeypatch.setattr)."""
     from autotune.controller import state, surrogate
 
     gp_codes = state.SearchState.gp_codes
@@ -64,35 +73,44 @@ def _install(oracle: bool) -> None:
             _columns[:] = [np.array(KNOB_COLUMNS)[(codes != codes[:1]).any(axis=0)]]
         return gp_codes(self)
 
-    state.SearchState.gp_codes = named_gp_codes
+    patch(state.SearchState, "gp_codes", named_gp_codes)
     fit = surrogate.ResidualGP.fit
     if not oracle:
         def watched_fit(self, codes, residual, optimize=True):
             fit(self, codes, residual, optimize)
-            if self.per_pair:  # the search's GP (the recommendation's pooling GP has one shared variance)
+            if self.per_pair:
                 _last_pairs[:] = [np.asarray(self.model.kernel_.k1.pair, dtype=np.float64)]
 
-        surrogate.ResidualGP.fit = watched_fit
+        patch(surrogate.ResidualGP, "fit", watched_fit)
         return
 
     from sklearn.gaussian_process.kernels import WhiteKernel
 
+    shipped_kernel = surrogate.ResidualGP._initial_kernel
+
     def true_kernel(self, n_knobs):
+        if not self.per_pair:  # the pooling GP
+            return shipped_kernel(self, n_knobs)
         names = _columns[0]
+        assert len(names) == n_knobs, "the GP's inputs are not the search state's varying knobs"
         a, b = surrogate.knob_pairs(n_knobs)
         none = surrogate.PAIR_BOUNDS[0]  # a pair that does not interact: its variance's lower bound
         pair = np.array([PAIR_LOG_VAR if frozenset((names[i], names[j])) in TRUE_PAIRS else none for i, j in zip(a, b)])
         lowest = surrogate.VARIANCE_BOUNDS[0]  # no per-value part of its own: the pairs' cells carry every effect
         return surrogate.knob_cell_kernel(lowest, pair, lowest) + WhiteKernel(NOISE_LOG_VAR, (1e-5, 0.01))
 
-    surrogate.ResidualGP._initial_kernel = true_kernel
-    surrogate.ResidualGP.fit = lambda self, codes, residual, optimize=True: fit(self, codes, residual, False)
+    def fixed_fit(self, codes, residual, optimize=True):
+        fit(self, codes, residual, optimize and not self.per_pair)
+
+    patch(surrogate.ResidualGP, "_initial_kernel", true_kernel)
+    patch(surrogate.ResidualGP, "fit", fixed_fit)
 
 
 def _true_pairs_found() -> tuple[float, float]:
     """Of the k largest fitted pair variances (k: the true pairs among the GP's inputs; EP and ETP do not
     vary on a dense model), the share that are true pairs, and that share by chance (k / pairs); nan
-    without a fit."""
+    without a fit. Ties at the k-th value (variances collapsed to their bound) share the places left
+    among them evenly, as a random order would."""
     if not _last_pairs or not _columns:
         return float("nan"), float("nan")
     from autotune.controller.surrogate import knob_pairs
@@ -100,8 +118,16 @@ def _true_pairs_found() -> tuple[float, float]:
     names, pair = _columns[0], _last_pairs[0]
     a, b = knob_pairs(len(names))
     true = np.array([frozenset((names[i], names[j])) in TRUE_PAIRS for i, j in zip(a, b)])
+    return precision_at_true_count(pair, true), float(true.mean())
+
+
+def precision_at_true_count(score: np.ndarray, true: np.ndarray) -> float:
+    """Share of true items among the k highest scores (k = true items), ties at the threshold split evenly."""
     k = int(true.sum())
-    return float(true[np.argsort(-pair)[:k]].mean()), k / len(true)
+    threshold = np.sort(score)[::-1][k - 1]
+    above, tied = score > threshold, score == threshold
+    places = k - int(above.sum())  # places left for the tied items
+    return float((true[above].sum() + places * true[tied].mean()) / k)
 
 
 def physics_pair_ranks(case: str) -> tuple[list[int], int]:
