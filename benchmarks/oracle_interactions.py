@@ -70,7 +70,7 @@ def _install(oracle: bool, patch=setattr) -> None:
         if self._gp_codes is None:
             codes = self.knob_codes()
             assert codes.shape[1] == len(KNOB_COLUMNS), "knob_codes_of changed: update KNOB_COLUMNS"
-            _columns[:] = [np.array(KNOB_COLUMNS)[(codes != codes[:1]).any(axis=0)]]
+            _columns[:] = [np.array(KNOB_COLUMNS)[state.varying_mask(codes)]]
         return gp_codes(self)
 
     patch(state.SearchState, "gp_codes", named_gp_codes)
@@ -91,11 +91,9 @@ def _install(oracle: bool, patch=setattr) -> None:
     def true_kernel(self, n_knobs):
         if not self.per_pair:  # the pooling GP
             return shipped_kernel(self, n_knobs)
-        names = _columns[0]
-        assert len(names) == n_knobs, "the GP's inputs are not the search state's varying knobs"
-        a, b = surrogate.knob_pairs(n_knobs)
-        none = surrogate.PAIR_BOUNDS[0]  # a pair that does not interact: its variance's lower bound
-        pair = np.array([PAIR_LOG_VAR if frozenset((names[i], names[j])) in TRUE_PAIRS else none for i, j in zip(a, b)])
+        assert len(_columns[0]) == n_knobs, "the GP's inputs are not the search state's varying knobs"
+        # a pair that does not interact: its variance's lower bound
+        pair = np.where(true_pair_mask(_columns[0]), PAIR_LOG_VAR, surrogate.PAIR_BOUNDS[0])
         lowest = surrogate.VARIANCE_BOUNDS[0]  # no per-value part of its own: the pairs' cells carry every effect
         return surrogate.knob_cell_kernel(lowest, pair, lowest) + WhiteKernel(NOISE_LOG_VAR, (1e-5, 0.01))
 
@@ -113,12 +111,17 @@ def _true_pairs_found() -> tuple[float, float]:
     among them evenly, as a random order would."""
     if not _last_pairs or not _columns:
         return float("nan"), float("nan")
+    true = true_pair_mask(_columns[0])
+    return precision_at_true_count(_last_pairs[0], true), float(true.mean())
+
+
+def true_pair_mask(names: np.ndarray) -> np.ndarray:
+    """For each pair of the GP's input columns (`names`, in the order of surrogate.knob_pairs, the order of
+    its per-pair variances): does the landscape make that pair interact."""
     from autotune.controller.surrogate import knob_pairs
 
-    names, pair = _columns[0], _last_pairs[0]
     a, b = knob_pairs(len(names))
-    true = np.array([frozenset((names[i], names[j])) in TRUE_PAIRS for i, j in zip(a, b)])
-    return precision_at_true_count(pair, true), float(true.mean())
+    return np.array([frozenset((names[i], names[j])) in TRUE_PAIRS for i, j in zip(a, b)])
 
 
 def precision_at_true_count(score: np.ndarray, true: np.ndarray) -> float:
@@ -136,7 +139,7 @@ def physics_pair_ranks(case: str) -> tuple[list[int], int]:
     over the legal layouts predicted to fit, the per-value effects of log throughput are removed by
     backfitting, and each pair is scored by the spread of the remainder's means per combination of its
     values. A prior on pair variances taken from the physics would help only if these ranks were high."""
-    from autotune.controller.state import knob_codes_of
+    from autotune.controller.state import knob_codes_of, varying_mask
     from autotune.cost import estimate_many
     from autotune.cost._arrays import LayoutArrays
     from autotune.space import enumerate_legal, load_space, make_workload
@@ -147,7 +150,7 @@ def physics_pair_ranks(case: str) -> tuple[list[int], int]:
     legal = enumerate_legal(space, workload).configs
     predicted = estimate_many(workload, legal)
     codes = knob_codes_of(LayoutArrays.from_configs(legal))[predicted.fits]
-    varying = (codes != codes[:1]).any(axis=0)
+    varying = varying_mask(codes)
     codes, names = codes[:, varying], np.array(KNOB_COLUMNS)[varying]
     rest = np.log(predicted.tokens_per_s_per_gpu[predicted.fits])
     rest = rest - rest.mean()

@@ -23,19 +23,14 @@ def test_every_interacting_pair_names_two_knob_columns():
     assert len(oracle.TRUE_PAIRS) == len(INTERACTING_PAIRS)
 
 
-def _legal(model: str = "qwen3_30b", gpus: int = 16):
-    from autotune.space import enumerate_legal, load_space, make_workload
-
-    space = load_space(model)
-    return enumerate_legal(space, make_workload(space, gpus=gpus)).configs
-
-
 def test_knob_columns_follow_the_search_codes():
     """Every named column holds that knob's value (recompute: one code per kind, method and depth)."""
     from autotune.controller.state import knob_codes_of
     from autotune.cost._arrays import LayoutArrays
+    from autotune.space import enumerate_legal, load_space, make_workload
 
-    legal = _legal()
+    space = load_space("qwen3_30b")
+    legal = enumerate_legal(space, make_workload(space, gpus=16)).configs
     codes = knob_codes_of(LayoutArrays.from_configs(legal))
     assert codes.shape[1] == len(oracle.KNOB_COLUMNS)
     column = {name: k for k, name in enumerate(oracle.KNOB_COLUMNS)}
@@ -58,6 +53,7 @@ def test_the_oracle_kernel_gives_variance_to_the_true_pairs_only(monkeypatch):
     d = len(oracle.KNOB_COLUMNS)
     pair = np.asarray(surrogate.ResidualGP(per_pair=True)._initial_kernel(d).k1.pair)
     a, b = surrogate.knob_pairs(d)
+    # named independently of oracle.true_pair_mask, which the kernel uses
     told = {frozenset((oracle.KNOB_COLUMNS[a[k]], oracle.KNOB_COLUMNS[b[k]])) for k in np.flatnonzero(
         pair == oracle.PAIR_LOG_VAR)}
     assert told == oracle.TRUE_PAIRS

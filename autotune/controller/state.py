@@ -50,10 +50,15 @@ def knob_codes_of(x: LayoutArrays) -> np.ndarray:
     return np.stack([x.tp, x.pp, x.vpp, x.cp, x.ep, x.etp, x.sp, x.mbs, variant, x.dist_opt], axis=1).astype(np.int32)
 
 
+def varying_mask(codes: np.ndarray) -> np.ndarray:
+    """Which columns of `codes` hold more than one value (the columns varying_columns keeps)."""
+    return (codes != codes[:1]).any(axis=0)
+
+
 def varying_columns(codes: np.ndarray) -> np.ndarray:
     """`codes` without the columns that hold one value in every row: a knob every layout shares tells
     no two layouts apart (in the knob-cell kernel it would be a constant part the GP's offset already is)."""
-    return codes[:, (codes != codes[:1]).any(axis=0)]
+    return codes[:, varying_mask(codes)]
 
 
 @dataclass
