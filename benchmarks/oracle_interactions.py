@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search_quality import CASES, RUN_NOISE, Truth, run_study  # noqa: E402
 
 from autotune.backends._landscapes import INTERACTING_PAIRS  # noqa: E402
+from autotune.cli._checks import int_in, positive  # noqa: E402
 
 # the columns of controller/state.knob_codes_of, in its order (recompute's kind, method and depth as one)
 KNOB_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "recompute", "dist_opt")
@@ -186,10 +187,10 @@ def _run(oracle: bool, jobs: list, procs: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--first-seed", type=int, default=5)
-    parser.add_argument("--seeds", type=int, default=40)
-    parser.add_argument("--cases", nargs="*", default=CASES)
-    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--first-seed", type=int_in(0, 10 ** 9, "--first-seed"), default=5)
+    parser.add_argument("--seeds", type=positive("--seeds"), default=40)
+    parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
+    parser.add_argument("--procs", type=int_in(1, 64, "--procs"), default=2)
     args = parser.parse_args()
     jobs = [(c, s) for c in args.cases for s in range(args.first_seed, args.first_seed + args.seeds)]
     jobs.sort(key=lambda j: -int(j[0].split(":")[1]))  # the large cases first, so the two processes end together
