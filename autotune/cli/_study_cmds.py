@@ -148,7 +148,6 @@ def cmd_start(args: argparse.Namespace) -> int:
     from autotune.megatron import benchmark_only
     from autotune.controller.session import (check_name_free, check_study_inputs, check_study_name, create_study,
                                              start_ray_dispatcher)
-    from autotune.errors import ConfigError
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
@@ -169,8 +168,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     address = _ray_address(args)
     check_reachable(address)
     _check_metrics_port(args.metrics_port)
-    if not address and args.local_gpus is not None and args.local_gpus < workload.cluster.gpus:
-        raise ConfigError(f"--local-gpus {args.local_gpus}: one trial needs {workload.cluster.gpus} GPUs")
+    if not address:
+        _check_local_gpus(args.local_gpus, workload.cluster.gpus)
     repo = open_repo(args)
     if args.study is not None:
         check_name_free(repo, args.study)  # said at once, not after Ray has started
@@ -187,7 +186,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     try:
         with sigterm_as_interrupt():  # a SIGTERM while Ray starts ends like Ctrl-C (exit 143)
             dispatcher = start_ray_dispatcher(args.backend, backend_options, workload, ray_address=address,
-                                              local_gpus=args.local_gpus, max_concurrent=args.max_concurrent)
+                                              local_gpus=args.local_gpus,
+                                              max_concurrent=_slots_wanted(args.max_concurrent, args.budget))
     except KeyboardInterrupt:  # also one raised again at the block's end, after Ray started (found by review)
         if dispatcher is not None:
             dispatcher.shutdown()
@@ -287,6 +287,30 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _run(repo, study, args)
 
 
+MAX_LOCAL_TRIALS = 64  # a local Ray runs every trial's processes on this machine
+
+
+def _check_local_gpus(local_gpus: int | None, trial_gpus: int) -> None:
+    """--local-gpus on a local Ray: room for one trial at least and MAX_LOCAL_TRIALS at most (found by
+    review: a million logical GPUs left Ray starting for minutes, and its agents behind when killed)."""
+    from autotune.errors import ConfigError
+
+    if local_gpus is None:
+        return
+    if local_gpus < trial_gpus:
+        raise ConfigError(f"--local-gpus {local_gpus}: one trial needs {trial_gpus} GPUs")
+    if local_gpus > MAX_LOCAL_TRIALS * trial_gpus:
+        raise ConfigError(f"--local-gpus {local_gpus}: a local Ray holds at most {MAX_LOCAL_TRIALS} trials of "
+                          f"{trial_gpus} GPUs ({MAX_LOCAL_TRIALS * trial_gpus} GPUs); a larger cluster is --ray-address")
+
+
+def _slots_wanted(max_concurrent: int | None, runs_left: int) -> int:
+    """Trials at once: never more than the runs the study has left (each slot is a Ray actor and a
+    placement group held for the whole study)."""
+    runs_left = max(1, runs_left)
+    return min(max_concurrent, runs_left) if max_concurrent else runs_left
+
+
 def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     """Run the study to its end with the live view; `dispatcher`: one already started (start), or None
     to connect to Ray here (resume)."""
@@ -310,8 +334,12 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
             # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
             view.starting(f"connecting to the Ray cluster at {address}" if address else
                           f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
+        if dispatcher is None and not address:
+            _check_local_gpus(args.local_gpus, study.workload["gpus"])
+        left = study.budget - repo.counts(study.id)["dispatched"]
         controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
-                                      max_concurrent=args.max_concurrent, on_tick=view.tick, dispatcher=dispatcher)
+                                      max_concurrent=_slots_wanted(args.max_concurrent, left), on_tick=view.tick,
+                                      dispatcher=dispatcher)
         slots = getattr(controller.dispatcher, "capacity", 0)
         view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own

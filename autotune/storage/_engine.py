@@ -46,6 +46,10 @@ def normalize_url(url: str) -> str:
         # folder named `file:`: a SQLite store is a plain path
         raise StorageError(f"--storage {url!r}: a SQLite URL takes no options (?{'&'.join(parsed.query)}); "
                            "give the file's path, e.g. sqlite:///path.db")
+    if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
+        # every connection (the controller's, Optuna's, a reader's) would open its own empty database
+        raise StorageError(f"--storage {url!r}: an in-memory SQLite database cannot hold a study; give a file, "
+                           "e.g. sqlite:///path.db")
     if backend == "sqlite" and (parsed.database or "").startswith("~"):
         # SQLite itself would open a folder named `~` under the current one, not the home the user means
         # (and the file checked before opening would be another one than the file opened)

@@ -192,6 +192,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("ray-address-garbage", [*START, "--ray-address", "garbage", "--storage", "{url}"],
      "cannot connect to the Ray cluster"),
     ("local-gpus-fewer-than-a-trial", [*START, "--local-gpus", "1", "--storage", "{url}"], "--local-gpus 1"),
+    # found by review: a million logical GPUs left Ray starting for minutes, and 64 slots for a 2-run study
+    ("local-gpus-a-million", [*START, "--local-gpus", "1000000", "--storage", "{url}"], "at most 64 trials"),
     ("model-300-chars", ["space", "--model", "a" * 300], "unknown model"),
     ("space-file-300-chars", [*START, "--space", "b" * 300 + ".yaml", "--storage", "{url}"], "does not exist"),
 ]

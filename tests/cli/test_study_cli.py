@@ -253,10 +253,18 @@ def _dump(path) -> list[str]:
     ("sqlite:////tmp/x.db?mode=ro", "takes no options"),  # pysqlite ignored it and wrote anyway
     ("sqlite:///file:/tmp/x.db?mode=ro&uri=true", "takes no options"),  # made a folder named file:
     ("sqlite:////tmp/%00.db", "not printable"),
+    ("sqlite://", "in-memory"),  # review: `start` made a study no other connection could see, a traceback
+    ("sqlite:///:memory:", "in-memory"),
 ])
 def test_bad_storage_url(cli, url, needle):
     result = cli("status", "--storage", url)
     assert result.returncode == 2 and needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_start_refuses_an_in_memory_store_before_starting_anything(cli):
+    result = cli("start", "--model", "llama3_8b", "--gpus", "8", "--budget", "2", "--storage", "sqlite://")
+    assert result.returncode == 2 and "in-memory" in result.stderr and "Ray" not in result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -452,3 +460,11 @@ def test_a_study_whose_controller_went_silent_is_shown_so_and_watch_ends(cli, tm
     with repo.session() as s:  # a live controller (a fresh heartbeat) is not called silent
         s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["controller_silent_s"] is None
+
+
+def test_start_holds_no_more_slots_than_runs_left(cli, tmp_path):
+    """Review: `--local-gpus 1024` placed 64 slots (actors and placement groups) for a study of two runs."""
+    result = cli("start", "--model", "qwen3_30b", "--budget", "2", "--local-gpus", "64", "--sim-seconds", "0",
+                 "--storage", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Ray is up (2 trial(s) at a time)" in result.stdout
