@@ -28,7 +28,7 @@ def _engine(args: argparse.Namespace):
 
 def cmd_current(args: argparse.Namespace) -> int:
     from autotune.storage import current_revision, head_revision
-    from autotune.storage.migrations import refuse_unversioned_tables
+    from autotune.storage.migrations import is_newer, refuse_unversioned_tables
 
     engine = _engine(args)
     current, head = current_revision(engine), head_revision(engine)
@@ -40,8 +40,9 @@ def cmd_current(args: argparse.Namespace) -> int:
     elif current is None:  # a server database autotune never wrote to: say so, not "(none)"
         print(f"no autotune schema in this database; `autotune start` (or `autotune db upgrade`) creates it at {head}")
     else:
-        print(f"schema revision {current}; this autotune writes {head}"
-              + ("" if current == head else " (run `autotune db upgrade`)"))
+        advice = ("" if current == head else " (written by a newer autotune: upgrade autotune to use it)"
+                  if is_newer(engine, current) else " (run `autotune db upgrade`)")
+        print(f"schema revision {current}; this autotune writes {head}{advice}")
     return 0
 
 

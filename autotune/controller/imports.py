@@ -43,6 +43,9 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
         # measure the run by whichever lines happen to be readable, the warm-up alone if it is the only one
         raise ConfigError(f"{name}: {parsed.unreadable_iterations} iteration line(s) whose figures are no number "
                           "Megatron prints (an exponent, a sign); nothing imported")
+    if parsed.unreadable_memory:  # -5 GB: the run's peak would be stored as unknown (or as another line's)
+        raise ConfigError(f"{name}: {parsed.unreadable_memory} memory line(s) whose figures are no number "
+                          "Megatron prints (an exponent, a sign); nothing imported")
     if parsed.max_reserved_gib is not None and parsed.max_allocated_gib is not None \
             and parsed.max_allocated_gib > parsed.max_reserved_gib * 1.001:  # PyTorch reserves what it allocates
         raise ConfigError(f"{name}: the log's peak allocated memory ({parsed.max_allocated_gib:.1f} GiB) exceeds its "

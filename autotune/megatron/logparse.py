@@ -33,6 +33,10 @@ MEMORY = re.compile(rf"\[Rank {COUNT}\].*?memory \(GB\).*?mem-max-allocated-giga
 MEMORY_MB = re.compile(rf"memory \(MB\)\s*\|.*?max allocated:\s*{NUMBER}(?:.*?max reserved:\s*{NUMBER})?")
 # an iteration line whose figures ITERATION cannot read (an exponent, a minus sign): counted, not guessed at
 ITERATION_LIKE = "elapsed time per iteration"
+# a memory line with a figure MEMORY / MEMORY_MB cannot read (-5, 1e9): counted, not skipped as if the log
+# had none (found by review: import-log stored such a run without its peak memory)
+MEMORY_FIGURE_UNREADABLE = re.compile(rf"(?:mem-max-(?:allocated|reserved)-gigabytes|max (?:allocated|reserved)):"
+                                      rf"(?!\s*{NUMBER})")
 
 FAILURES = (  # (class, patterns): the first class whose pattern matches wins
     ("oom", ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory",
@@ -106,6 +110,7 @@ class ParsedLog:
     max_reserved_gib: float | None = None
     failure: str | None = None
     unreadable_iterations: int = 0  # iteration lines whose figures are no number Megatron prints
+    unreadable_memory: int = 0  # memory lines with a figure that is no number Megatron prints
 
     def measured_times(self) -> list[float]:
         """Iteration times after the first 10% (at least the first iteration) are skipped."""
@@ -159,6 +164,9 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
         match = STEP_TIME.search(line)
         if match and not parsed.tflops_per_gpu:
             parsed.tflops_per_gpu.append(float(match.group(2)))
+        if ("memory (GB)" in line or "memory (MB)" in line) and MEMORY_FIGURE_UNREADABLE.search(line):
+            parsed.unreadable_memory += 1
+            continue
         match = MEMORY.search(line)
         if match:
             _peaks(parsed, match.group(2), match.group(3), 1e9)

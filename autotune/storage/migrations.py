@@ -93,25 +93,29 @@ def stamped_revision(engine: Engine) -> str | None:
     return rows[0] if len(rows) == 1 else None
 
 
+def is_newer(engine: Engine, revision: str) -> bool:
+    """A revision this code does not know: written by a newer autotune (`db upgrade` cannot help)."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_config(engine))
+    return revision not in {rev.revision for rev in script.walk_revisions()}
+
+
 def ensure_schema(engine: Engine) -> None:
     """Create the schema in an empty database; refuse one that is behind or ahead of this code."""
     from autotune.storage.models import SCHEMA_REVISION
 
     if stamped_revision(engine) == SCHEMA_REVISION:  # the usual case, decided without Alembic
         return
-    from alembic.script import ScriptDirectory
-
     current = current_revision(engine)
     head = head_revision(engine)
     if current == head:
         return
-    script = ScriptDirectory.from_config(_config(engine))
     if current is None:
         refuse_unversioned_tables(engine)
         upgrade(engine)
         return
-    known = {rev.revision for rev in script.walk_revisions()}
-    if current not in known:
+    if is_newer(engine, current):
         raise StorageError(f"the database schema is at revision {current}, newer than this autotune ({head}): "
                            "upgrade autotune to use it")
     raise StorageError(f"the database schema is at revision {current}, older than this autotune ({head}): "

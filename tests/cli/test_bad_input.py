@@ -168,6 +168,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-warmup-printed-twice", _import("{log_one_twice}"), "one iteration line, the warm-up"),
     ("import-log-allocated-above-reserved", _import("{log_alloc}"),
      "exceeds its peak reserved memory"),
+    # found by review: a negative figure matched no memory pattern and the run was stored without its peak
+    ("import-log-negative-memory", _import("{log_negative_memory}"), "1 memory line(s) whose figures are no number"),
     # found by review: a Parquet list cell raised from NumPy's .item()
     ("replay-parquet-list-cell", [*START, "--backend", "replay", "--replay", "{list_parquet}", "--storage", "{url}"],
      "not a layout"),
@@ -222,6 +224,9 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     alloc = folder / "log-alloc.txt"
     alloc.write_text(steady + "[Rank 0] (after 5 iterations) memory (GB) | mem-allocated-gigabytes: 40.0 | "
                               "mem-max-allocated-gigabytes: 500.0 | mem-max-reserved-gigabytes: 70.0\n")
+    negative_memory = folder / "log-negative-memory.txt"
+    negative_memory.write_text(steady + "[Rank 0] (after 5 iterations) memory (GB) | mem-allocated-gigabytes: 40.0 "
+                                        "| mem-max-allocated-gigabytes: -5 | mem-max-reserved-gigabytes: -5\n")
     import pandas as pd
 
     list_parquet = folder / "list-cell.parquet"
@@ -230,7 +235,7 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
               "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "log_inf": str(infinite),
               "log_exponent": str(exponent), "log_one": str(one), "log_alloc": str(alloc),
-              "log_one_twice": str(one_twice),
+              "log_one_twice": str(one_twice), "log_negative_memory": str(negative_memory),
               "list_parquet": str(list_parquet),
               "log_huge": _log(folder, "3" + "0" * 30 + ".0"),
               "binary": str(binary), "nul": str(nul), "db": url.removeprefix("sqlite:///"), "other_db": str(other)}

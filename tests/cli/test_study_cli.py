@@ -358,6 +358,9 @@ def test_newer_schema_says_which_upgrade(cli, tmp_path):
         db.execute("UPDATE autotune_alembic_version SET version_num = '0099_future'")
     result = cli("status", "--storage", url)
     assert result.returncode == 2 and "newer than this autotune" in result.stderr
+    # review: `db current` advised `autotune db upgrade`, which then refused the newer revision
+    current = cli("db", "current", "--storage", url)
+    assert current.returncode == 0 and "upgrade autotune" in current.stdout and "db upgrade" not in current.stdout
 
 
 def test_command_backend_end_to_end(cli, tmp_path):

@@ -63,6 +63,17 @@ def test_megatron_lm_memory_report_in_mib_is_read():
     assert parse_log(line.split(" | reserved")[0]).max_reserved_gib is None  # reserved is optional
 
 
+@pytest.mark.parametrize("figure", ["-5", "1e9", "nan"])
+def test_a_memory_figure_that_is_no_number_is_counted_not_skipped(figure):
+    # review: "mem-max-allocated-gigabytes: -5" matched no pattern, and import-log stored the run with no peak
+    gb = [line for line in LOG.splitlines() if "memory (GB)" in line][0]
+    parsed = parse_log(LOG.replace(gb, gb.replace("60.5", figure)))
+    assert parsed.unreadable_memory == 1 and parsed.max_allocated_gib is None
+    mb = "[Rank 0] memory (MB) | allocated: 1.0 | max allocated: 61440.0 | reserved: 2.0 | max reserved: " + figure
+    assert parse_log(mb).unreadable_memory == 1
+    assert parse_log(LOG).unreadable_memory == 0
+
+
 def test_a_log_read_line_by_line_parses_like_its_whole_text(tmp_path):
     # import-log streams the file: what it finds must not depend on holding the log whole
     log = tmp_path / "run.log"
