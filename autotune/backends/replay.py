@@ -136,7 +136,13 @@ class ReplayBackend(Backend):
         row = self._index.get(key)
         if row is None:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, error="layout not in the replay table")
-        outcome = parse_result(spec, {k: v for k, v in row.items() if v is not None}, [], 0.0)
+        result = {k: v for k, v in row.items() if v is not None}
+        if result["status"] == "completed" and "step_time_s" not in result:
+            # a table of throughputs alone (table_index lets it through, as tables are often published):
+            # the step time they imply (found by review: every such run failed, "has no step_time_s")
+            tokens_per_step = spec.global_batch_size * spec.seq_length
+            result["step_time_s"] = tokens_per_step / (result["tokens_per_s_per_gpu"] * spec.gpus)
+        outcome = parse_result(spec, result, [], 0.0)
         # what the run would have held its GPUs for, as a simulated run is charged (start-up, then the warm-up
         # and measured steps; a run that ended otherwise only the start-up): GPU-hours and the in-process
         # dispatcher's clock then mean the same for a replayed study as for a simulated one

@@ -177,6 +177,17 @@ class TestReplay(BackendContract):
         outcome, _ = self.run(self.spec(config={"ep": 16}))
         assert outcome.status == TrialStatus.OOM
 
+    def test_a_table_of_throughputs_alone_replays_the_step_time_they_imply(self, tmp_path):
+        # review: the table passed the start-up check, then every run failed ("has no step_time_s")
+        spec = self.spec()
+        tokens = 4000.0
+        path = tmp_path / "throughputs.csv"
+        pd.DataFrame([{**LayoutConfig.from_mapping(spec.config).to_dict(), "status": "completed",
+                       "tokens_per_s_per_gpu": tokens}]).to_csv(path, index=False)
+        outcome = create_backend("replay", {"replay": str(path)}).run(spec, lambda r: None, threading.Event())
+        assert outcome.status == TrialStatus.COMPLETED and outcome.tokens_per_s_per_gpu == tokens
+        assert outcome.step_time_s == pytest.approx(spec.global_batch_size * spec.seq_length / (tokens * spec.gpus))
+
     def test_parquet_table(self, tmp_path):
         pytest.importorskip("pyarrow")
         parquet = tmp_path / "t.parquet"
