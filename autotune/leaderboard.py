@@ -412,7 +412,8 @@ def rich_table(board: Board, title: str | None = None):
                          Col("step s", "right", optional=2), Col("mem GiB", "right"), Col("vs recipe", "right"),
                          Col("note", wrap=True, optional=1)],
                         # a title is markup: the study's name and the note are text
-                        title=escape(title or f"{board.study.name}: leaderboard"
+                        title=escape((title or f"{board.study.name}: leaderboard")
+                                     + _source_tag(board.summary)
                                      + (f" [{board.summary['benchmark_only']}]" if board.summary.get("benchmark_only")
                                         else "")))
     for row in board.rows:
@@ -422,6 +423,17 @@ def rich_table(board: Board, title: str | None = None):
         for row in board.pinned:
             table.add_row(*_cells(row), style="dim")
     return Group(table, Text(legend(board), style="dim"))
+
+
+SOURCE_MEANINGS = {"simulated": "every figure is the cost model's (with the simulate backend's noise), no run",
+                   "replayed": "every figure is looked up in the replay table, no run"}
+
+
+def _source_tag(summary: dict[str, Any]) -> str:
+    """The title's word on where a study's figures come from (found by review: a simulated study's table
+    looked measured; only its GPU-hours said otherwise)."""
+    source = summary.get("metrics_source", "measured")
+    return "" if source == "measured" else f" ({source})"
 
 
 # the tokens of LayoutConfig.short(), in its order
@@ -451,6 +463,9 @@ def legend(board: Board) -> str:
     for knob, label in getattr(config, "PERF_LABELS", {}).items():
         if any(t.startswith(f"{label}=") for t in tokens):
             parts.append(f"{label} {knob.replace('_', ' ')}")
+    source = board.summary.get("metrics_source", "measured")
+    if source in SOURCE_MEANINGS:
+        parts.append(f"{source}: {SOURCE_MEANINGS[source]}")
     parts.append("MFU: % of dense BF16 peak")
     if any(row.get("tokens_per_s_per_gpu_sd") for row in board.rows + board.pinned):
         parts.append(noise_note(board.summary))

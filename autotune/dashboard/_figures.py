@@ -312,8 +312,10 @@ def param_importances(rows: list[dict[str, Any]]) -> dict[str, float]:
         return {}
 
 
-def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limit_gib: float | None = None) -> Figure:
-    """The cost model's prediction (x) against the measurement (y) for `key`, with the y = x line."""
+def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limit_gib: float | None = None,
+                          observed: str = "measured") -> Figure:
+    """The cost model's prediction (x) against the measurement (y) for `key`, with the y = x line;
+    `observed` names what y is (leaderboard.metrics_source: measured, simulated or replayed)."""
     unit = "tokens/s/GPU" if key == "tokens_per_s_per_gpu" else "GiB"
     pairs = [r for r in rows if r.get(key) is not None and (r.get("predicted") or {}).get(key)
              and (key != "tokens_per_s_per_gpu" or r["status"] == "completed")]
@@ -327,7 +329,7 @@ def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limi
                      "customdata": [trial_url(study, r["trial"]) for r in pairs],
                      "marker": {"size": 9, "color": [COLORS.get(r["status"], "#999") for r in pairs],
                                 "line": {"width": 1, "color": "#fff"}},
-                     "hovertemplate": f"%{{text}}<br>predicted %{{x:{value_format}}}, measured %{{y:{value_format}}} "
+                     "hovertemplate": f"%{{text}}<br>predicted %{{x:{value_format}}}, {observed} %{{y:{value_format}}} "
                                       f"{unit}<extra></extra>"})
         lo, hi = min(xs + ys), max(xs + ys)
         pad = 0.03 * (hi - lo or hi or 1.0)
@@ -336,8 +338,8 @@ def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limi
                      "line": {"dash": "dot", "color": "#888"}})
     title = "throughput" if unit == "tokens/s/GPU" else "peak memory"
     tick = ",~r" if unit == "tokens/s/GPU" else ".0f"
-    layout = _layout(f"{title}: predicted against measured", f"predicted {title} ({unit})",
-                     f"measured {title} ({unit})")
+    layout = _layout(f"{title}: predicted against {observed}", f"predicted {title} ({unit})",
+                     f"{observed} {title} ({unit})")
     layout["xaxis"]["tickformat"] = layout["yaxis"]["tickformat"] = tick
     if limit_gib is not None and pairs:
         layout["shapes"] = [{"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": limit_gib,
@@ -347,9 +349,10 @@ def predicted_vs_measured(study: str, rows: list[dict[str, Any]], key: str, limi
 
 
 def breakdown(predicted: dict[str, float], predicted_step_s: float | None, measured_step_s: float | None,
-              measured_trace: dict[str, float] | None) -> Figure:
+              measured_trace: dict[str, float] | None, observed: str = "measured") -> Figure:
     """Predicted step-time terms next to what was measured: the step, and from an nsys summary the compute
-    and exposed-communication time, each scaled to one step by its share of the traced busy time."""
+    and exposed-communication time, each scaled to one step by its share of the traced busy time;
+    `observed` names the run's figures (leaderboard.metrics_source: measured, simulated or replayed)."""
     # stored values are input: a term that is not a finite positive number is left out, and its name is a
     # label (plotly renders <a href> in tick labels)
     terms = [(plain(str(k)[:60]), v) for k, v in (predicted if isinstance(predicted, dict) else {}).items()
@@ -367,10 +370,10 @@ def breakdown(predicted: dict[str, float], predicted_step_s: float | None, measu
             measured_y += ["compute (nsys)", "exposed communication (nsys)"]
             measured_x += [measured_step_s * measured_trace["compute_s"] / busy,
                            measured_step_s * measured_trace["exposed_communication_s"] / busy]
-        data.append({"type": "bar", "orientation": "h", "name": "measured", "y": measured_y, "x": measured_x,
+        data.append({"type": "bar", "orientation": "h", "name": observed, "y": measured_y, "x": measured_x,
                      "marker": {"color": COLORS["completed"]},
-                     "hovertemplate": "measured %{y}: %{x:.3f} s<extra></extra>"})
-    layout = _layout("step time: predicted terms and measured", "seconds per step (s)", "")
+                     "hovertemplate": f"{observed} %{{y}}: %{{x:.3f}} s<extra></extra>"})
+    layout = _layout(f"step time: predicted terms and {observed}", "seconds per step (s)", "")
     layout["yaxis"].update(autorange="reversed", tickformat="")
     layout["xaxis"].update(rangemode="tozero")
     layout["barmode"] = "group"

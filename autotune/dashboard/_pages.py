@@ -189,8 +189,10 @@ class DashboardApp:
             chart("regret-chart", fig.regret_curve(rows)),
             chart("importance-chart", fig.knob_importance(rows)),
             chart("knobs-chart", fig.parallel_coordinates(rows), wide=True),
-            chart("predicted-throughput-chart", fig.predicted_vs_measured(name, rows, "tokens_per_s_per_gpu")),
-            chart("predicted-memory-chart", fig.predicted_vs_measured(name, rows, "peak_mem_gib", limit))))
+            chart("predicted-throughput-chart", fig.predicted_vs_measured(name, rows, "tokens_per_s_per_gpu",
+                                                                          observed=s["metrics_source"])),
+            chart("predicted-memory-chart", fig.predicted_vs_measured(name, rows, "peak_mem_gib", limit,
+                                                                      observed=s["metrics_source"]))))
         gpus = study.workload.get("gpus")
         hours = "simulated GPU-hours" if study.backend == "simulate" else "GPU-hours"
         summary = (f"<p id='summary'>{escape(study.model)} on {text(gpus)}x {text(study.workload.get('gpu', ''))}"
@@ -315,7 +317,8 @@ class DashboardApp:
             for key, path in (trial.artifacts or {}).items() if isinstance(path, str))
         message = f"<pre>{escape(trial.message)}</pre>" if trial.message else ""
         measured_step = trial.step_time_s if trial.status == "completed" else None
-        figure = fig.breakdown(predicted.get("breakdown") or {}, predicted.get("step_time_s"), measured_step, trace)
+        figure = fig.breakdown(predicted.get("breakdown") or {}, predicted.get("step_time_s"), measured_step, trace,
+                               leaderboard.metrics_source(study.backend, trial.origin))
         trace_note = ("measured terms come from the trial's Nsight Systems summary" if trace else
                       "no Nsight Systems summary recorded for this trial: only the whole step was measured")
         body = (f"<p><a href='/'>studies</a> / <a href='/study/{quote(name, safe='')}'>{escape(name)}</a></p>"

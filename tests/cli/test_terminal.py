@@ -75,7 +75,7 @@ def test_start_on_a_terminal_says_what_happens_while_ray_starts_and_ends_with_th
     _, shown = store
     spinner = shown.index("starting a local Ray with 16 logical GPUs")
     assert "Ray is up (" in shown and shown.index("Ray is up (") > spinner
-    final = shown[shown.rindex("polish-1: top 10"):]
+    final = shown[shown.rindex("polish-1: top 10 (simulated)"):]  # review: the title looked measured
     rows = re.findall(r"^│\s*(\d+) │ completed", final, flags=re.M)
     assert len(rows) == 6  # every trial number on screen (rich cut the # column to nothing at 80 columns)
     assert re.search(r"\d+\.\d% │", final)  # MFU in per cent
@@ -84,6 +84,7 @@ def test_start_on_a_terminal_says_what_happens_while_ray_starts_and_ends_with_th
     assert "MFU: % of dense BF16 peak" in words and "DO distributed optimizer" in words
     assert "simulated GPU-hours" in words and "(none spent)" in words  # not GPU time as if spent
     assert "tokens/s/GPU simulated" in words
+    assert "simulated: every figure is the cost model's" in words
 
 
 def test_a_cut_leaderboard_keeps_the_recipe_baseline_pinned_below_the_rule(store):

@@ -74,6 +74,10 @@ def test_study_page_escapes_every_value_and_has_every_chart(repo):
                      "predicted-throughput-chart", "predicted-memory-chart"):
         fig = figure(html, chart_id)
         assert fig["layout"]["title"]["text"]
+    # review: a simulate study's axes said "measured" below a banner saying nothing ran
+    predicted = figure(html, "predicted-throughput-chart")["layout"]
+    assert predicted["yaxis"]["title"]["text"] == "simulated throughput (tokens/s/GPU)"
+    assert "measured" not in json.dumps(figure(html, "predicted-memory-chart")["layout"])
     assert "http-equiv" not in html  # a finished study does not refresh itself
     assert html.index("7,900") < html.index("7,400")  # sorted by throughput, best first
     assert "id='provenance'" in html and "simulated" in html  # a simulate study says so
@@ -159,6 +163,7 @@ def test_trial_page_formats_numbers_and_shows_predicted_and_measured_step(repo):
     bars = figure(page, "breakdown-chart")
     predicted, measured = bars["data"]
     assert predicted["y"] == ["whole step", "compute", "ep"] and measured["y"] == ["whole step"]
+    assert measured["name"] == "simulated"  # a simulate study's run: nothing was measured
     handle, kind, file_name = app.artifact(name, 1, "nsys")
     with handle:
         assert (handle.read(), kind, file_name) == (b"NSYS", "application/octet-stream", "trace.nsys-rep")
@@ -456,7 +461,7 @@ def test_in_a_real_headless_chromium(repo, tmp_path):
         assert len(_rendered(driver, 1)) == 1
         assert driver.find_element(By.TAG_NAME, "h1").text.startswith("trial ")
         assert _axis_titles(driver, "breakdown-chart")[0] == "seconds per step (s)"
-        assert _legend(driver, "breakdown-chart") == ["predicted", "measured"]
+        assert _legend(driver, "breakdown-chart") == ["predicted", "simulated"]  # a simulate study's run
         driver.save_screenshot(str(shots / "trial.png"))
         driver.get(f"{base}/compare?study={quote(name, safe='')}")
         assert len(_rendered(driver, 2)) == 2
