@@ -101,10 +101,16 @@ class Truth:
         self.speed = {c.key(): s for c, s in zip(legal, speed)}
         # the optimum a study is asked for keeps the default memory headroom (what it may recommend)
         headroom = default_headroom_gib(self.workload)
-        self.best = float(np.where(memory <= self.workload.cluster.gpu.memory_gib - headroom, speed, 0.0).max())
+        self.recommendable = np.where(memory <= self.workload.cluster.gpu.memory_gib - headroom, speed, 0.0)
+        self.best = float(self.recommendable.max())
         # where the prior ranks the true optimum among the layouts it predicts to fit (1 = first)
         prior = np.where(predicted.fits, predicted.tokens_per_s_per_gpu, 0.0)
         self.prior_rank_of_optimum = int((prior > prior[int(np.argmax(speed))]).sum()) + 1
+
+    def layouts_within(self, share: float) -> int:
+        """How many layouts a study may recommend (they keep the headroom) run at least `share` of the
+        optimum: how many targets a study has for a ratio of `share` (landscape_difficulty.py)."""
+        return int((self.recommendable >= share * self.best).sum())
 
 
 def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1,
@@ -177,6 +183,10 @@ class PublicTruth:
         index = table_index(pd.read_csv(self.table))
         self.speed = {key: float(row["tokens_per_s_per_gpu"]) for key, row in index.items()}
         self.best = max(self.speed.values())
+
+    def layouts_within(self, share: float) -> int:
+        """How many measured layouts ran at least `share` of the sweep's best."""
+        return sum(s >= share * self.best for s in self.speed.values())
 
 
 def run_public_study(truth: PublicTruth, seed: int, sampler: str, budget: int, directory: str,
