@@ -121,6 +121,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "running": counts["running"] - stopped, "stopped": stopped,
         "completed": counts["completed"], "oom": counts["oom"],
         "pruned": counts["pruned"], "failed": counts["failed"], "timeout": counts["timeout"], "lost": counts["lost"],
+        # runs outside the budget and the counts above: imported logs and the winner's validation runs
+        "imported": counts["imported"], "validation": counts["validation"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
         # benchmark-only settings the user turned on for every run: never part of a tuned result
@@ -489,6 +491,9 @@ def summary_line(summary: dict[str, Any]) -> str:
     # a simulated or replayed study spends no GPU time: say so rather than print hours as if spent
     gpu_time = f"GPU-hours {hours:.2f}" if source == "measured" else f"{source} GPU-hours {hours:.2f} (none spent)"
     tag = f" | {summary['benchmark_only']}" if summary.get("benchmark_only") else ""
+    outside = [f"{summary[k]} {k}" for k in ("imported", "validation") if summary.get(k)]
+    if outside:  # found by review: imported rows on the table, but not in these counts, without a word
+        tag += f" | outside the budget: {', '.join(outside)}"
     if summary.get("controller_silent_s"):
         tag += f" | {silence_note(summary)}"
     if summary.get("stopped"):

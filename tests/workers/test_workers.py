@@ -451,6 +451,11 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     oom = json.loads(cli("import-log", str(oom_log), "--study", "imp", "--ep", "16", "--dist-opt", "--storage", url,
                          "--json").stdout)
     assert oom["status"] == "oom"
+    # review: the table showed the imported rows while the footer's counts left them out without a word
+    board = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
+    assert (board["summary"]["imported"], board["summary"]["completed"]) == (3, 1)
+    table = " ".join(cli("leaderboard", "imp", "--storage", url, env={"COLUMNS": "200"}).stdout.split())
+    assert "outside the budget: 3 imported" in table and "imported = a run imported from its log" in table
     bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--no-sp", "--storage", url)
     assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr
     # review: a knob left out is the recipe's (qwen3_30b: EP16 with the distributed optimizer), not ep=1 without
