@@ -45,6 +45,9 @@ def _raise_terminated(_signum, _frame) -> None:
         raise Terminated()
 
 
+SIGTERM_HANDLER = _raise_terminated  # what sigterm_as_interrupt installs (a caller may check it is in place)
+
+
 def _raise_interrupt(_signum, _frame) -> None:
     _received.append(KeyboardInterrupt)
     raise KeyboardInterrupt()  # every Ctrl-C: a second one is how a user insists
@@ -98,8 +101,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_outside_our_group() -> Iterator[None]:
-    """Processes started inside land in another process group than the caller's.
+def ray_outside_our_group() -> Iterator[int | None]:
+    """Processes started inside land in another process group than the caller's; yields that group's id
+    (None when nothing changes), with which a start cut short can stop every process it had started.
 
     A placeholder process opens a new group; the caller joins it while inside (children inherit
     it) and returns to its own group afterwards. A session leader cannot change groups: then
@@ -107,7 +111,7 @@ def ray_outside_our_group() -> Iterator[None]:
     """
     original = os.getpgrp()
     if os.getsid(0) == os.getpid():
-        yield
+        yield None
         return
     placeholder = subprocess.Popen(["sleep", "3600"], process_group=0, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -116,10 +120,10 @@ def ray_outside_our_group() -> Iterator[None]:
     except OSError:
         placeholder.kill()
         placeholder.wait()
-        yield
+        yield None
         return
     try:
-        yield
+        yield placeholder.pid
     finally:
         with contextlib.suppress(OSError):
             os.setpgid(0, original if original != os.getpid() else 0)

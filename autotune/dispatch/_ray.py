@@ -10,14 +10,17 @@ Ray is imported here only, when a study starts (house rule 6).
 
 from __future__ import annotations
 
+import contextlib
 import os
-import warnings
+import signal
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import _signals
 from autotune.backends.base import ResourceRequest, StepReport, TrialOutcome, TrialSpec, TrialStatus
 from autotune.dispatch._base import Dispatcher, TrialEvent
 from autotune.errors import AutotuneError, ConfigError
@@ -122,9 +125,29 @@ class RayDispatcher(Dispatcher):
 
                 # address="local": always a new local cluster, never one that happens to run on this machine;
                 # its processes get their own group, so a SIGTERM to ours does not kill them under us
-                with ray_outside_our_group():
-                    ray.init(address="local", num_cpus=os.cpu_count() or 2, num_gpus=gpus, namespace=NAMESPACE,
-                             include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+                ours = signal.getsignal(signal.SIGTERM)
+                group = None
+                try:
+                    with ray_outside_our_group() as group:
+                        ray.init(address="local", num_cpus=os.cpu_count() or 2, num_gpus=gpus, namespace=NAMESPACE,
+                                 include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+                except BaseException as exc:
+                    # a start cut short (SIGTERM, Ctrl-C) leaves the processes it had started: ray.shutdown
+                    # stops the node's own, and Ray's agents (children of the raylet) are stopped by their
+                    # process group (found by review: they outlived the controller)
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()
+                    if group is not None and group != os.getpgrp():  # never the group we are in
+                        with contextlib.suppress(OSError):
+                            os.killpg(group, signal.SIGKILL)
+                    # ray.init's own SIGTERM handler exits with code 15 at once: stop as Ctrl-C does instead
+                    if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+                        raise _signals.Terminated() from None
+                    raise
+                finally:
+                    if ours is _signals.SIGTERM_HANDLER and threading.current_thread() is threading.main_thread():
+                        # inside sigterm_as_interrupt (`start`): a SIGTERM from here on stops as Ctrl-C does
+                        signal.signal(signal.SIGTERM, ours)
                 self._owns_ray = True
         total_gpus = int(ray.cluster_resources().get("GPU", 0))
         fits = total_gpus // self.resources.gpus

@@ -95,3 +95,43 @@ def test_sigterm_interrupts_cleanly_and_resume_finishes(tmp_path, target):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(resumed.stdout)
     assert summary["dispatched"] == BUDGET and summary["running"] == 0 and summary["status"] == "finished"
+
+
+def _descendant_names(pid: int) -> list[str]:
+    names, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        head, rest = handle.read().rsplit(")", 1)
+                except OSError:
+                    continue
+                if int(rest.split()[1]) == parent:
+                    names.append(head.split("(", 1)[1])
+                    frontier.append(int(entry))
+    return names
+
+
+def test_sigterm_while_the_local_ray_starts_stops_it_all(tmp_path):
+    """Review: a SIGTERM inside ray.init met Ray's own handler (exit 15, no word), and Ray's agents, children
+    of the half-started raylet, outlived the controller. The signal is sent as soon as Ray's GCS runs."""
+    url = f"sqlite:///{tmp_path / 'early.db'}"
+    process = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget", "4",
+                                "--study", "early", "--storage", url], env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, process_group=0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("gcs_server" in n for n in _descendant_names(process.pid)):
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[1][-2000:]
+    groups = _ray_groups(process.pid)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["autotune: interrupted (SIGTERM)"], stderr[-3000:]
+    deadline = time.monotonic() + 30
+    while _group_alive(groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group_alive(groups) == []  # the agents too
+    assert Repository.open(url, create=False).find_study("early") is None  # Ray starts before the study is stored
