@@ -235,6 +235,8 @@ def test_export_cli_writes_a_file(cli, tmp_path):
     assert table.stdout.strip() == f"wrote {tmp_path / 't.csv'}: a replay table of 1 trial(s) (completed, OOM and " \
                                    "failed) of study 'ex'"
     to_stdout = cli("export", "ex", "--trial", "1", "--format", "json", "--storage", repo.url)
+    dash = cli("export", "ex", "--trial", "1", "--format", "json", "-o", "-", "--storage", repo.url, cwd=tmp_path)
+    assert json.loads(dash.stdout)["trial"] == 1 and not (tmp_path / "-").exists()  # review: '-' was a file
     assert json.loads(to_stdout.stdout)["trial"] == 1  # stdout holds the export alone; the note is on stderr
     assert "wrote the export to stdout: a JSON document, trial 1 of study 'ex' (--trial 1)" in to_stdout.stderr
     refused = cli("export", "ex", "--trial", "7", "--format", "json", "--storage", repo.url)

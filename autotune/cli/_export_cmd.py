@@ -21,7 +21,7 @@ def register(sub) -> None:
                    help="recipe (a Python module building the trials' Megatron-Bridge recipe with the tuned layout), "
                         "overrides (run_recipe.py overrides and the torchrun line), yaml or json (layout, workload, "
                         "metrics), table (every finished trial, the replay backend's input)")
-    p.add_argument("-o", "--output", help="write to this file (default: stdout; .parquet for a Parquet table; a name ending in "
+    p.add_argument("-o", "--output", help="write to this file (default, or -: stdout; .parquet for a Parquet table; a name ending in "
                         "another format's suffix, .json with --format yaml, is refused)")
     p.add_argument("--allow-benchmark-settings", action="store_true",
                    help="export a study that ran with benchmark-only settings (--benchmark-setting), including "
@@ -35,6 +35,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune.errors import ConfigError
     from autotune.cli._study_cmds import open_repo
 
+    if args.output == "-":  # the usual name of stdout (found by review: it made a file named '-')
+        args.output = None
     if args.output is not None:
         _check_suffix(args.output, args.format)
     repo = open_repo(args, read_only=True)

@@ -115,11 +115,16 @@ def register(sub) -> None:
 
 
 def wide_console():
-    """A rich console; when output is not a terminal (a pipe, a log), wide enough for the leaderboard."""
+    """A rich console; when output is not a terminal (a pipe, a log), wide enough for the leaderboard,
+    unless $COLUMNS says how wide (rich reads it; found by review: `COLUMNS=80 ... | cat` printed 150)."""
+    import os
+
     from rich.console import Console
 
     console = Console()
-    return console if console.is_terminal else Console(width=150)
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return console
+    return Console(width=150)
 
 
 def open_repo(args: argparse.Namespace, read_only: bool = False):
@@ -370,6 +375,9 @@ def _print_final(board, summary) -> None:
     console.print(leaderboard.rich_table(board, title=f"{board.study.name}: top 10"))
     console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
     s = board.summary
+    if summary.stop_reason == "exhausted":  # found by review: `dispatched 1/5` and no word why
+        console.print(f"stopped at {s['dispatched']} of {s['budget']} runs: the sampler has no layout left to propose "
+                      "(every legal one ran, or is ruled out by a measured OOM or predicted not to fit)", markup=False)
     if s["best_config"] is None:
         first = next((r for r in board.rows if r["status"] != "completed" and (r["message"] or r["reason"])), None)
         why = ""

@@ -137,6 +137,11 @@ def check_study_name(name: str) -> str:
     if not is_study_name(name):  # the store refuses any other where it reads or writes a study
         raise ConfigError(f"--study must be 1..{MAX_STUDY_NAME} printable characters, got {len(name)} "
                           f"character(s): {name[:40]!r}")
+    # a new study only (the store still reads older ones): a blank name is a blank row, and a name like
+    # an option (`--help`) cannot be given to `leaderboard` or `resume` (found by review)
+    if name != name.strip() or name.startswith("-"):
+        raise ConfigError(f"--study {name[:40]!r}: a study name neither starts with '-' nor starts or ends "
+                          "with a space")
     return name
 
 

@@ -471,3 +471,22 @@ def test_start_holds_no_more_slots_than_runs_left(cli, tmp_path):
                  "--storage", f"sqlite:///{tmp_path / 's.db'}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Ray is up (2 trial(s) at a time)" in result.stdout
+
+
+def test_a_piped_leaderboard_is_as_wide_as_columns_says(cli, finished_study):
+    """Review: output to a pipe was 150 columns whatever $COLUMNS said; without it, 150 still."""
+    url, _ = finished_study
+    narrow = cli("leaderboard", "demo", "--storage", url, env={"COLUMNS": "80"})
+    assert narrow.returncode == 0 and max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    wide = cli("leaderboard", "demo", "--storage", url, env={"COLUMNS": ""})
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80
+
+
+def test_a_study_that_runs_out_of_layouts_says_why_it_stopped(cli, tmp_path):
+    """Review: `dispatched 1/5` and no word why (only --json had stop_reason)."""
+    fixes = [f"--fix={f}" for f in ("tp=2", "pp=2", "cp=1", "mbs=1", "dist_opt=true", "vpp=1", "sp=true",
+                                    "recompute=none")]
+    result = cli("start", "--model", "llama3_8b", "--gpus", "8", "--budget", "5", *fixes, "--sim-seconds", "0",
+                 "--storage", f"sqlite:///{tmp_path / 'x.db'}", env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "stopped at 1 of 5 runs: the sampler has no layout left to propose" in " ".join(result.stdout.split())
