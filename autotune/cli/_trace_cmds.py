@@ -30,6 +30,12 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from autotune.megatron import trace
 
     summaries = trace.summarize(args.file)
+    if not summaries:  # found by review: an empty table and exit 0, as if the trace had been read
+        from autotune._paths import shown
+        from autotune.errors import ConfigError
+
+        raise ConfigError(f"{shown(args.file)} holds no GPU kernel with a start, end, device and name: nothing to "
+                          "summarize (was the run traced with CUDA activity?)")
     data = trace.to_dict(summaries)
     if args.json:
         print(json.dumps(data, indent=2))

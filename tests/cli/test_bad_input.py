@@ -414,6 +414,18 @@ def test_trace_summarize_skips_kernel_rows_without_name_or_device(tmp_path):
     assert device["kernels"] == 2 and device["overlapped_s"] == pytest.approx(500e-9)
 
 
+def test_trace_summarize_of_a_trace_without_kernels_says_so(tmp_path):
+    """Review: an empty kernel table (or rows without times) printed an empty table and exited 0."""
+    path = tmp_path / "empty.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+        db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+                   "shortName INTEGER)")
+        db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (NULL, NULL, 0, 1)")
+    _assert_one_line_error(run_cli("trace", "summarize", str(path)), "holds no GPU kernel")
+
+
 def test_a_trace_name_holding_uri_characters_is_that_file_and_opened_read_only(tmp_path):
     """Found by review: the name was pasted into an SQLite URI, so `run#1.sqlite` opened (and created,
     read-write: `?mode=ro` was cut off with the '#') an empty file `run`, and `t%41.sqlite` named tA.sqlite."""
