@@ -399,15 +399,21 @@ def test_check_refuses_pathological_json(stdin, needle):
     _assert_one_line_error(result, needle)
 
 
-def test_trace_summarize_skips_kernel_rows_without_name_or_device(tmp_path):
-    path = tmp_path / "trace.sqlite"
+def _trace(path, strings: list[tuple], kernels: list[tuple]):
+    """An nsys-like SQLite export: its string table and kernel rows (start, end, device, name id)."""
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
         db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
                    "shortName INTEGER)")
-        db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "gemm"), (2, None), (3, "ncclAllReduce")])
-        db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?)",
-                       [(0, 1000, 0, 1), (500, 1500, 0, 3), (0, 10, 0, 2), (0, 10, None, 1)])
+        db.executemany("INSERT INTO StringIds VALUES (?, ?)", strings)
+        db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?)", kernels)
+    db.close()
+    return path
+
+
+def test_trace_summarize_skips_kernel_rows_without_name_or_device(tmp_path):
+    path = _trace(tmp_path / "trace.sqlite", [(1, "gemm"), (2, None), (3, "ncclAllReduce")],
+                  [(0, 1000, 0, 1), (500, 1500, 0, 3), (0, 10, 0, 2), (0, 10, None, 1)])
     result = run_cli("trace", "summarize", str(path), "--json")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     (device,) = json.loads(result.stdout)["devices"]
@@ -416,26 +422,14 @@ def test_trace_summarize_skips_kernel_rows_without_name_or_device(tmp_path):
 
 def test_trace_summarize_of_a_trace_without_kernels_says_so(tmp_path):
     """Review: an empty kernel table (or rows without times) printed an empty table and exited 0."""
-    path = tmp_path / "empty.sqlite"
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
-        db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
-                   "shortName INTEGER)")
-        db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
-        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (NULL, NULL, 0, 1)")
+    path = _trace(tmp_path / "empty.sqlite", [(1, "gemm")], [(None, None, 0, 1)])
     _assert_one_line_error(run_cli("trace", "summarize", str(path)), "holds no GPU kernel")
 
 
 def test_a_trace_name_holding_uri_characters_is_that_file_and_opened_read_only(tmp_path):
     """Found by review: the name was pasted into an SQLite URI, so `run#1.sqlite` opened (and created,
     read-write: `?mode=ro` was cut off with the '#') an empty file `run`, and `t%41.sqlite` named tA.sqlite."""
-    path = tmp_path / "run#1?x=%41.sqlite"
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
-        db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
-                   "shortName INTEGER)")
-        db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
-        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, 1000, 0, 1)")
+    path = _trace(tmp_path / "run#1?x=%41.sqlite", [(1, "gemm")], [(0, 1000, 0, 1)])
     before = sorted(p.name for p in tmp_path.iterdir())
     result = run_cli("trace", "summarize", path.name, "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -40,22 +40,28 @@ def _group_alive(pgids: set[int]) -> list[str]:
     return alive
 
 
-def _ray_groups(pid: int) -> set[int]:
-    """Process groups of the controller's descendants (Ray's processes live in a group of their own)."""
-    groups, frontier = set(), [pid]
+def _descendants(pid: int) -> list[tuple[str, int]]:
+    """(name, process group) of every descendant of `pid`, from /proc."""
+    found, frontier = [], [pid]
     while frontier:
         parent = frontier.pop()
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
                     with open(f"/proc/{entry}/stat") as handle:
-                        fields = handle.read().rsplit(")", 1)[1].split()
+                        head, rest = handle.read().rsplit(")", 1)
                 except OSError:
                     continue
+                fields = rest.split()
                 if int(fields[1]) == parent:
-                    groups.add(int(fields[2]))
+                    found.append((head.split("(", 1)[1], int(fields[2])))
                     frontier.append(int(entry))
-    return groups
+    return found
+
+
+def _ray_groups(pid: int) -> set[int]:
+    """Process groups of the controller's descendants (Ray's processes live in a group of their own)."""
+    return {group for _, group in _descendants(pid)}
 
 
 @pytest.mark.parametrize("target", ["controller", "process-group"])
@@ -97,23 +103,6 @@ def test_sigterm_interrupts_cleanly_and_resume_finishes(tmp_path, target):
     assert summary["dispatched"] == BUDGET and summary["running"] == 0 and summary["status"] == "finished"
 
 
-def _descendant_names(pid: int) -> list[str]:
-    names, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as handle:
-                        head, rest = handle.read().rsplit(")", 1)
-                except OSError:
-                    continue
-                if int(rest.split()[1]) == parent:
-                    names.append(head.split("(", 1)[1])
-                    frontier.append(int(entry))
-    return names
-
-
 def test_sigterm_while_the_local_ray_starts_stops_it_all(tmp_path):
     """Review: a SIGTERM inside ray.init met Ray's own handler (exit 15, no word), and Ray's agents, children
     of the half-started raylet, outlived the controller. The signal is sent as soon as Ray's GCS runs."""
@@ -122,7 +111,7 @@ def test_sigterm_while_the_local_ray_starts_stops_it_all(tmp_path):
                                 "--study", "early", "--storage", url], env=ENV, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, process_group=0)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("gcs_server" in n for n in _descendant_names(process.pid)):
+    while time.monotonic() < deadline and not any("gcs_server" in n for n, _ in _descendants(process.pid)):
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()[1][-2000:]
     groups = _ray_groups(process.pid)
