@@ -119,7 +119,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     flags = knob_flags(args)
     if flags:
-        _refuse_stdin_beside(flags)
         given = [flags]
     else:
         given = [_given(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
@@ -135,25 +134,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps({"config": config.to_dict(), "legal": not bad, "filled_from_recipe": filled,
                           "violations": [v.to_dict() for v in bad], "policy": [v.to_dict() for v in policy]}))
     return 0
-
-
-def _refuse_stdin_beside(flags: dict) -> None:
-    """Knob flags check one layout; layouts piped in as well would go unchecked without a word (found by
-    review: `echo '{"tp": 2}' | autotune check --tp 4` checked TP 4 alone). Stdin is looked at only when it
-    is no terminal and has something to read within a moment: a caller whose stdin stays open is not held."""
-    import select
-
-    from autotune.errors import ConfigError
-
-    try:
-        if sys.stdin is None or sys.stdin.isatty() or not select.select([sys.stdin], [], [], 0.1)[0]:
-            return
-        piped = sys.stdin.read(1)
-    except (OSError, ValueError):  # a closed or unselectable stdin: nothing piped
-        return
-    if piped:
-        raise ConfigError(f"check takes knob flags ({' '.join(f'--{k}' for k in flags)}) or layouts on stdin, "
-                          "not both")
 
 
 def _given(number: int, line: str) -> dict:

