@@ -287,6 +287,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     counts = repo.counts(study.id)
     if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
         raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials")
+    if not _ray_address(args):  # said before a word about starting Ray (second review)
+        _check_local_gpus(args.local_gpus, study.workload["gpus"])
     if not args.json:
         print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
     return _run(repo, study, args)
@@ -339,9 +341,10 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
             # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
             view.starting(f"connecting to the Ray cluster at {address}" if address else
                           f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
-        if dispatcher is None and not address:
-            _check_local_gpus(args.local_gpus, study.workload["gpus"])
-        left = study.budget - repo.counts(study.id)["dispatched"]
+        counts = repo.counts(study.id)
+        # runs still to make: new ones and those left running by an interrupted or dead controller, which
+        # the resumed one runs again (second review: resuming 4 stopped runs of 4 got one slot)
+        left = study.budget - counts["dispatched"] + counts["running"]
         controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
                                       max_concurrent=_slots_wanted(args.max_concurrent, left), on_tick=view.tick,
                                       dispatcher=dispatcher)

@@ -124,3 +124,36 @@ def test_sigterm_while_the_local_ray_starts_stops_it_all(tmp_path):
         time.sleep(0.2)
     assert _group_alive(groups) == []  # the agents too
     assert Repository.open(url, create=False).find_study("early") is None  # Ray starts before the study is stored
+
+
+def _stop(process: subprocess.Popen) -> str:
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=120)[0]
+
+
+def test_resume_of_stopped_runs_holds_a_slot_for_each(tmp_path):
+    """Second review: resuming a study whose whole budget was dispatched and stopped counted no runs left
+    and held one slot, so the stopped runs ran one after another."""
+    url = f"sqlite:///{tmp_path / 'slots.db'}"
+    common = ["--local-gpus", "32", "--storage", url]
+    start = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget", "2",
+                              "--sim-seconds", "300", "--study", "slots", *common], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, process_group=0)
+    repo, deadline = None, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            repo = repo or Repository.open(url, create=False)
+        except StorageError:
+            continue
+        study = repo.find_study("slots")
+        if study is not None and repo.counts(study.id)["dispatched"] == 2:
+            break
+    assert "Ray is up (2 trial(s) at a time)" in _stop(start) and start.returncode == 143
+    resume = subprocess.Popen([sys.executable, "-m", "autotune", "resume", "slots", *common], env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    shown = ""
+    while "Ray is up" not in shown and resume.poll() is None and time.monotonic() < deadline + 120:
+        shown += resume.stdout.readline()
+    shown += _stop(resume)
+    assert "Ray is up (2 trial(s) at a time)" in shown, shown[-2000:]
