@@ -53,6 +53,13 @@ def _raise_interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt()  # every Ctrl-C: a second one is how a user insists
 
 
+def record_terminated() -> None:
+    """A SIGTERM that another handler took (ray.init's) counts as received inside `sigterm_as_interrupt`:
+    a second one is then recorded only (outside every block nothing would clear the record)."""
+    if _depth:
+        _received.append(Terminated)
+
+
 def raise_if_terminated() -> None:
     """Raise again the SIGTERM (Terminated) or Ctrl-C (KeyboardInterrupt) that arrived since the outermost
     `sigterm_as_interrupt` was entered.
@@ -124,6 +131,16 @@ def ray_outside_our_group() -> Iterator[int | None]:
         return
     try:
         yield placeholder.pid
+    except BaseException:
+        # cut short (a SIGTERM, Ctrl-C, an error): stop every process started inside, Ray's agents too
+        # (children of a raylet that may already be gone), while the placeholder, alive or not yet reaped,
+        # still holds the group's id, so that no other group can have taken it
+        with contextlib.suppress(OSError):
+            os.setpgid(0, original if original != os.getpid() else 0)
+        if os.getpgrp() != placeholder.pid:  # never the group we are in
+            with contextlib.suppress(OSError):
+                os.killpg(placeholder.pid, signal.SIGKILL)
+        raise
     finally:
         with contextlib.suppress(OSError):
             os.setpgid(0, original if original != os.getpid() else 0)

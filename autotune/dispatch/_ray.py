@@ -109,46 +109,28 @@ class RayDispatcher(Dispatcher):
 
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            if self.address:
-                try:
-                    with warnings.catch_warnings():  # Ray Client warns before it raises: the error says it
-                        warnings.simplefilter("ignore")
-                        ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
-                                 logging_level="ERROR")
-                except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
-                    # an address Ray cannot parse, `auto` with no cluster running here, a refused handshake
-                    reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
-                    raise ConfigError(f"cannot connect to the Ray cluster at {self.address!r}: {reason}") from None
-            else:
-                gpus = self.local_gpus or self.resources.gpus
-                from autotune._signals import ray_outside_our_group
-
-                # address="local": always a new local cluster, never one that happens to run on this machine;
-                # its processes get their own group, so a SIGTERM to ours does not kill them under us
-                ours = signal.getsignal(signal.SIGTERM)
-                group = None
-                try:
-                    with ray_outside_our_group() as group:
-                        ray.init(address="local", num_cpus=os.cpu_count() or 2, num_gpus=gpus, namespace=NAMESPACE,
-                                 include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-                except BaseException as exc:
-                    # a start cut short (SIGTERM, Ctrl-C) leaves the processes it had started: ray.shutdown
-                    # stops the node's own, and Ray's agents (children of the raylet) are stopped by their
-                    # process group (found by review: they outlived the controller)
-                    with contextlib.suppress(Exception):
-                        ray.shutdown()
-                    if group is not None and group != os.getpgrp():  # never the group we are in
-                        with contextlib.suppress(OSError):
-                            os.killpg(group, signal.SIGKILL)
-                    # ray.init's own SIGTERM handler exits with code 15 at once: stop as Ctrl-C does instead
-                    if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
-                        raise _signals.Terminated() from None
-                    raise
-                finally:
-                    if ours is _signals.SIGTERM_HANDLER and threading.current_thread() is threading.main_thread():
-                        # inside sigterm_as_interrupt (`start`): a SIGTERM from here on stops as Ctrl-C does
-                        signal.signal(signal.SIGTERM, ours)
-                self._owns_ray = True
+            # ray.init installs a SIGTERM handler of its own that exits with code 15 at once (found by review:
+            # no word, and a local Ray's agents outlived the controller): a start cut short is cleaned up
+            # and stops as Ctrl-C does, and our handler is put back
+            ours = signal.getsignal(signal.SIGTERM)
+            main = threading.current_thread() is threading.main_thread()
+            try:
+                self._init_ray(ray)
+            except BaseException as exc:
+                terminated = isinstance(exc, SystemExit) and exc.code == signal.SIGTERM
+                if terminated:
+                    _signals.record_terminated()  # a second SIGTERM must not cut the clean-up short
+                if main and ours is not None:
+                    signal.signal(signal.SIGTERM, ours)
+                with contextlib.suppress(Exception):
+                    ray.shutdown()  # a local node's processes (its agents went with their group)
+                if terminated:
+                    raise _signals.Terminated() from None
+                raise
+            finally:
+                if main and ours is _signals.SIGTERM_HANDLER:
+                    # inside sigterm_as_interrupt (`start`): a SIGTERM from here on stops as Ctrl-C does
+                    signal.signal(signal.SIGTERM, ours)
         total_gpus = int(ray.cluster_resources().get("GPU", 0))
         fits = total_gpus // self.resources.gpus
         if fits < 1:
@@ -157,6 +139,26 @@ class RayDispatcher(Dispatcher):
         self._runner_cls = ray.remote(TrialRunner)
         self._slots = [self._new_slot(i) for i in range(self.capacity)]
         return self.capacity
+
+    def _init_ray(self, ray) -> None:
+        """Connect to the cluster at `address`, or start a local one with the logical GPUs asked for."""
+        if self.address:
+            try:
+                with warnings.catch_warnings():  # Ray Client warns before it raises: the error says it
+                    warnings.simplefilter("ignore")
+                    ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+            except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+                # an address Ray cannot parse, `auto` with no cluster running here, a refused handshake
+                reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+                raise ConfigError(f"cannot connect to the Ray cluster at {self.address!r}: {reason}") from None
+            return
+        # address="local": always a new local cluster, never one that happens to run on this machine; its
+        # processes get their own group, so a SIGTERM to ours does not kill them under us (and a start cut
+        # short stops them all)
+        with _signals.ray_outside_our_group():
+            ray.init(address="local", num_cpus=os.cpu_count() or 2, num_gpus=self.local_gpus or self.resources.gpus,
+                     namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        self._owns_ray = True
 
     def _new_slot(self, index: int, placement_group=None) -> _Slot:
         import ray
