@@ -467,7 +467,8 @@ def legend(board: Board) -> str:
             parts.append(f"{label} {knob.replace('_', ' ')}")
     source = board.summary.get("metrics_source", "measured")
     if source in SOURCE_MEANINGS:
-        parts.append(f"{source}: {SOURCE_MEANINGS[source]}")
+        imported = " (the study's own runs; an imported run was measured)" if board.summary.get("imported") else ""
+        parts.append(f"{source}: {SOURCE_MEANINGS[source]}{imported}")
     parts.append("MFU: % of dense BF16 peak")
     if any(row.get("tokens_per_s_per_gpu_sd") for row in board.rows + board.pinned):
         parts.append(noise_note(board.summary))

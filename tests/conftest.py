@@ -15,7 +15,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 def run_cli(*args: str, stdin: str | None = None, env: dict | None = None, timeout: float = 120, cwd=None):
     """Run the real `autotune` command in a subprocess; returns the CompletedProcess."""
-    full_env = {**os.environ, **(env or {})}
+    # a developer's exported $COLUMNS would narrow piped tables in tests that expect the default width
+    full_env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, **(env or {})}
     return subprocess.run([sys.executable, "-m", "autotune", *args], input=stdin, capture_output=True,
                           text=True, env=full_env, timeout=timeout, cwd=cwd)
 

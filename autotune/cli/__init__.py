@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    for name in ("COLUMNS", "LINES"):  # rich reads them with str.isdigit() and int(): '²' passes one, fails the other
+        value = os.environ.get(name)
+        if value is not None and not (value.isascii() and value.isdigit()):
+            del os.environ[name]
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

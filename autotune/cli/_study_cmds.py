@@ -122,7 +122,8 @@ def wide_console():
     from rich.console import Console
 
     console = Console()
-    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+    columns = os.environ.get("COLUMNS", "")
+    if console.is_terminal or (columns.isascii() and columns.isdigit() and int(columns) > 0):
         return console
     return Console(width=150)
 

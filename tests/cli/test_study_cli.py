@@ -480,6 +480,8 @@ def test_a_piped_leaderboard_is_as_wide_as_columns_says(cli, finished_study):
     assert narrow.returncode == 0 and max(len(line) for line in narrow.stdout.splitlines()) <= 80
     wide = cli("leaderboard", "demo", "--storage", url, env={"COLUMNS": ""})
     assert max(len(line) for line in wide.stdout.splitlines()) > 80
+    odd = cli("leaderboard", "demo", "--storage", url, env={"COLUMNS": "\u00b2"})  # rich: isdigit, then int() fails
+    assert odd.returncode == 0 and odd.stdout == wide.stdout, odd.stderr[-2000:]
 
 
 def test_a_study_that_runs_out_of_layouts_says_why_it_stopped(cli, tmp_path):

@@ -456,6 +456,7 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     assert (board["summary"]["imported"], board["summary"]["completed"]) == (3, 1)
     table = " ".join(cli("leaderboard", "imp", "--storage", url, env={"COLUMNS": "200"}).stdout.split())
     assert "outside the budget: 3 imported" in table and "imported = a run imported from its log" in table
+    assert "(the study's own runs; an imported run was measured)" in table  # not "every figure simulated"
     bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--no-sp", "--storage", url)
     assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr
     # review: a knob left out is the recipe's (qwen3_30b: EP16 with the distributed optimizer), not ep=1 without
