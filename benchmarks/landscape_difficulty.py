@@ -95,7 +95,7 @@ def main() -> None:
                 print(f"{bin_label(low, high):>8} {len(r):>7} {statistics.mean(x[7] for x in r):>12.4f} "
                       f"{sum(x[7] < NEAR for x in r) / len(r):>7.0%} {statistics.mean(x[8] for x in r):>18.4f} "
                       f"{sum(x[8] < NEAR for x in r) / len(r):>20.0%}")
-    print("\npublic measured sweeps (every layout measured):")
+    print("\npublic measured sweeps (every layout they measured; no headroom to keep):")
     for model in PUBLIC:
         truth = PublicTruth(model)
         print(f"{model:<18} {len(truth.speed):>4} layouts, {truth.layouts_within(NEAR):>3} within 5% of the best, "
