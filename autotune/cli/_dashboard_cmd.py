@@ -32,6 +32,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     check_port("--port", args.port, allow_zero=True)
     args.host = args.host.strip("[]")  # an IPv6 address as written in a URL: [::1]
+    if not args.host.strip():  # the socket would take '' as every interface (found by review)
+        from autotune.errors import ConfigError
+
+        raise ConfigError("--host is empty: give an address (127.0.0.1, the default, serves this machine only; "
+                          "0.0.0.0 every interface)")
     repo = open_repo(args, read_only=True)
     if not is_loopback(args.host):
         sys.stderr.write(f"autotune dashboard: warning: --host {args.host} serves every study, its configs and "

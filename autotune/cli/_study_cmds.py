@@ -157,6 +157,10 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
+    if args.workdir is not None and not args.workdir.strip():  # found by review: '' meant the default folder
+        from autotune.errors import ConfigError
+
+        raise ConfigError("--workdir is empty: give a folder (leave --workdir out for /tmp/autotune-runs)")
     space, workload = load_space_and_workload(args)
     if args.study is not None:
         check_study_name(args.study)

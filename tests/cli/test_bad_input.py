@@ -134,6 +134,8 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("study-201-chars", [*START, "--study", LONG_NAME, "--storage", "{url}"], "1..200"),
     ("study-newline", [*START, "--study", "a\nb", "--storage", "{url}"], "printable"),
     ("study-blank", [*START, "--study", " ", "--storage", "{url}"], "starts or ends with a space"),
+    ("workdir-empty", [*START, "--workdir", "", "--storage", "{url}"], "--workdir is empty"),
+    ("dashboard-host-empty", ["dashboard", "--host", "", "--storage", "{url}"], "--host is empty"),
     ("study-like-an-option", [*START, "--study=--help", "--storage", "{url}"], "neither starts with '-'"),
     ("file-where-folder-must-be", [*START, "--storage", "sqlite:////etc/hostname/x.db"], "file is in the way"),
     ("postgres-port-abc", ["status", "--storage", "postgresql+psycopg://u@127.0.0.1:abc/x"], "not a database URL"),
