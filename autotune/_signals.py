@@ -108,9 +108,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_outside_our_group() -> Iterator[int | None]:
-    """Processes started inside land in another process group than the caller's; yields that group's id
-    (None when nothing changes), with which a start cut short can stop every process it had started.
+def ray_outside_our_group() -> Iterator[None]:
+    """Processes started inside land in another process group than the caller's; a block cut short
+    (a SIGTERM, Ctrl-C, an error) kills every process it had started there.
 
     A placeholder process opens a new group; the caller joins it while inside (children inherit
     it) and returns to its own group afterwards. A session leader cannot change groups: then
@@ -118,7 +118,7 @@ def ray_outside_our_group() -> Iterator[int | None]:
     """
     original = os.getpgrp()
     if os.getsid(0) == os.getpid():
-        yield None
+        yield
         return
     placeholder = subprocess.Popen(["sleep", "3600"], process_group=0, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -127,22 +127,25 @@ def ray_outside_our_group() -> Iterator[int | None]:
     except OSError:
         placeholder.kill()
         placeholder.wait()
-        yield None
+        yield
         return
-    try:
-        yield placeholder.pid
-    except BaseException:
-        # cut short (a SIGTERM, Ctrl-C, an error): stop every process started inside, Ray's agents too
-        # (children of a raylet that may already be gone), while the placeholder, alive or not yet reaped,
-        # still holds the group's id, so that no other group can have taken it
+
+    def back_to_our_group() -> None:
         with contextlib.suppress(OSError):
             os.setpgid(0, original if original != os.getpid() else 0)
+
+    try:
+        yield
+    except BaseException:
+        # cut short: stop every process started inside, Ray's agents too (children of a raylet that may
+        # already be gone), while the placeholder, alive or not yet reaped, still holds the group's id, so
+        # that no other group can have taken it
+        back_to_our_group()
         if os.getpgrp() != placeholder.pid:  # never the group we are in
             with contextlib.suppress(OSError):
                 os.killpg(placeholder.pid, signal.SIGKILL)
         raise
     finally:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, original if original != os.getpid() else 0)
+        back_to_our_group()
         placeholder.kill()
         placeholder.wait()
