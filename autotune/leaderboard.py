@@ -146,6 +146,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "risky_faster_trials": [r.trial.number for r in pick.risky] if pick else [],
         # a running study whose controller stopped heartbeating (killed, its machine gone): `resume` continues it
         "controller_silent_s": controller_silence_s(study),
+        # the winner's longer runs after the budget (--validate-steps), reported apart from the screening
+        "validation_runs": _validation_runs(pick, study),
         "baseline_trial": baseline.number if baseline else None,
         # why the recipe's own layout never ran, when it did not (found by review: the board did not say)
         "baseline_not_run": _baseline_not_run(study) if baseline is None and dispatched else None,
@@ -153,6 +155,30 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "speedup_vs_baseline": _ratio(best_speed, baseline_speed),
     }
     return Board(study, rows, summary, pinned)
+
+
+def _validation_runs(pick: Any, study: Study) -> list[dict[str, Any]]:
+    """One entry per layout that `--validate-steps` ran again, the recommended one first: its validation
+    mean beside the screening figure the study chose it by (the validation runs never enter that figure;
+    recommend.recommend lets them order the two contenders)."""
+    if pick is None or not pick.validation:
+        return []
+    warmup = study.options.get("warmup_steps", 0) if isinstance(study.options, dict) else 0
+    warmup = warmup if isinstance(warmup, int) and warmup >= 0 else 0
+    screening = {r.trial.config_key: r for r in (pick.best, pick.runner_up) if r is not None}
+    entries = []
+    for key, result in pick.validation.items():
+        screened = screening.get(key)
+        steps = max(len(t.step_times_s) for t in result.trials) - warmup
+        entries.append({
+            "trials": [t.number for t in result.trials], "config": result.trial.config,
+            "recommended": key == pick.best.trial.config_key,
+            "tokens_per_s_per_gpu": result.mean_tokens_per_s_per_gpu,
+            # the measured steps of its (longest) run: the steps it reported less the warm-up left out
+            "measured_steps": steps if steps > 0 else None,
+            "screening_tokens_per_s_per_gpu": screened.estimate_tokens_per_s_per_gpu if screened else None,
+        })
+    return sorted(entries, key=lambda e: not e["recommended"])
 
 
 def _baseline_not_run(study: Study) -> str:
@@ -335,6 +361,33 @@ def with_sd(value: float | None, sd: float | None, spec: str = ",.0f") -> str:
 def best_with_se(summary: dict[str, Any]) -> str:
     """The recommendation's throughput ± its standard error (`8,860 ±165`), '' before any run completed."""
     return with_sd(summary["best_tokens_per_s_per_gpu"], summary.get("best_tokens_per_s_per_gpu_se"))
+
+
+def validation_note(summary: dict[str, Any]) -> str:
+    """`validation (longer runs, outside the budget): the recommended layout (trial 12) 8,785 over 50 steps
+    (screening 8,760); the runner-up TP2 ... (trial 13) 8,543 (screening 8,551)`, '' without validation runs."""
+    entries = summary.get("validation_runs") or []
+    if not entries:
+        return ""
+    parts = []
+    for entry in entries:
+        who = "the recommended layout" if entry["recommended"] else \
+            f"the runner-up {LayoutConfig.from_mapping(entry['config']).short()}"
+        trials = ", ".join(map(str, entry["trials"]))
+        steps = f" over {entry['measured_steps']:,} steps" if entry.get("measured_steps") else ""
+        screened = entry.get("screening_tokens_per_s_per_gpu")
+        parts.append(f"{who} (trial {trials}) {_fmt(entry['tokens_per_s_per_gpu'], ',.0f')}{steps}"
+                     + (f" (screening {_fmt(screened, ',.0f')})" if screened else ""))
+    verdict = ""
+    first, second = (entries + [{}])[:2]
+    # recommend.recommend orders the two contenders by their validation runs: say when that overturned the
+    # screening's order (the recommended layout is then not the one with the best screening figure)
+    if first.get("recommended") and second.get("screening_tokens_per_s_per_gpu") and \
+            first.get("screening_tokens_per_s_per_gpu"):
+        verdict = ("; the longer runs reversed the screening's order" if
+                   second["screening_tokens_per_s_per_gpu"] > first["screening_tokens_per_s_per_gpu"]
+                   else "; the longer runs kept the screening's order")
+    return "validation (longer runs, outside the budget): " + "; ".join(parts) + verdict
 
 
 def runs_note(summary: dict[str, Any]) -> str:

@@ -405,6 +405,8 @@ def _print_final(board, summary) -> None:
             if s["best_peak_mem_gib"] else "peak memory not measured")  # a replay table without a memory column
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
                   f"{leaderboard.best_with_se(s)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
+    if s.get("validation_runs"):
+        console.print(leaderboard.validation_note(s), markup=False)
     if s["risky_faster_trials"]:
         listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
         console.print(f"faster but inside the memory margin (ran, not recommended): trial(s) {listed}")
@@ -424,6 +426,7 @@ class _LiveView:
         self._live = None
         self._last = 0.0
         self._reported: set[int] = set()
+        self._in_budget = 0  # the runs of the budget reported so far (the count in `[3/40]`)
 
     def __enter__(self):
 
@@ -478,13 +481,20 @@ class _LiveView:
             summary = Text(leaderboard.summary_line(board.summary))
             self._live.update(Group(progress, leaderboard.rich_table(board), summary))
             return
+        from autotune.config import LayoutConfig
+        from autotune.controller.notes import IMPORTED, VALIDATION
+
         for row in sorted(board.rows, key=lambda r: r["trial"]):
             if row["status"] != "dispatched" and row["trial"] not in self._reported:
                 self._reported.add(row["trial"])
                 speed = f"{row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU" if row["tokens_per_s_per_gpu"] else row["reason"]
-                from autotune.config import LayoutConfig
-
-                print(f"[{len(self._reported)}/{self.study.budget}] trial {row['trial']} {row['status']}: "
+                # runs outside the budget are named, not counted: a validation run read `[13/12]`
+                if row["note"] in (IMPORTED, VALIDATION):
+                    place = row["note"]
+                else:
+                    self._in_budget += 1
+                    place = f"{self._in_budget}/{self.study.budget}"
+                print(f"[{place}] trial {row['trial']} {row['status']}: "
                       f"{LayoutConfig.from_mapping(row['config']).short()} {speed or ''}", flush=True)
 
 
@@ -568,6 +578,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         console = wide_console()
         console.print(leaderboard.rich_table(board))
         console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
+        if board.summary.get("validation_runs"):  # the rows show the runs; this line, what they decided
+            console.print(leaderboard.validation_note(board.summary), markup=False)
     return 0
 
 

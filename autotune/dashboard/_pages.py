@@ -226,7 +226,9 @@ class DashboardApp:
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "
                 f"{escape(leaderboard.best_with_se(s))} "
                 f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
-                f"{versus}{margin}</p>")
+                f"{versus}{margin}</p>"
+                + (f"<p class='muted' id='validation'>{escape(leaderboard.validation_note(s))}</p>"
+                   if s.get("validation_runs") else ""))
 
     def _table(self, name: str, rows: list[dict[str, Any]], s: dict[str, Any], sort: str, order: str) -> str:
         if sort in SORTABLE:

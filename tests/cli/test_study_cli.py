@@ -492,3 +492,17 @@ def test_a_study_that_runs_out_of_layouts_says_why_it_stopped(cli, tmp_path):
                  "--storage", f"sqlite:///{tmp_path / 'x.db'}", env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "stopped at 1 of 5 runs: the sampler has no layout left to propose" in " ".join(result.stdout.split())
+
+
+def test_validation_runs_are_named_in_the_progress_and_summed_up_at_the_end(cli, tmp_path):
+    """Review: `--validate-steps` runs read `[13/12]` in the piped progress, and the end of the study said
+    nothing of what they measured."""
+    result = cli("start", "--model", "qwen3_30b", "--budget", "3", "--validate-steps", "5", "--sim-seconds", "0",
+                 "--storage", f"sqlite:///{tmp_path / 's.db'}", "--study", "val", env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in progress[:3]] == ["[1/3", "[2/3", "[3/3"]
+    assert progress[3:] and all(line.startswith("[validation] trial ") for line in progress[3:])
+    words = " ".join(result.stdout.split())
+    assert re.search(r"validation \(longer runs, outside the budget\): the recommended layout \(trial \d+\) "
+                     r"[\d,]+ over 5 steps \(screening [\d,]+\)", words), words[-1500:]

@@ -451,6 +451,16 @@ def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen1
     assert summary.recommendation.trial.config_key in {t.config_key for t in validation}
     assert all(len(t.step_times_s) == DEFAULTS.warmup_steps + 12 for t in validation)
     assert {r.trial.config_key for r in layout_results(trials, validation=True)} == {t.config_key for t in validation}
+    # reported apart: the summary names each validated layout with its validation mean and screening figure
+    from autotune import leaderboard
+
+    entries = leaderboard.build(repo, repo.get_study("v")).summary["validation_runs"]
+    assert entries[0]["recommended"] and entries[0]["config"] == summary.recommendation.trial.config
+    assert sorted(n for e in entries for n in e["trials"]) == sorted(t.number for t in validation)
+    assert all(e["measured_steps"] == 12 and e["screening_tokens_per_s_per_gpu"] > 0 for e in entries)
+    by_key = {LayoutConfig.from_mapping(e["config"]).key(): e for e in entries}
+    for t in validation:
+        assert by_key[t.config_key]["tokens_per_s_per_gpu"] == pytest.approx(t.tokens_per_s_per_gpu)
     repo.close()
 
 

@@ -590,3 +590,20 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
     for page in (app.study_page(name, "trial", "asc"), app.compare_page([name]), app.studies_page([])):
         assert "trial-row" in page.decode() or "compare" in page.decode()
     assert "Infinity" not in leaderboard.to_json(leaderboard.build(repo, study))
+
+
+def test_study_page_says_what_the_validation_runs_measured(repo):
+    """Review: `--validate-steps` runs showed as rows and diamonds, but nothing said what they decided."""
+    from autotune.storage import TrialOrigin
+
+    study = repo.get_study(f"demo{HOSTILE}")
+    best = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True, "mbs": 2})
+    trial = repo.claim_dispatch(study.id, best.to_dict(), best.key(), None, "c", 4, predicted={},
+                                dispatch_key=f"{best.key()}#validation", origin=TrialOrigin.VALIDATION)
+    repo.finish_trial(study.id, trial.number, "completed", gpu_seconds=5000.0,
+                      metrics={"tokens_per_s_per_gpu": 7800.0, "peak_mem_gib": 75.0, "step_time_s": 33.6},
+                      step_times_s=[34.0] * 53)
+    html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode()
+    note = re.search(r"<p class='muted' id='validation'>(.*?)</p>", html, re.S).group(1)
+    assert note == (f"validation (longer runs, outside the budget): the recommended layout (trial {trial.number}) "
+                    "7,800 over 53 steps (screening 7,900)")
