@@ -24,7 +24,7 @@ from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
 from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MAX_WORKLOAD_COUNT, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS,
                              LayoutConfig, coerce_knob, is_network_gbps)
 from autotune.errors import ConfigError
-from autotune.space._arch_checks import architecture_problem
+from autotune.space._arch_checks import AT_LEAST_ONE, architecture_problem
 from autotune.space.legality import POLICY_NAMES
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -350,8 +350,8 @@ class _Reader:
         for name, raw in arch.items():
             kind = bool if fields[name].type in ("bool", bool) else int
             typed[name] = self.typed(raw, f"architecture.{name}", kind)
-            if kind is int and typed[name] < 0:
-                raise self.fail(f"architecture.{name}", "must be >= 0")
+            if kind is int and typed[name] < 0:  # the fields that must be positive say so (-32 read ">= 0")
+                raise self.fail(f"architecture.{name}", "must be >= 1" if name in AT_LEAST_ONE else "must be >= 0")
         architecture = Architecture(**typed)
         problem = architecture_problem(architecture)
         if problem:

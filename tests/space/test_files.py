@@ -55,6 +55,13 @@ def test_malformed_file_names_file_and_key(tmp_path, old, new, key):
     assert f"'{key}'" in str(info.value)
 
 
+@pytest.mark.parametrize("value", ["0", "-32"])
+def test_a_layer_count_below_one_reads_the_same_bound(tmp_path, value):
+    """Review: `num_layers: -32` was told "must be >= 0", and then 0 "must be >= 1"."""
+    with pytest.raises(ConfigError, match=r"'architecture.num_layers': must be >= 1$"):
+        load_space(str(_write_variant(tmp_path, "  num_layers: 48", f"  num_layers: {value}")))
+
+
 def test_invalid_yaml_names_file_and_line(tmp_path):
     path = _write_variant(tmp_path, "  tp: [1, 2, 4, 8]", "  tp: [1, 2")
     with pytest.raises(ConfigError) as info:
