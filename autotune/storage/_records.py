@@ -113,6 +113,8 @@ def _space(value: Any) -> bool:
             and _optional(_text)(value.get("source")) and _optional(_text)(value.get("document")))
 
 
+MAX_GPU_SECONDS_READ = 1e15  # a trial's GPU time over all its attempts (30 million GPU-years)
+
 # Columns of a trial row and what autotune writes into them. Metrics are positive when present, the
 # rule the backends' outcome validation applies before anything is stored (backends/validation.py).
 TRIAL_RULES: dict[str, tuple[Check, str]] = {
@@ -135,7 +137,10 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
     "mfu": (_optional(is_positive_finite), "a positive finite number"),
     "peak_mem_gib": (_optional(is_positive_finite), "a positive finite number"),
     "step_times_s": (_step_times, "a list of positive finite numbers"),
-    "gpu_seconds": (lambda v: is_finite_number(v) and v >= 0, "a finite number >= 0"),
+    # bounded so that a study's sum stays finite (review: two hand-edited 1e308 printed inf and JSON Infinity);
+    # the store adds at most 1e10 per attempt (repository.MAX_GPU_SECONDS_PER_ATTEMPT)
+    "gpu_seconds": (lambda v: is_finite_number(v) and 0 <= v <= MAX_GPU_SECONDS_READ,
+                    f"a number within 0..{MAX_GPU_SECONDS_READ:g}"),
     "artifacts": (_mapping, "a JSON object"),
     "controller_id": (_optional(_text), "a text"),
 }

@@ -343,6 +343,7 @@ TAMPERED_ON_BOTH = [
      "\"global_batch_size\": 512, \"seq_length\": 4096, \"precision\": \"bf16\"}'", "workload = {'gpus': 1000"),
     ("autotune_trials", "worker_losses = -1", "worker_losses = -1"),
     ("autotune_trials", "gpu_seconds = -3", "gpu_seconds = -3"),
+    ("autotune_trials", "gpu_seconds = 1e308", "gpu_seconds = 1e+308"),  # two summed to inf (review)
     ("autotune_studies", "workload = '{\"gpus\": 16, \"gpus_per_node\": 8, \"gpu\": \"h100\", \"global_batch_size\": 512, "
      "\"seq_length\": 4096, \"precision\": \"bf16\", \"network_gbps\": 1e9}'", "workload = {'gpus': 16"),
     ("autotune_studies", "workload = '[]'", "workload = []"),
