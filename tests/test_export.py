@@ -203,6 +203,10 @@ def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_
     outcome = create_backend("replay", {"replay": str(path)}).run(make_spec(config=layout.to_dict()), lambda r: None,
                                                                   threading.Event())
     assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == pytest.approx(20.0)
+    # what `start` says of it: two layouts have several rows, and both mix outcomes (review: said nothing)
+    from autotune.backends.replay import repeated_rows
+
+    assert repeated_rows(path) == (2, 2)
     for bad, needle in [("1,1,16,exploded,30.0,8000,60", "row 2: status 'exploded'"),
                         ("1,1,16,completed,nan,,60", "row 2: completed without"),
                         ("1,1,16,completed,30.0,-5,60", "row 2: tokens_per_s_per_gpu = '-5'"),

@@ -56,10 +56,15 @@ def _clean(value: Any) -> Any:
 
 
 def table_index(frame) -> dict[str, dict[str, Any]]:
-    """Canonical layout key -> the result a run of it replays. Every row is checked first (one line
+    """Canonical layout key -> the result a run of it replays. A layout with several rows (a study's
+    table holds repeated runs) replays them merged (_merged)."""
+    return {key: _merged(rows) for key, rows in table_rows(frame).items()}
+
+
+def table_rows(frame) -> dict[str, list[dict[str, Any]]]:
+    """Canonical layout key -> its rows (status and result columns). Every row is checked first (one line
     naming the row: a status other than completed / oom / failed, a metric that is not a finite number
-    > 0; rows of a status that answered nothing, from older exports, are failed runs). A layout with
-    several rows (a study's table holds repeated runs) replays them merged (_merged)."""
+    > 0; rows of a status that answered nothing, from older exports, are failed runs)."""
     from autotune.backends.validation import METRIC_KEYS, RESULT_STATUSES
 
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -85,7 +90,16 @@ def table_index(frame) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"--replay table, row {number}: not a layout ({str(exc)[:120]})") from None
         groups.setdefault(config.key(), []).append({**{k: row.get(k) for k in RESULT_COLUMNS if k in row},
                                                     "status": status})
-    return {key: _merged(rows) for key, rows in groups.items()}
+    return groups
+
+
+def repeated_rows(path: str | Path) -> tuple[int, int]:
+    """(layouts with several rows, of them those whose rows disagree on the outcome): what `start` says
+    of a table before replaying it merged (found by review: a layout that completed once and ran out of
+    memory once replayed as completed, and nothing said so)."""
+    groups = table_rows(read_table(path))
+    repeated = [rows for rows in groups.values() if len(rows) > 1]
+    return len(repeated), sum(len({r["status"] for r in rows}) > 1 for rows in repeated)
 
 
 def _merged(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -219,8 +219,14 @@ def cmd_start(args: argparse.Namespace) -> int:
             from autotune.controller.session import replay_coverage
 
             covered, lacking, foreign = replay_coverage(space, workload, args.replay)
+            from autotune.backends.replay import repeated_rows
+
+            repeated, disputed = repeated_rows(args.replay)
+            merged = (f"; {repeated} layouts have several rows, replayed as one (their mean step time"
+                      + (f"; {disputed} of them also have rows of another outcome: a completed row outranks an "
+                         "OOM, an OOM a failure" if disputed else "") + ")") if repeated else ""
             print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "
-                  f"{lacking} legal layouts; {foreign} of its rows are not legal here")
+                  f"{lacking} legal layouts; {foreign} of its rows are not legal here{merged}")
     return _run(repo, study, args, dispatcher)
 
 
