@@ -147,7 +147,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         # a running study whose controller stopped heartbeating (killed, its machine gone): `resume` continues it
         "controller_silent_s": controller_silence_s(study),
         # the winner's longer runs after the budget (--validate-steps), reported apart from the screening
-        "validation_runs": _validation_runs(pick, study),
+        "validation_runs": _validation_runs(pick, study, dispatched),
         "baseline_trial": baseline.number if baseline else None,
         # why the recipe's own layout never ran, when it did not (found by review: the board did not say)
         "baseline_not_run": _baseline_not_run(study) if baseline is None and dispatched else None,
@@ -157,12 +157,19 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     return Board(study, rows, summary, pinned)
 
 
-def _validation_runs(pick: Any, study: Study) -> list[dict[str, Any]]:
+def _validation_runs(pick: Any, study: Study, dispatched: list[Trial]) -> list[dict[str, Any]]:
     """One entry per layout that `--validate-steps` ran again, the recommended one first: its validation
     mean beside the screening figure the study chose it by (the validation runs never enter that figure;
-    recommend.recommend lets them order the two contenders)."""
-    if pick is None or not pick.validation:
+    recommend.recommend lets them order the two contenders). A validation run that did not complete (a
+    longer run can run out of memory where the short one did not) is an entry with its status and no
+    throughput."""
+    if pick is None:
         return []
+    ended = [t for t in dispatched if t.origin == VALIDATION and t.status not in ("completed", "dispatched")
+             and t.config_key not in pick.validation]
+    unfinished = [{"trials": [t.number], "config": t.config, "status": t.status,
+                   "recommended": t.config_key == pick.best.trial.config_key, "tokens_per_s_per_gpu": None,
+                   "measured_steps": None, "screening_tokens_per_s_per_gpu": None} for t in ended]
     warmup = study.options.get("warmup_steps", 0) if isinstance(study.options, dict) else 0
     warmup = warmup if isinstance(warmup, int) and warmup >= 0 else 0
     screening = {r.trial.config_key: r for r in (pick.best, pick.runner_up) if r is not None}
@@ -171,14 +178,14 @@ def _validation_runs(pick: Any, study: Study) -> list[dict[str, Any]]:
         screened = screening.get(key)
         steps = max(len(t.step_times_s) for t in result.trials) - warmup
         entries.append({
-            "trials": [t.number for t in result.trials], "config": result.trial.config,
+            "trials": [t.number for t in result.trials], "config": result.trial.config, "status": "completed",
             "recommended": key == pick.best.trial.config_key,
             "tokens_per_s_per_gpu": result.mean_tokens_per_s_per_gpu,
             # the measured steps of its (longest) run: the steps it reported less the warm-up left out
             "measured_steps": steps if steps > 0 else None,
             "screening_tokens_per_s_per_gpu": screened.estimate_tokens_per_s_per_gpu if screened else None,
         })
-    return sorted(entries, key=lambda e: not e["recommended"])
+    return sorted(entries + unfinished, key=lambda e: not e["recommended"])
 
 
 def _baseline_not_run(study: Study) -> str:
@@ -363,6 +370,10 @@ def best_with_se(summary: dict[str, Any]) -> str:
     return with_sd(summary["best_tokens_per_s_per_gpu"], summary.get("best_tokens_per_s_per_gpu_se"))
 
 
+ENDED_OTHERWISE = {"oom": "ran out of memory", "failed": "failed", "timeout": "timed out", "lost": "was lost",
+                   "pruned": "was pruned"}
+
+
 def validation_note(summary: dict[str, Any]) -> str:
     """`validation (longer runs, outside the budget): the recommended layout (trial 12) 8,785 over 50 steps
     (screening 8,760); the runner-up TP2 ... (trial 13) 8,543 (screening 8,551)`, '' without validation runs."""
@@ -376,6 +387,9 @@ def validation_note(summary: dict[str, Any]) -> str:
         trials = ", ".join(map(str, entry["trials"]))
         steps = f" over {entry['measured_steps']:,} steps" if entry.get("measured_steps") else ""
         screened = entry.get("screening_tokens_per_s_per_gpu")
+        if entry.get("tokens_per_s_per_gpu") is None:  # it ended otherwise: say how (an OOM over more steps)
+            parts.append(f"{who} (trial {trials}) {ENDED_OTHERWISE.get(entry['status'], entry['status'])}")
+            continue
         parts.append(f"{who} (trial {trials}) {_fmt(entry['tokens_per_s_per_gpu'], ',.0f')}{steps}"
                      + (f" (screening {_fmt(screened, ',.0f')})" if screened else ""))
     verdict = ""

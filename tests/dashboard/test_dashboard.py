@@ -603,7 +603,13 @@ def test_study_page_says_what_the_validation_runs_measured(repo):
     repo.finish_trial(study.id, trial.number, "completed", gpu_seconds=5000.0,
                       metrics={"tokens_per_s_per_gpu": 7800.0, "peak_mem_gib": 75.0, "step_time_s": 33.6},
                       step_times_s=[34.0] * 53)
+    # the runner-up's longer run ran out of memory where its short one had not: said, not left out
+    second = LayoutConfig.from_mapping({"ep": 16, "dist_opt": True})
+    oom = repo.claim_dispatch(study.id, second.to_dict(), second.key(), None, "c", 4, predicted={},
+                              dispatch_key=f"{second.key()}#validation", origin=TrialOrigin.VALIDATION)
+    repo.finish_trial(study.id, oom.number, "oom", reason="oom", metrics={"peak_mem_gib": 81.0})
     html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode()
     note = re.search(r"<p class='muted' id='validation'>(.*?)</p>", html, re.S).group(1)
     assert note == (f"validation (longer runs, outside the budget): the recommended layout (trial {trial.number}) "
-                    "7,800 over 53 steps (screening 7,900)")
+                    f"7,800 over 53 steps (screening 7,900); the runner-up TP1 PP1 EP16 MBS1 DO (trial {oom.number}) "
+                    "ran out of memory")
