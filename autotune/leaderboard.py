@@ -388,7 +388,13 @@ def validation_note(summary: dict[str, Any]) -> str:
         steps = f" over {entry['measured_steps']:,} steps" if entry.get("measured_steps") else ""
         screened = entry.get("screening_tokens_per_s_per_gpu")
         if entry.get("tokens_per_s_per_gpu") is None:  # it ended otherwise: say how (an OOM over more steps)
-            parts.append(f"{who} (trial {trials}) {ENDED_OTHERWISE.get(entry['status'], entry['status'])}")
+            ended = ENDED_OTHERWISE.get(entry["status"], entry["status"])
+            if entry["recommended"]:  # recommended still (no other layout is safe): say it is at risk
+                parts.append(f"{who} (trial {trials}) {ended}")
+            else:  # the screening's winner or its runner-up: recommend.recommend passed it over for the OOM
+                layout = LayoutConfig.from_mapping(entry["config"]).short()
+                parts.append(f"{layout} (trial {trials}) {ended}"
+                             + (", so it is not recommended" if entry["status"] == "oom" else ""))
             continue
         parts.append(f"{who} (trial {trials}) {_fmt(entry['tokens_per_s_per_gpu'], ',.0f')}{steps}"
                      + (f" (screening {_fmt(screened, ',.0f')})" if screened else ""))

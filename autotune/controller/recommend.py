@@ -376,7 +376,8 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     whose measured peak keeps the headroom.
 
     When validation runs exist for several of the safe layouts, the one that validated fastest wins
-    (validation runs are longer, so they decide between contenders the screening could not separate)."""
+    (validation runs are longer, so they decide between contenders the screening could not separate).
+    A layout with an OOM among its runs is not safe, whatever its completed runs peaked at."""
     trials = list(trials)
     results = layout_results(trials)
     if not results:
@@ -386,7 +387,11 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
         results = pooled(results, pooled_cache)
     validated = {r.trial.config_key: r for r in layout_results(trials, validation=True)}
     safe_limit = memory_limit_gib - headroom_gib
-    safe = [r for r in results if r.peak_mem_gib is None or r.peak_mem_gib <= safe_limit]
+    # a layout that ran out of memory in any run (a re-measurement, a longer validation run) does not fit
+    # reliably, whatever its completed runs peaked at: not recommended, shown as risky
+    oomed = {t.config_key for t in trials if t.status == "oom"}
+    safe = [r for r in results if r.trial.config_key not in oomed
+            and (r.peak_mem_gib is None or r.peak_mem_gib <= safe_limit)]
     if not safe:  # every layout is inside the margin: recommend the best anyway, flagged by the caller
         return Recommendation(results[0], tuple(results[1:]), headroom_gib, None, validated, noise)
     contenders = [r for r in safe[:2] if r.trial.config_key in validated]

@@ -613,6 +613,13 @@ def test_validation_and_risk_follow_the_estimates():
     trials = [dataclasses.replace(t, peak_mem_gib=79.0) if t.config_key == confirmed else t for t in trials]
     pick = recommend(trials, 80.0, 3.0)
     assert [r.trial.config_key for r in pick.risky] == [confirmed] and pick.best.trial.config_key != confirmed
+    # a layout that completed at a safe peak but ran out of memory in another run (a re-measurement, a longer
+    # validation run) does not fit reliably: risky, not recommended (review: its OOM was not looked at)
+    trials = _lucky_and_confirmed()
+    oom = dataclasses.replace(next(t for t in trials if t.config_key == confirmed), number=99, status="oom",
+                              tokens_per_s_per_gpu=None, peak_mem_gib=81.0)
+    pick = recommend(trials + [oom], 80.0, 3.0)
+    assert [r.trial.config_key for r in pick.risky] == [confirmed] and pick.best.trial.config_key != confirmed
 
 
 def test_search_state_trust_region_neighbours(qwen16):
