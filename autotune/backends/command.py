@@ -3,7 +3,8 @@
 The command is an argv (split with shlex, never passed through a shell; to use shell features,
 say so explicitly: `--command "bash -c '...'"`). The TrialSpec is written as JSON to its stdin.
 Lines of stdout of the form {"step": k, "step_time_s": t} are intermediate reports; the last JSON
-line of stdout is the result: {"status": "completed"|"oom"|"failed", "step_time_s", ...}.
+line of stdout with a "status" is the result: {"status": "completed"|"oom"|"failed", "step_time_s", ...}
+(other JSON lines, a JSON logger's say, are not results: one printed after an OOM made it "completed").
 A non-zero exit, no result line, or running past the trial timeout is a failed / timed-out trial
 with the stderr tail kept; the result's numbers are checked (backends.validation). Output is decoded
 with replacement (invalid UTF-8 never stops a reader) and both pipes are read at once.
@@ -140,9 +141,11 @@ class CommandBackend(Backend):
 
     @staticmethod
     def _last_json(lines) -> dict[str, Any] | None:
+        """The result: the last JSON object that says its status (review: a JSON log line printed after
+        `{"status": "oom"}` was taken for the result, its status defaulted to completed)."""
         for line in reversed(lines):
             value = json_object(line)
-            if value is not None and not ("step" in value and "status" not in value):
+            if value is not None and "status" in value:
                 return value
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -150,6 +151,21 @@ class TestCommand(BackendContract):
         assert failed("bash -c 'exit 3'") == "exit code 3; no output on stderr or stdout"
         assert failed("bash -c 'echo not json'") == "the command printed no result JSON line; stderr empty; " \
                                                    "stdout tail:\nnot json"
+
+    def test_a_json_log_line_after_the_result_is_not_the_result(self):
+        """Review: a JSON logger's line printed after `{"status": "oom"}` was taken for the result, its
+        status defaulted to completed, and the OOM was recommended at the step lines' throughput."""
+        script = ('import json; [print(json.dumps({"step": k, "step_time_s": 30.5})) for k in range(1, 7)]; '
+                  'print(json.dumps({"status": "oom", "peak_mem_gib": 85.0, "error": "CUDA out of memory"})); '
+                  'print(json.dumps({"event": "shutdown", "level": "info"}))')
+        outcome = CommandBackend({"command": [sys.executable, "-c", script]}).run(self.spec(), lambda r: None,
+                                                                                  threading.Event())
+        assert outcome.status == TrialStatus.OOM and outcome.peak_mem_gib == 85.0
+        # a JSON line with no status at all is no result either
+        only_log = 'import json; print(json.dumps({"event": "done", "step_time_s": 30.0}))'
+        outcome = CommandBackend({"command": [sys.executable, "-c", only_log]}).run(self.spec(), lambda r: None,
+                                                                                    threading.Event())
+        assert outcome.status == TrialStatus.FAILED and "no result JSON line" in outcome.error
 
     def test_missing_program_is_failed_not_raised(self):
         outcome = CommandBackend({"command": "/nonexistent/launcher"}).run(self.spec(), lambda r: None,
