@@ -139,7 +139,10 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
     at a time (read_lines on an open file: the log is never held whole). A text is split into lines
     exactly as read_lines splits a file, so both give the same result."""
     parsed = ParsedLog()
-    found: set[str] = set()  # failure classes whose patterns a line holds (every pattern fits in one line)
+    # failure classes whose patterns a line holds (every pattern fits in one line), since the last iteration
+    # line: what a run survived to log another iteration did not end it (review: a warning "... to avoid
+    # out of memory errors" made a run of ten good iterations an OOM)
+    found: set[str] = set()
     carry = ""  # the end of the last piece of an overlong line: a message may straddle two pieces
     lines = read_lines(io.StringIO(text, newline=None)) if isinstance(text, str) else text
     for line in lines:
@@ -155,6 +158,7 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
             if len(parsed.iterations) >= MAX_ITERATIONS:
                 raise TooManyIterations(f"more than {MAX_ITERATIONS} iteration lines")
             parsed.iterations.append((int(match.group(1)), float(match.group(3)) / 1000.0))
+            found = _failures_in(line)  # a message on the iteration line itself still counts
             throughput = THROUGHPUT.search(line)
             if throughput:
                 parsed.tflops_per_gpu.append(float(throughput.group(1)))

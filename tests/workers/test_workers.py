@@ -117,10 +117,19 @@ def test_an_overlong_line_is_searched_for_failures_but_gives_no_figures():
     # found by review: a line cut at the cap lost an OOM message behind it, and a figure cut in two was read
     cap = logparse.MAX_LINE_CHARS
     for padding in (cap + 5000, cap - 10, 3 * cap - 20):  # the message inside a later piece, and across two
-        text = "\0" * padding + "torch.OutOfMemoryError: CUDA out of memory\n" + LOG
+        text = LOG + "\0" * padding + "torch.OutOfMemoryError: CUDA out of memory\n"  # after the last iteration
         assert parse_log(text).failure == "oom"
     cut = "x" * (cap - 45) + " iteration 5/ 10 | elapsed time per iteration (ms): 12345678\n"
     assert len(cut) > cap and parse_log(cut + LOG).iterations == parse_log(LOG).iterations
+
+
+def test_only_a_failure_after_the_last_iteration_ended_the_run():
+    """Review: a warning "... expandable_segments:True to reduce fragmentation and avoid out of memory
+    errors" before ten good iterations made the run an OOM."""
+    warning = "UserWarning: set expandable_segments:True to reduce fragmentation and avoid out of memory errors\n"
+    assert parse_log(warning + LOG).failure is None and parse_log(warning + LOG).step_time_s
+    assert parse_log(LOG + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n").failure == "oom"
+    assert parse_log(warning).failure == "oom"  # no iteration ran: what it says is all there is
 
 
 def test_a_log_with_too_many_iterations_is_refused(monkeypatch):
