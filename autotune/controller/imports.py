@@ -50,6 +50,11 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
             and parsed.max_allocated_gib > parsed.max_reserved_gib * 1.001:  # PyTorch reserves what it allocates
         raise ConfigError(f"{name}: the log's peak allocated memory ({parsed.max_allocated_gib:.1f} GiB) exceeds its "
                           f"peak reserved memory ({parsed.max_reserved_gib:.1f} GiB), which cannot be; nothing imported")
+    other_batches = sorted(parsed.global_batch_sizes - {workload.global_batch_size})
+    if other_batches:  # review: a GBS-256 run was stored at four times its throughput, counted for 1024
+        raise ConfigError(f"{name}: the log's iterations ran a global batch size of "
+                          f"{', '.join(map(str, other_batches))}, the study's is {workload.global_batch_size}: "
+                          "another workload; nothing imported")
     if parsed.failure == "oom":
         status = "oom"
     elif len(dict(parsed.iterations)) == 1:  # the warm-up alone (printed once or more): no steady-state step

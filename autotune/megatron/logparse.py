@@ -24,6 +24,7 @@ GIB = float(1 << 30)
 NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?![\d.]|[eE][+-]?\d)"
 COUNT = r"(\d{1,12})(?!\d)"
 ITERATION = re.compile(rf"iteration\s+{COUNT}\s*/\s*{COUNT}\s*\|.*?elapsed time per iteration \(ms\):\s*{NUMBER}")
+GLOBAL_BATCH = re.compile(rf"global batch size:\s*{COUNT}")
 THROUGHPUT = re.compile(rf"throughput per GPU \(TFLOP/s/GPU\):\s*{NUMBER}")
 STEP_TIME = re.compile(rf"Step Time\s*:\s*{NUMBER}s\s+GPU utilization:\s*{NUMBER}\s*MODEL_TFLOP/s/GPU")
 MEMORY = re.compile(rf"\[Rank {COUNT}\].*?memory \(GB\).*?mem-max-allocated-gigabytes:\s*{NUMBER}"
@@ -111,6 +112,8 @@ class ParsedLog:
     failure: str | None = None
     unreadable_iterations: int = 0  # iteration lines whose figures are no number Megatron prints
     unreadable_memory: int = 0  # memory lines with a figure that is no number Megatron prints
+    # the global batch sizes its iteration lines print: a run of another batch is another workload
+    global_batch_sizes: set[int] = field(default_factory=set)
 
     def measured_times(self) -> list[float]:
         """Iteration times after the first 10% (at least the first iteration) are skipped."""
@@ -159,6 +162,9 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
                 raise TooManyIterations(f"more than {MAX_ITERATIONS} iteration lines")
             parsed.iterations.append((int(match.group(1)), float(match.group(3)) / 1000.0))
             found = _failures_in(line)  # a message on the iteration line itself still counts
+            batch = GLOBAL_BATCH.search(line)
+            if batch:
+                parsed.global_batch_sizes.add(int(batch.group(1)))
             throughput = THROUGHPUT.search(line)
             if throughput:
                 parsed.tflops_per_gpu.append(float(throughput.group(1)))

@@ -468,6 +468,16 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     assert "(the study's own runs; an imported run was measured)" in table  # not "every figure simulated"
     bad = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--no-sp", "--storage", url)
     assert bad.returncode == 2 and "ep_with_tp_needs_sp" in bad.stderr
+    # review: a run of another global batch size was stored at four times its throughput (counted for the
+    # study's); refused, nothing stored
+    other = tmp_path / "gbs256.log"
+    other.write_text(LOG.replace("global batch size:  1024", "global batch size:   256"))
+    assert other.read_text() != LOG
+    refused = cli("import-log", str(other), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                  "--storage", url)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "the log's iterations ran a global batch size of 256, the study's is 1024: another workload; nothing imported")
+    assert json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout) == board
     # review: a knob left out is the recipe's (qwen3_30b: EP16 with the distributed optimizer), not ep=1 without
     # it, and the command says which it took
     filled = cli("import-log", str(log), "--study", "imp", "--storage", url, "--json")
