@@ -65,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"autotune: interrupted{' (SIGTERM)' if terminated else ''}\n")
         return 143 if terminated else 130
     except BrokenPipeError:
+        import os
+
+        # the reader went (`| head`): no more output, and none at exit (Python's flush would complain)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if args.subcommand in ("start", "resume"):  # a study stopped with it: say so, as after Ctrl-C
+            sys.stderr.write(f"autotune {args.subcommand}: interrupted (its output was closed); "
+                             "`autotune resume` continues the study\n")
+            return 141  # 128 + SIGPIPE, as a shell reports a pipeline's writer stopped by it
         return 0
 
 

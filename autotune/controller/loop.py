@@ -174,10 +174,14 @@ class Controller:
             if self.options.validate_steps > 0:
                 raise_if_terminated()  # not validation runs of a study a swallowed SIGTERM stopped
                 self._validate(self.options.validate_steps)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError):
+            # a broken pipe: the output the user read from (`autotune start | head`) is gone; the study
+            # stops as after Ctrl-C, `resume` continues it (review: it was left `running`, a run stuck)
             stop_reason = "interrupted"
             for number in list(self.running):
                 self.dispatcher.cancel(number)
+            # shown stopped at once, not `running` until their heartbeat went stale (review)
+            self.repo.release_trials(self.study.id, list(self.running))
             self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)
             raise
         finally:

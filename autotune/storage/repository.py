@@ -378,6 +378,16 @@ class Repository:
                 controller_id=controller_id, heartbeat_at=utcnow()))
             return result.rowcount == 1
 
+    def release_trials(self, study_id: int, numbers: list[int]) -> None:
+        """Let go of dispatched trials this controller cancelled (an interruption): no heartbeat, so readers
+        show them stopped at once and the next controller adopts them without waiting for staleness."""
+        if not numbers:
+            return
+        with self.session() as s:
+            s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number.in_(numbers),
+                                             TrialRow.status == TrialRecordStatus.DISPATCHED.value)
+                      .values(heartbeat_at=None))
+
     def heartbeat_trials(self, study_id: int, numbers: list[int]) -> None:
         if not numbers:
             return

@@ -506,3 +506,30 @@ def test_validation_runs_are_named_in_the_progress_and_summed_up_at_the_end(cli,
     words = " ".join(result.stdout.split())
     assert re.search(r"validation \(longer runs, outside the budget\): the recommended layout \(trial \d+\) "
                      r"[\d,]+ over 5 steps \(screening [\d,]+\)", words), words[-1500:]
+
+
+def test_start_whose_output_is_closed_stops_the_study_as_an_interruption(cli, tmp_path):
+    """Review: `autotune start ... | head -3` exited 0 without a word and left the study `running` with a
+    run stuck in it. Now the study is interrupted (its cancelled run shown stopped at once), one line on
+    stderr, exit 141 (a writer stopped by SIGPIPE), and `resume` finishes it."""
+    import os
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, **ENV}
+    process = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget", "6",
+                                "--study", "pipe", "--storage", url, "--sim-seconds", "0.5"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(4):  # like `head -4`: the lines up to the first trial's, then the reader goes
+        process.stdout.readline()
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 141, stderr[-2000:]
+    assert stderr.strip() == "autotune start: interrupted (its output was closed); `autotune resume` continues the study"
+    board = json.loads(cli("leaderboard", "pipe", "--all", "--storage", url, "--format", "json").stdout)
+    assert board["summary"]["status"] == "interrupted" and board["summary"]["dispatched"] < 6
+    assert not [r for r in board["trials"] if r["status"] == "dispatched" and not r["stopped"]]  # none `running`
+    resumed = cli("resume", "pipe", "--storage", url, env=ENV, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "dispatched 6/6" in resumed.stdout
