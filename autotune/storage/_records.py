@@ -115,6 +115,32 @@ def _space(value: Any) -> bool:
 
 MAX_GPU_SECONDS_READ = 1e15  # a trial's GPU time over all its attempts (30 million GPU-years)
 
+
+def _physical_bounds() -> dict[str, float]:
+    """Upper bounds no run on any GPU of the catalog can exceed, whatever its study: the writers check each
+    run against its own GPU and model (backends/validation.py); a row read back past these was edited by
+    hand (review: 1e12 tokens/s/GPU was shown, exported and ranked first)."""
+    from autotune.backends.validation import OOM_MEMORY_FACTOR
+    from autotune.catalog import GPU_TYPES
+
+    peak_tflops = max(max(g.peak_tflops.values()) for g in GPU_TYPES.values())
+    return {
+        "tflops_per_gpu": peak_tflops,
+        "mfu": max(max(g.peak_tflops.values()) / g.bf16_peak_tflops for g in GPU_TYPES.values()),
+        "peak_mem_gib": max(g.memory_gib for g in GPU_TYPES.values()) * OOM_MEMORY_FACTOR,
+        # ~6 FLOPs per parameter and token: a model of a million parameters at the largest peak
+        "tokens_per_s_per_gpu": peak_tflops * 1e12 / 6e6,
+    }
+
+
+PHYSICAL = _physical_bounds()
+
+
+def _metric(name: str) -> tuple[Check, str]:
+    bound = PHYSICAL[name]
+    return (_optional(lambda v: is_positive_finite(v) and v <= bound),
+            f"a positive number at most {bound:.4g} (no GPU runs more)")
+
 # Columns of a trial row and what autotune writes into them. Metrics are positive when present, the
 # rule the backends' outcome validation applies before anything is stored (backends/validation.py).
 TRIAL_RULES: dict[str, tuple[Check, str]] = {
@@ -132,10 +158,10 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
     "worker_losses": (_count, "a count"),
     "attempt": (_count, "a count"),
     "step_time_s": (_optional(is_positive_finite), "a positive finite number"),
-    "tokens_per_s_per_gpu": (_optional(is_positive_finite), "a positive finite number"),
-    "tflops_per_gpu": (_optional(is_positive_finite), "a positive finite number"),
-    "mfu": (_optional(is_positive_finite), "a positive finite number"),
-    "peak_mem_gib": (_optional(is_positive_finite), "a positive finite number"),
+    "tokens_per_s_per_gpu": _metric("tokens_per_s_per_gpu"),
+    "tflops_per_gpu": _metric("tflops_per_gpu"),
+    "mfu": _metric("mfu"),
+    "peak_mem_gib": _metric("peak_mem_gib"),
     "step_times_s": (_step_times, "a list of positive finite numbers"),
     # bounded so that a study's sum stays finite (review: two hand-edited 1e308 printed inf and JSON Infinity);
     # the store adds at most 1e10 per attempt (repository.MAX_GPU_SECONDS_PER_ATTEMPT)

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from autotune._numbers import is_finite_number, is_positive_finite
 from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine
-from autotune.storage._records import check_study_values, check_trial_values
+from autotune.storage._records import TRIAL_RULES, check_study_values, check_trial_values
 from autotune.storage.migrations import current_revision, ensure_schema, stamped_revision
 from autotune.storage.models import (REJECTED_BASE, SCHEMA_REVISION, TERMINAL_STATUSES, ClaimRefused, StudyRow,
                                      StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
@@ -404,7 +404,8 @@ class Repository:
         for key in METRIC_FIELDS:
             # completed and OOM results were validated whole; a failed run's figures may be anything:
             # the store keeps only measurements its read side (_records) accepts
-            if metrics and is_positive_finite(metrics.get(key)):
+            if metrics and metrics.get(key) is not None and is_positive_finite(metrics[key]) \
+                    and TRIAL_RULES[key][0](float(metrics[key])):
                 values[key] = float(metrics[key])
         if step_times_s is not None:
             # a failed, pruned or timed-out run's step times reach here as the launcher reported them

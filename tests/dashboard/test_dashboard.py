@@ -556,19 +556,24 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
             assert response.status == 200
     finally:
         server.shutdown()
-    # runs of one layout at the ends of the float range (each positive and finite, so readable): two that far
+    from autotune.errors import StorageError
+    from autotune.storage._records import PHYSICAL
+
+    BIG = PHYSICAL["tokens_per_s_per_gpu"]
+    # runs of one layout at the ends of what the store reads (the float minimum, and the most any GPU
+    # runs: storage._records.PHYSICAL): two that far
     # apart are a disputed pair (surrogate.straggler_runs), left out of the run noise, which stays the assumed 3%
     with repo.engine.begin() as c:
         first = c.execute(text("SELECT config, config_key FROM autotune_trials WHERE number = 1")).one()
         c.execute(text("UPDATE autotune_trials SET config = :c, config_key = :k, tokens_per_s_per_gpu = 1e-308 "
                        "WHERE number = 2"), {"c": first[0], "k": first[1]})
-        c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 1e308 WHERE number = 1"))
+        c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = :v WHERE number = 1"), {"v": BIG})
     extreme = app.study_page(name, "trial", "asc").decode()
     points = figure(extreme, "throughput-chart")["data"][0]
     bars = dict(zip(points["y"], points["error_y"]["array"]))
-    assert set(bars) == {1e-308, 1e308} and bars[1e308] == pytest.approx(1e308 * NOISE_LOG_STD)
-    # a third run between them: stragglers stay a minority, so the run-to-run sd overflows, and the page shows
-    # the throughputs without one rather than failing on inf
+    assert set(bars) == {1e-308, BIG} and bars[BIG] == pytest.approx(BIG * NOISE_LOG_STD)
+    # a third run between them: stragglers stay a minority, so the run-to-run sd is enormous (it overflowed
+    # when the store read 1e308), and the page still shows every run with its bar
     layout = LayoutConfig.from_mapping(json.loads(first[0]) if isinstance(first[0], str) else first[0])
     third = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 5, dispatch_key="third",
                                 strategy_note="remeasure")
@@ -576,14 +581,15 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
     extreme = app.study_page(name, "trial", "asc").decode()
     points = figure(extreme, "throughput-chart")["data"][0]
     bars = dict(zip(points["y"], points["error_y"]["array"]))
-    assert set(bars) == {1e-308, 1e308, 1.0} and bars[1e308] == 0.0  # no bar where the sd is not a number
+    assert set(bars) == {1e-308, BIG, 1.0} and BIG < bars[BIG] < float("inf")
     labels = dict(zip(points["y"], points["text"]))
-    assert "±" not in labels[1e308] and "±" in labels[1.0]  # nor a ±0 in the hover text
-    # two runs near the float maximum (their sum overflows) and a 5e-324 baseline (an infinite speed-up):
-    # the pages show them, with no Infinity in their strict JSON
+    assert "±" in labels[BIG] and "±" in labels[1.0]
+    # two runs near the float maximum (their sum overflowed) are refused by the read side now, one line
     with repo.engine.begin() as c:
         c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 1.7e308 WHERE number IN (1, 2)"))
-    assert "trial-row" in app.study_page(name, "trial", "asc").decode()
+    with pytest.raises(StorageError, match="no GPU runs more"):
+        app.study_page(name, "trial", "asc")
+    # a 5e-324 baseline (an infinite speed-up): the pages show it, with no Infinity in their strict JSON
     with repo.engine.begin() as c:
         c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 5e-324 WHERE number = 1"))
         c.execute(text("UPDATE autotune_trials SET tokens_per_s_per_gpu = 7900 WHERE number = 2"))
