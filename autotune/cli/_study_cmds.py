@@ -226,7 +226,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                       + (f"; {disputed} of them also have rows of another outcome: a completed row outranks an "
                          "OOM, an OOM a failure" if disputed else "") + ")") if repeated else ""
             print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "
-                  f"{lacking} legal layouts; {foreign} of its rows are not legal here{merged}")
+                  f"{lacking} legal layouts; {foreign} of its layouts are not legal here{merged}")
     return _run(repo, study, args, dispatcher)
 
 

@@ -36,11 +36,17 @@ def check_sampler(sampler: str) -> str:
 
 
 def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[int, int, int]:
-    """(legal layouts the table measured, legal layouts it lacks, table rows that are not legal here)."""
+    """(legal layouts the table measured, legal layouts it lacks, layouts of the table not legal here).
+    Layouts as the legal set has them (performance knobs at the recipe's): a row of a legal layout with a
+    CUDA graph, say, is a knob variant the study may run, not a layout foreign to it (review: it was
+    counted "not legal here", then run and recommended)."""
+    import json
+
     from autotune.backends.replay import ReplayBackend
 
     legal = {c.key() for c in enumerate_legal(space, workload).configs}
-    measured = ReplayBackend.answerable_layouts({"replay": path})
+    measured = {LayoutConfig.from_mapping(json.loads(key)).layout_only().key()
+                for key in ReplayBackend.answerable_layouts({"replay": path})}
     return len(legal & measured), len(legal - measured), len(measured - legal)
 
 

@@ -972,6 +972,16 @@ def test_public_sweep_tables_are_legal_in_their_spaces(model):
     assert not space.model.exportable
 
 
+def test_a_replay_tables_knob_variant_of_a_legal_layout_is_not_counted_foreign(tmp_path):
+    """Review: a row of a legal layout with a CUDA graph was counted "not legal here", then run and recommended."""
+    space = load_space("qwen3_30b")
+    workload = make_workload(space)
+    table = tmp_path / "t.csv"
+    table.write_text("tp,pp,ep,dist_opt,cuda_graph,status,step_time_s\n1,1,16,True,,completed,30\n"
+                     "1,1,16,True,full_iteration,completed,29\n3,1,16,True,,completed,30\n")
+    assert replay_coverage(space, workload, str(table)) == (1, len(enumerate_legal(space, workload).configs) - 1, 1)
+
+
 def test_replay_of_a_public_sweep_measures_only_its_layouts_once_each(tmp_path):
     """A replay study spends its budget on the table's layouts only and never re-measures (replay repeats)."""
     space = load_space("vtrain_gpt_39p1b")
