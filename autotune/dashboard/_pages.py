@@ -116,7 +116,9 @@ class DashboardApp:
                             f"shown: {escape(str(exc)[:200])}</td></tr>")
                 continue
             checked = " checked" if s.name in selected else ""
-            kind = " <span class='muted'>(simulated)</span>" if s.backend == "simulate" else ""
+            # a study whose figures are no measurement says so (review: replayed ones did not)
+            source = leaderboard.METRICS_SOURCES.get(s.backend)
+            kind = f" <span class='muted'>({source})</span>" if source else ""
             rows.append(
                 f"<tr><td class='l'><input type='checkbox' name='study' value='{escape(s.name)}'{checked}></td>"
                 f"<td class='l'><a href='/study/{quote(s.name, safe='')}'>{escape(s.name)}</a>{kind}</td>"

@@ -619,3 +619,19 @@ def test_study_page_says_what_the_validation_runs_measured(repo):
     assert note == (f"validation (longer runs, outside the budget): the recommended layout (trial {trial.number}) "
                     f"7,800 over 53 steps (screening 7,900); TP1 PP1 EP16 MBS1 DO (trial {oom.number}) "
                     "ran out of memory, so it is not recommended")
+
+
+def test_the_list_of_studies_says_which_are_simulated_and_which_replayed(repo):
+    """Review: the list marked a simulated study, not a replayed one (whose figures were measured elsewhere)."""
+    study = repo.get_study(f"demo{HOSTILE}")
+    for name, backend in (("looked-up", "replay"), ("on-gpus", "command")):
+        repo.create_study(name=name, model="qwen3_30b", workload=study.workload, space={"domains": {}}, budget=1,
+                          sampler="auto", backend=backend, backend_options={}, options={},
+                          optuna_study_name=f"autotune:{name}", status="finished")
+    listing = DashboardApp(repo).studies_page([]).decode()
+    rows = {re.search(r"value='([^']*)'", row).group(1): row for row in listing.split("<tr>")[1:]
+            if "value='" in row}
+    assert "(replayed)" in rows["looked-up"] and "(simulated)" in rows[f"demo{HOSTILE}".replace("<", "&lt;")
+                                                                              .replace(">", "&gt;")
+                                                                              .replace("'", "&#x27;")]
+    assert "(simulated)" not in rows["on-gpus"] and "(replayed)" not in rows["on-gpus"]
