@@ -148,6 +148,8 @@ def check_study_name(name: str) -> str:
     if name != name.strip() or name.startswith("-"):
         raise ConfigError(f"--study {name[:40]!r}: a study name neither starts with '-' nor starts or ends "
                           "with a space")
+    if name in (".", ".."):  # its dashboard address /study/.. is /, for browsers (review): no page reached it
+        raise ConfigError(f"--study {name!r}: a study name is not '.' or '..' (its web address would not be its own)")
     return name
 
 
