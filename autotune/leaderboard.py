@@ -22,7 +22,7 @@ from autotune.storage import Repository, Study, Trial
 
 # new columns go last: a script reading the CSV by position keeps working
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
-           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped")
+           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped", "source")
 
 
 # What a study's numbers are, by backend: only backends that run the training measure anything.
@@ -45,7 +45,7 @@ class Board:
 
 
 def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None,
-         study_status: str = "running") -> dict[str, Any]:
+         study_status: str = "running", backend: str = "") -> dict[str, Any]:
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     return {
         "trial": trial.number, "status": trial.status, "reason": trial.reason, "config": trial.config,
@@ -59,6 +59,8 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
         "peak_mem_gib": trial.peak_mem_gib, "gpu_seconds": trial.gpu_seconds,
         "speedup_vs_baseline": _ratio(speed, baseline_speed),
         "note": trial.strategy_note or (trial.origin if trial.origin != "study" else None), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
+        # measured, simulated or replayed: in every row, so a CSV read alone says it (review: only JSON did)
+        "source": metrics_source(backend, trial.origin),
     }
 
 
@@ -105,10 +107,10 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     # throughput (none where the backend's runs repeat exactly, such as replay)
     pick = study_recommendation(dispatched, study)
     noise = pick.noise if pick else None
-    rows = [_row(t, baseline_speed, noise, study.status) for t in shown]
+    rows = [_row(t, baseline_speed, noise, study.status, study.backend) for t in shown]
     if top is not None:
         rows = rows[:top]
-    pinned = ([_row(baseline, baseline_speed, noise, study.status)]
+    pinned = ([_row(baseline, baseline_speed, noise, study.status, study.backend)]
               if baseline and baseline.number not in {r["trial"] for r in rows} else [])
     counts = repo.counts(study.id)
     stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them

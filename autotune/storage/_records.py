@@ -177,7 +177,7 @@ STUDY_RULES: dict[str, tuple[Check, str]] = {
     "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
                              "network_gbps when the cluster has its own)"),
     "space": (_space, "a space (knob domains as lists)"),
-    "budget": (_count, "a count"),
+    "budget": (lambda v: _count(v) and v >= 1, "a count of at least 1"),  # every study was created with one
     "sampler": (_printable(100), "1..100 printable characters"),
     "backend": (_printable(100), "1..100 printable characters"),
     "backend_options": (_mapping, "a JSON object"),

@@ -75,6 +75,7 @@ def test_leaderboard_csv_and_top(cli, finished_study):
     result = cli("leaderboard", "demo", "--storage", url, "--format", "csv", "--top", "3")
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert len(rows) == 3 and json.loads(rows[0]["config"])["tp"] >= 1
+    assert {r["source"] for r in rows} == {"simulated"}  # a CSV read alone says what its figures are (review)
 
 
 def test_status_and_show(cli, finished_study):

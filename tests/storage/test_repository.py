@@ -355,6 +355,7 @@ TAMPERED_ON_BOTH = [
     ("autotune_studies", "workload = '{}'", "workload = {}"),
     ("autotune_studies", "space = '{\"domains\": {\"tp\": 5}}'", "not a space"),
     ("autotune_studies", "budget = -1", "budget = -1"),
+    ("autotune_studies", "budget = 0", "budget = 0"),  # read `10/0 finished` (review)
     ("autotune_studies", "status = 'zz'", "status = 'zz'"),
     # printed by status and compare: a terminal escape edited in would reach the terminal
     ("autotune_studies", "model = 'llama\x1b[31m'", "model = 'llama\\x1b[31m'"),
