@@ -60,17 +60,23 @@ def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:
 
 
 def risk_warning(repo: Repository, study: Study) -> str | None:
-    """One line when the recommendation passed over faster layouts that ran inside the memory margin."""
+    """One line when the recommendation passed over faster layouts that ran at risk (inside the memory margin,
+    or out of memory in one of their runs), or is itself at risk."""
     pick = recommendation(repo, study)
-    if pick is None or not pick.risky:
+    if pick is None:
         return None
+    if not pick.risky:
+        return None if pick.safe else (f"note: no layout kept the {pick.headroom_gib:g} GiB memory margin; exported "
+                                       f"trial {pick.trial.number}, at risk: it {pick.risk(pick.best)}")
     trial = pick.trial
     fastest = pick.risky[0]
     source = metrics_note(study, fastest.trial)[0]
+    exported = (f"the safe trial {trial.number}" if pick.safe else
+                f"trial {trial.number}, itself at risk (no layout kept the margin: it {pick.risk(pick.best)})")
     return (f"note: trial {fastest.trial.number} {source} {fastest.mean_tokens_per_s_per_gpu:,.0f} tokens/s/GPU "
             f"(estimated {fastest.estimate_tokens_per_s_per_gpu:,.0f} with the runs of layouts sharing its knob values) "
-            f"but peaked at {fastest.peak_mem_gib:.1f} GiB, inside the {pick.headroom_gib:g} GiB memory margin; "
-            f"exported the safe trial {trial.number} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}, estimated "
+            f"but {pick.risk(fastest)}; "
+            f"exported {exported} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}, estimated "
             f"{pick.best.estimate_tokens_per_s_per_gpu:,.0f}). "
             f"Export it with --trial {fastest.trial.number} to take the risk.")
 

@@ -146,6 +146,10 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "memory_headroom_gib": pick.headroom_gib if pick else None,
         # faster layouts that ran inside the memory margin: measured, but not recommended
         "risky_faster_trials": [r.trial.number for r in pick.risky] if pick else [],
+        # why each is not recommended: an OOM in one of its runs, or its peak inside the margin
+        "risky_faster_reasons": [pick.risk(r) for r in pick.risky] if pick else [],
+        # None when the recommendation keeps the headroom; else why it is at risk (no layout kept it)
+        "best_risk": None if pick is None or pick.safe else pick.risk(pick.best),
         # a running study whose controller stopped heartbeating (killed, its machine gone): `resume` continues it
         "controller_silent_s": controller_silence_s(study),
         # the winner's longer runs after the budget (--validate-steps), reported apart from the screening
@@ -410,6 +414,14 @@ def validation_note(summary: dict[str, Any]) -> str:
                    second["screening_tokens_per_s_per_gpu"] > first["screening_tokens_per_s_per_gpu"]
                    else "; the longer runs kept the screening's order")
     return "validation (longer runs, outside the budget): " + "; ".join(parts) + verdict
+
+
+def risky_note(summary: dict[str, Any], limit: int = 5) -> str:
+    """`trial 3 (ran out of memory in one of its runs), trial 5 (peaked at 78.1 GiB, inside the 3.2 GiB
+    memory margin)`: the faster layouts the recommendation passed over, and why."""
+    trials, reasons = summary.get("risky_faster_trials") or [], summary.get("risky_faster_reasons") or []
+    return ", ".join(f"trial {n} ({why})" for n, why in list(zip(trials, reasons))[:limit]) + \
+        (f" and {len(trials) - limit} more" if len(trials) > limit else "")
 
 
 def runs_note(summary: dict[str, Any]) -> str:

@@ -342,6 +342,17 @@ def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_
     assert f"trial {trial.number} simulated 8,900" in result.stderr and "--trial 2" in result.stderr  # a simulate study
     chosen = cli("export", "ex", "--format", "json", "--trial", "2", "--storage", url)
     assert json.loads(chosen.stdout)["trial"] == 2 and "margin" not in chosen.stderr
+    assert "but peaked at 79.0 GiB, inside the 3.2 GiB memory margin; exported the safe trial 1" in \
+        " ".join(result.stderr.split())
+    # review: a layout at risk only because one of its runs ran out of memory (no peak measured) crashed the
+    # warning, which also said "inside the margin"; it now says why
+    with repo.engine.begin() as c:
+        c.exec_driver_sql("UPDATE autotune_trials SET peak_mem_gib = NULL")
+    again = repo.claim_dispatch(study.id, risky.to_dict(), risky.key(), 3, "c", 10, dispatch_key="again")
+    repo.finish_trial(study.id, again.number, "oom", reason="out_of_memory", metrics={"peak_mem_gib": 81.0})
+    oom = cli("export", "ex", "--format", "json", "--storage", url)
+    assert oom.returncode == 0 and json.loads(oom.stdout)["trial"] == 1, oom.stderr
+    assert "but ran out of memory in one of its runs; exported the safe trial 1" in " ".join(oom.stderr.split())
 
 
 # --- the exported recipe builds exactly the function the trials ran, for every model of the catalog ---

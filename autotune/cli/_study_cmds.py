@@ -407,15 +407,17 @@ def _print_final(board, summary) -> None:
     runs = f"{leaderboard.runs_note(s)}{leaderboard.estimate_note(s)}".lstrip("; ")
     runs = f" ({runs})" if runs else ""
     source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
-    peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
-            if s["best_peak_mem_gib"] else "peak memory not measured")  # a replay table without a memory column
+    peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB" if s["best_peak_mem_gib"]
+            else "peak memory not measured")  # a replay table without a memory column
+    peak += (f" (keeps the {s['memory_headroom_gib']:g} GiB headroom)" if not s.get("best_risk") and s["best_peak_mem_gib"]
+             else f" (at risk: no layout kept the {s['memory_headroom_gib']:g} GiB headroom; it {s['best_risk']})"
+             if s.get("best_risk") else "")
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
                   f"{leaderboard.best_with_se(s)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
     if s.get("validation_runs"):
         console.print(leaderboard.validation_note(s), markup=False)
     if s["risky_faster_trials"]:
-        listed = ", ".join(map(str, s["risky_faster_trials"][:5]))
-        console.print(f"faster but inside the memory margin (ran, not recommended): trial(s) {listed}")
+        console.print(f"faster but not recommended (they ran, at risk): {leaderboard.risky_note(s)}", markup=False)
     # the hint is a command to copy: the name quoted for a shell, and a format this model can export
     from autotune.space import study_space_and_workload
 

@@ -144,6 +144,17 @@ class Recommendation:
     validation: dict[str, LayoutResult] = field(default_factory=dict)  # config_key -> its validation run(s)
     # the run-to-run noise of the screening runs it was chosen from (None when the backend repeats exactly)
     noise: "RunNoise | None" = None
+    # layouts with an OOM among their runs (a re-measurement, a longer validation run): never safe
+    oomed: frozenset[str] = frozenset()
+    safe: bool = True  # False: no layout kept the headroom, and `best` is the best of the rest, at risk
+
+    def risk(self, result: LayoutResult) -> str:
+        """Why a layout that ran is not safe: an OOM in one of its runs, or its peak inside the margin."""
+        if result.trial.config_key in self.oomed:
+            return "ran out of memory in one of its runs"
+        if result.peak_mem_gib is None:
+            return "its peak memory was not measured"
+        return f"peaked at {result.peak_mem_gib:.1f} GiB, inside the {self.headroom_gib:g} GiB memory margin"
 
     @property
     def trial(self) -> "Trial":
@@ -389,11 +400,14 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     safe_limit = memory_limit_gib - headroom_gib
     # a layout that ran out of memory in any run (a re-measurement, a longer validation run) does not fit
     # reliably, whatever its completed runs peaked at: not recommended, shown as risky
-    oomed = {t.config_key for t in trials if t.status == "oom"}
+    oomed = frozenset(t.config_key for t in trials if t.status == "oom")
     safe = [r for r in results if r.trial.config_key not in oomed
             and (r.peak_mem_gib is None or r.peak_mem_gib <= safe_limit)]
-    if not safe:  # every layout is inside the margin: recommend the best anyway, flagged by the caller
-        return Recommendation(results[0], tuple(results[1:]), headroom_gib, None, validated, noise)
+    if not safe:  # no layout kept the margin: the best that never ran out of memory (else the best), flagged
+        best = next((r for r in results if r.trial.config_key not in oomed), results[0])
+        risky = tuple(r for r in results if r is not best and r.estimate_tokens_per_s_per_gpu
+                      > best.estimate_tokens_per_s_per_gpu)
+        return Recommendation(best, risky, headroom_gib, None, validated, noise, oomed, safe=False)
     contenders = [r for r in safe[:2] if r.trial.config_key in validated]
     if len(contenders) == 2 and validated[contenders[1].trial.config_key].mean_tokens_per_s_per_gpu > \
             validated[contenders[0].trial.config_key].mean_tokens_per_s_per_gpu:
@@ -401,7 +415,7 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     best = safe[0]
     risky = tuple(r for r in results if r.estimate_tokens_per_s_per_gpu > best.estimate_tokens_per_s_per_gpu
                   and r not in safe)
-    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated, noise)
+    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated, noise, oomed)
 
 
 def validation_choices(pick: Recommendation | None, noise_log_std: float) -> list[LayoutResult]:

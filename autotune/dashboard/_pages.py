@@ -220,9 +220,12 @@ class DashboardApp:
             return "<p class='pick' id='pick'>no completed run yet</p>"
         layout = LayoutConfig.from_mapping(s["best_config"]).short()
         versus = f", {num(s['speedup_vs_baseline'], '.2f')}x the recipe's layout" if s["speedup_vs_baseline"] else ""
-        risky = s.get("risky_faster_trials") or []
-        margin = (f"; faster but inside the {num(s['memory_headroom_gib'], 'g')} GiB memory margin: trial{'s' if len(risky) > 1 else ''} "
-                  + ", ".join(f"<a href='{fig.trial_url(name, n)}'>{n}</a>" for n in risky)) if risky else ""
+        risky = list(zip(s.get("risky_faster_trials") or [], s.get("risky_faster_reasons") or []))
+        margin = ("; faster but not recommended: " + ", ".join(
+            f"<a href='{fig.trial_url(name, n)}'>trial {n}</a> ({escape(why)})" for n, why in risky)) if risky else ""
+        if s.get("best_risk"):  # nothing kept the headroom: the recommendation is at risk too
+            margin += (f"; at risk: no layout kept the {num(s['memory_headroom_gib'], 'g')} GiB headroom, and it "
+                       f"{escape(s['best_risk'])}")
         runs = leaderboard.runs_note(s) or "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "

@@ -620,6 +620,12 @@ def test_validation_and_risk_follow_the_estimates():
                               tokens_per_s_per_gpu=None, peak_mem_gib=81.0)
     pick = recommend(trials + [oom], 80.0, 3.0)
     assert [r.trial.config_key for r in pick.risky] == [confirmed] and pick.best.trial.config_key != confirmed
+    assert pick.safe and pick.risk(pick.risky[0]) == "ran out of memory in one of its runs"
+    # every layout ran out of memory once (review: the slower ones were called "faster but at risk"): the best
+    # is recommended, flagged, and nothing slower is listed as passed over
+    ooms = [dataclasses.replace(t, number=100 + t.number, status="oom", tokens_per_s_per_gpu=None) for t in trials]
+    pick = recommend(trials + ooms, 80.0, 3.0)
+    assert not pick.safe and pick.risky == () and pick.risk(pick.best) == "ran out of memory in one of its runs"
 
 
 def test_search_state_trust_region_neighbours(qwen16):
