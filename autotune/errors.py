@@ -36,3 +36,8 @@ class StorageError(UserError):
 
 class StudyError(UserError):
     """A study that should exist does not, or one that should not exist does."""
+
+
+class OutputClosed(BrokenPipeError):
+    """A study stopped because the output it wrote to was closed (`autotune start | head`): interrupted,
+    as by Ctrl-C, and `resume` continues it. A broken pipe after a study ended is not this."""

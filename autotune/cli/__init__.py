@@ -64,16 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         terminated = isinstance(exc, Terminated)
         sys.stderr.write(f"autotune: interrupted{' (SIGTERM)' if terminated else ''}\n")
         return 143 if terminated else 130
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
         import os
+
+        from autotune.errors import OutputClosed
 
         # the reader went (`| head`): no more output, and none at exit (Python's flush would complain)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        if args.subcommand in ("start", "resume"):  # a study stopped with it: say so, as after Ctrl-C
+        if isinstance(exc, OutputClosed):  # a study stopped with it: say so, as after Ctrl-C
             sys.stderr.write(f"autotune {args.subcommand}: interrupted (its output was closed); "
                              "`autotune resume` continues the study\n")
             return 141  # 128 + SIGPIPE, as a shell reports a pipeline's writer stopped by it
-        return 0
+        return 0  # the output was all that was lost (a study that had ended stays finished)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -121,11 +121,17 @@ def wide_console():
 
     from rich.console import Console
 
-    console = Console()
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 (this CLI's "no trial completed"); the CLI's entry handles a closed output instead
+            self.quiet = True
+            raise BrokenPipeError("output closed")
+
+    console = _Console()
     columns = os.environ.get("COLUMNS", "")
     if console.is_terminal or (columns.isascii() and columns.isdigit() and int(columns) > 0):
         return console
-    return Console(width=150)
+    return _Console(width=150)
 
 
 def open_repo(args: argparse.Namespace, read_only: bool = False):

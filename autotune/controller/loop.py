@@ -32,7 +32,7 @@ from autotune.backends.runs import harvest
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import METRIC_KEYS, possible_step
 from autotune.config import LayoutConfig, Workload
-from autotune.errors import StorageError
+from autotune.errors import OutputClosed, StorageError
 from autotune.controller import _recovery, outcomes
 from autotune.controller._optuna import OptunaStudy
 from autotune.controller._spec import prediction, trial_spec
@@ -174,7 +174,7 @@ class Controller:
             if self.options.validate_steps > 0:
                 raise_if_terminated()  # not validation runs of a study a swallowed SIGTERM stopped
                 self._validate(self.options.validate_steps)
-        except (KeyboardInterrupt, BrokenPipeError):
+        except (KeyboardInterrupt, BrokenPipeError) as exc:
             # a broken pipe: the output the user read from (`autotune start | head`) is gone; the study
             # stops as after Ctrl-C, `resume` continues it (review: it was left `running`, a run stuck)
             stop_reason = "interrupted"
@@ -183,6 +183,8 @@ class Controller:
             # shown stopped at once, not `running` until their heartbeat went stale (review)
             self.repo.release_trials(self.study.id, list(self.running))
             self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)
+            if isinstance(exc, BrokenPipeError):  # told apart from a pipe that breaks after the study ended
+                raise OutputClosed(str(exc)) from exc
             raise
         finally:
             self.dispatcher.shutdown()

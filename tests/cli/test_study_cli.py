@@ -509,6 +509,16 @@ def test_validation_runs_are_named_in_the_progress_and_summed_up_at_the_end(cli,
                      r"[\d,]+ over 5 steps \(screening [\d,]+\)", words), words[-1500:]
 
 
+def repo_status(url: str, name: str) -> str:
+    from autotune.storage import Repository
+
+    repo = Repository.open(url, create=False)
+    try:
+        return repo.get_study(name).status
+    finally:
+        repo.close()
+
+
 def test_start_whose_output_is_closed_stops_the_study_as_an_interruption(cli, tmp_path):
     """Review: `autotune start ... | head -3` exited 0 without a word and left the study `running` with a
     run stuck in it. Now the study is interrupted (its cancelled run shown stopped at once), one line on
@@ -534,3 +544,16 @@ def test_start_whose_output_is_closed_stops_the_study_as_an_interruption(cli, tm
     resumed = cli("resume", "pipe", "--storage", url, env=ENV, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "dispatched 6/6" in resumed.stdout
+    # second review: a study whose output closes only after it ended (`--json | true`: its one line comes at
+    # the end) finished; it is not called interrupted, and exits 0 (rich's own handler exited 1 in table mode)
+    for json_flag in (["--json"], []):
+        process = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget",
+                                    "2", "--study", f"ended{len(json_flag)}", "--storage", url, "--sim-seconds", "0",
+                                    *json_flag], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        if not json_flag:  # the progress lines come while it runs: read them, close before the final table
+            while not process.stdout.readline().startswith("[2/2]"):
+                pass
+        process.stdout.close()
+        stderr = process.stderr.read()
+        assert process.wait(timeout=300) == 0 and stderr == "", stderr[-2000:]
+        assert repo_status(url, f"ended{len(json_flag)}") == "finished"
