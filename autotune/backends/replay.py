@@ -103,12 +103,17 @@ def repeated_rows(path: str | Path) -> tuple[int, int]:
 
 
 def _merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result for a layout's rows: the mean step time of its completed runs, and throughputs that
-    agree with it (harmonic means: a throughput is work over the step time); without a completed run an
-    OOM row (it tells the memory model most), else the first."""
+    """One result for a layout's rows: an OOM row when it has one (a layout that ran out of memory in one
+    of its runs does not fit reliably, as recommend.recommend judges it; second review: a completed row
+    outranked it, and a study's own risky layout replayed as safe), else the mean step time of its
+    completed runs, and throughputs that agree with it (harmonic means: a throughput is work over the
+    step time); else the first (a failure)."""
+    oom = next((r for r in rows if r["status"] == "oom"), None)
+    if oom is not None:
+        return oom
     completed = [r for r in rows if r["status"] == "completed"]
     if len(completed) < 2:
-        return completed[0] if completed else next((r for r in rows if r["status"] == "oom"), rows[0])
+        return completed[0] if completed else rows[0]
     merged = dict(completed[0])
     steps = [r["step_time_s"] for r in completed if r.get("step_time_s") is not None]
     merged["step_time_s"] = sum(steps) / len(steps) if steps else None

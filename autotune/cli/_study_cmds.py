@@ -224,15 +224,17 @@ def cmd_start(args: argparse.Namespace) -> int:
         if args.backend == "replay":
             from autotune.controller.session import replay_coverage
 
-            covered, lacking, foreign = replay_coverage(space, workload, args.replay)
+            covered, lacking, foreign, variants = replay_coverage(space, workload, args.replay)
             from autotune.backends.replay import repeated_rows
 
             repeated, disputed = repeated_rows(args.replay)
-            merged = (f"; {repeated} layouts have several rows, replayed as one (their mean step time"
-                      + (f"; {disputed} of them also have rows of another outcome: a completed row outranks an "
-                         "OOM, an OOM a failure" if disputed else "") + ")") if repeated else ""
+            merged = (f"; {repeated} layout(s) have several rows, replayed as one (" + (
+                f"{disputed} of them with rows of different outcomes: an OOM outranks a completed run, which "
+                "outranks a failure; otherwise " if disputed else "") + "their mean step time)") if repeated else ""
+            knobs = (f"; {variants} row(s) are performance-knob variants of legal layouts (the knob phase runs "
+                     "them from a layout the table also has)") if variants else ""
             print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "
-                  f"{lacking} legal layouts; {foreign} of its layouts are not legal here{merged}")
+                  f"{lacking} legal layouts; {foreign} of its layouts are not legal here{knobs}{merged}")
     return _run(repo, study, args, dispatcher)
 
 

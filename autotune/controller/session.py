@@ -35,19 +35,21 @@ def check_sampler(sampler: str) -> str:
     return sampler
 
 
-def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[int, int, int]:
-    """(legal layouts the table measured, legal layouts it lacks, layouts of the table not legal here).
-    Layouts as the legal set has them (performance knobs at the recipe's): a row of a legal layout with a
-    CUDA graph, say, is a knob variant the study may run, not a layout foreign to it (review: it was
-    counted "not legal here", then run and recommended)."""
+def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[int, int, int, int]:
+    """(legal layouts the table measured, legal layouts it lacks, layouts of the table not legal here, rows
+    that are performance-knob variants of a legal layout). The search runs a table's plain layouts (the
+    legal set is restricted to them, key for key) and the knob phase their variants; a variant row was
+    counted "not legal here" (review), then counted as its plain layout, which the search does not run."""
     import json
 
     from autotune.backends.replay import ReplayBackend
 
     legal = {c.key() for c in enumerate_legal(space, workload).configs}
-    measured = {LayoutConfig.from_mapping(json.loads(key)).layout_only().key()
-                for key in ReplayBackend.answerable_layouts({"replay": path})}
-    return len(legal & measured), len(legal - measured), len(measured - legal)
+    keys = ReplayBackend.answerable_layouts({"replay": path})
+    plain = {key: LayoutConfig.from_mapping(json.loads(key)).layout_only().key() for key in keys}
+    variants = sum(layout != key and layout in legal for key, layout in plain.items())
+    foreign = len({layout for layout in plain.values()} - legal)
+    return len(legal & keys), len(legal - keys), foreign, variants
 
 
 def check_space_not_empty(space: SearchSpace, workload: Workload) -> list[LayoutConfig]:

@@ -973,8 +973,9 @@ PUBLIC_SWEEPS = Path(__file__).resolve().parents[2] / "benchmarks" / "public_swe
 def test_public_sweep_tables_are_legal_in_their_spaces(model):
     """Every measured layout of a public sweep is legal in its search space (else replay could never reach it)."""
     space = load_space(model)
-    covered, lacking, foreign = replay_coverage(space, make_workload(space), str(PUBLIC_SWEEPS / f"{model}.csv"))
-    assert covered >= 15 and foreign == 0 and lacking > 0
+    covered, lacking, foreign, variants = replay_coverage(space, make_workload(space),
+                                                         str(PUBLIC_SWEEPS / f"{model}.csv"))
+    assert covered >= 15 and foreign == variants == 0 and lacking > 0
     assert not space.model.exportable
 
 
@@ -985,7 +986,11 @@ def test_a_replay_tables_knob_variant_of_a_legal_layout_is_not_counted_foreign(t
     table = tmp_path / "t.csv"
     table.write_text("tp,pp,ep,dist_opt,cuda_graph,status,step_time_s\n1,1,16,True,,completed,30\n"
                      "1,1,16,True,full_iteration,completed,29\n3,1,16,True,,completed,30\n")
-    assert replay_coverage(space, workload, str(table)) == (1, len(enumerate_legal(space, workload).configs) - 1, 1)
+    legal = len(enumerate_legal(space, workload).configs)
+    assert replay_coverage(space, workload, str(table)) == (1, legal - 1, 1, 1)
+    # second review: a variant row without its plain layout's row is no layout the search runs
+    table.write_text("tp,pp,ep,dist_opt,cuda_graph,status,step_time_s\n1,1,16,True,full_iteration,completed,29\n")
+    assert replay_coverage(space, workload, str(table)) == (0, legal, 0, 1)
 
 
 def test_replay_of_a_public_sweep_measures_only_its_layouts_once_each(tmp_path):
