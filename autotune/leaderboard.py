@@ -189,7 +189,8 @@ def _validation_runs(pick: Any, study: Study, dispatched: list[Trial]) -> list[d
             "tokens_per_s_per_gpu": result.mean_tokens_per_s_per_gpu,
             # the measured steps of its (longest) run: the steps it reported less the warm-up left out
             "measured_steps": steps if steps > 0 else None,
-            "screening_tokens_per_s_per_gpu": screened.estimate_tokens_per_s_per_gpu if screened else None,
+            # the screening runs' mean, the figure the summary's best line shows beside it
+            "screening_tokens_per_s_per_gpu": screened.mean_tokens_per_s_per_gpu if screened else None,
         })
     return sorted(entries + unfinished, key=lambda e: not e["recommended"])
 
@@ -381,28 +382,30 @@ ENDED_OTHERWISE = {"oom": "ran out of memory", "failed": "failed", "timeout": "t
 
 
 def validation_note(summary: dict[str, Any]) -> str:
-    """`validation (longer runs, outside the budget): the recommended layout (trial 12) 8,785 over 50 steps
-    (screening 8,760); the runner-up TP2 ... (trial 13) 8,543 (screening 8,551)`, '' without validation runs."""
+    """`validation (--validate-steps, outside the budget): the recommended layout's validation run (trial 12)
+    8,785 over 50 steps (screening 8,760); the runner-up TP2 ...'s validation run (trial 13) 8,543 over 50 steps
+    (screening 8,551)`, '' without validation runs."""
     entries = summary.get("validation_runs") or []
     if not entries:
         return ""
     parts = []
     for entry in entries:
-        who = "the recommended layout" if entry["recommended"] else \
-            f"the runner-up {LayoutConfig.from_mapping(entry['config']).short()}"
+        who = "the recommended layout's" if entry["recommended"] else \
+            f"the runner-up {LayoutConfig.from_mapping(entry['config']).short()}'s"
         trials = ", ".join(map(str, entry["trials"]))
         steps = f" over {entry['measured_steps']:,} steps" if entry.get("measured_steps") else ""
+        runs = "validation run" + ("s" if len(entry["trials"]) > 1 else "")
         screened = entry.get("screening_tokens_per_s_per_gpu")
         if entry.get("tokens_per_s_per_gpu") is None:  # it ended otherwise: say how (an OOM over more steps)
             ended = ENDED_OTHERWISE.get(entry["status"], entry["status"])
-            if entry["recommended"]:  # recommended still (no other layout is safe): say it is at risk
-                parts.append(f"{who} (trial {trials}) {ended}")
+            if entry["recommended"]:  # recommended still (a failure, not an OOM): say so
+                parts.append(f"{who} {runs} (trial {trials}) {ended}")
             else:  # the screening's winner or its runner-up: recommend.recommend passed it over for the OOM
                 layout = LayoutConfig.from_mapping(entry["config"]).short()
-                parts.append(f"{layout} (trial {trials}) {ended}"
+                parts.append(f"the {runs} of {layout} (trial {trials}) {ended}"
                              + (", so it is not recommended" if entry["status"] == "oom" else ""))
             continue
-        parts.append(f"{who} (trial {trials}) {_fmt(entry['tokens_per_s_per_gpu'], ',.0f')}{steps}"
+        parts.append(f"{who} {runs} (trial {trials}) {_fmt(entry['tokens_per_s_per_gpu'], ',.0f')}{steps}"
                      + (f" (screening {_fmt(screened, ',.0f')})" if screened else ""))
     verdict = ""
     first, second = (entries + [{}])[:2]
@@ -410,10 +413,10 @@ def validation_note(summary: dict[str, Any]) -> str:
     # screening's order (the recommended layout is then not the one with the best screening figure)
     if first.get("recommended") and second.get("screening_tokens_per_s_per_gpu") and \
             first.get("screening_tokens_per_s_per_gpu"):
-        verdict = ("; the longer runs reversed the screening's order" if
+        verdict = ("; the validation runs reversed the screening's order" if
                    second["screening_tokens_per_s_per_gpu"] > first["screening_tokens_per_s_per_gpu"]
-                   else "; the longer runs kept the screening's order")
-    return "validation (longer runs, outside the budget): " + "; ".join(parts) + verdict
+                   else "; the validation runs kept the screening's order")
+    return "validation (--validate-steps, outside the budget): " + "; ".join(parts) + verdict
 
 
 def risky_note(summary: dict[str, Any], limit: int = 5) -> str:

@@ -616,9 +616,9 @@ def test_study_page_says_what_the_validation_runs_measured(repo):
     repo.finish_trial(study.id, oom.number, "oom", reason="oom", metrics={"peak_mem_gib": 81.0})
     html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode()
     note = re.search(r"<p class='muted' id='validation'>(.*?)</p>", html, re.S).group(1)
-    assert note == (f"validation (longer runs, outside the budget): the recommended layout (trial {trial.number}) "
-                    f"7,800 over 53 steps (screening 7,900); TP1 PP1 EP16 MBS1 DO (trial {oom.number}) "
-                    "ran out of memory, so it is not recommended")
+    assert note == (f"validation (--validate-steps, outside the budget): the recommended layout&#x27;s validation run "
+                    f"(trial {trial.number}) 7,800 over 53 steps (screening 7,900); the validation run of TP1 PP1 "
+                    f"EP16 MBS1 DO (trial {oom.number}) ran out of memory, so it is not recommended")
 
 
 def test_the_list_of_studies_says_which_are_simulated_and_which_replayed(repo):
