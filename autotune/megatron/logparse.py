@@ -142,10 +142,11 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
     at a time (read_lines on an open file: the log is never held whole). A text is split into lines
     exactly as read_lines splits a file, so both give the same result."""
     parsed = ParsedLog()
-    # failure classes whose patterns a line holds (every pattern fits in one line), since the last iteration
-    # line: what a run survived to log another iteration did not end it (review: a warning "... to avoid
+    # failure classes whose patterns a line holds (every pattern fits in one line), since the run last logged
+    # an iteration beyond all before: what a run survived to log a later iteration did not end it (review: a warning "... to avoid
     # out of memory errors" made a run of ten good iterations an OOM)
     found: set[str] = set()
+    furthest = -1  # the highest iteration number logged so far
     carry = ""  # the end of the last piece of an overlong line: a message may straddle two pieces
     lines = read_lines(io.StringIO(text, newline=None)) if isinstance(text, str) else text
     for line in lines:
@@ -161,7 +162,10 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
             if len(parsed.iterations) >= MAX_ITERATIONS:
                 raise TooManyIterations(f"more than {MAX_ITERATIONS} iteration lines")
             parsed.iterations.append((int(match.group(1)), float(match.group(3)) / 1000.0))
-            found = _failures_in(line)  # a message on the iteration line itself still counts
+            if int(match.group(1)) > furthest:  # the run went on past what it logged before: it survived that
+                furthest = int(match.group(1))
+                found = _failures_in(line)  # a message on the iteration line itself still counts
+            # an iteration it had reached before (logs of several ranks or nodes, concatenated) clears nothing
             batch = GLOBAL_BATCH.search(line)
             if batch:
                 parsed.global_batch_sizes.add(int(batch.group(1)))

@@ -130,6 +130,10 @@ def test_only_a_failure_after_the_last_iteration_ended_the_run():
     assert parse_log(warning + LOG).failure is None and parse_log(warning + LOG).step_time_s
     assert parse_log(LOG + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n").failure == "oom"
     assert parse_log(warning).failure == "oom"  # no iteration ran: what it says is all there is
+    # second review: two ranks' logs concatenated, one ending in an OOM: the other's earlier iterations after
+    # it clear nothing
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+    assert parse_log(LOG + oom + LOG).failure == "oom"
 
 
 def test_a_log_with_too_many_iterations_is_refused(monkeypatch):
