@@ -141,13 +141,14 @@ class CommandBackend(Backend):
 
     @staticmethod
     def _last_json(lines) -> dict[str, Any] | None:
-        """The result: the last JSON object that says its status (review: a JSON log line printed after
-        `{"status": "oom"}` was taken for the result, its status defaulted to completed)."""
-        for line in reversed(lines):
-            value = json_object(line)
-            if value is not None and "status" in value:
-                return value
-        return None
+        """The result: the last JSON object whose status is a result's (review: a JSON log line printed after
+        `{"status": "oom"}` was taken for the result, its status defaulted to completed; a logger's own
+        `{"status": "done"}` is no result either); else the last with any status (reported as unknown)."""
+        from autotune.backends.validation import RESULT_STATUSES
+
+        with_status = [v for v in map(json_object, lines) if v is not None and "status" in v]
+        known = [v for v in with_status if str(v["status"]).lower() in RESULT_STATUSES]
+        return (known or with_status or [None])[-1]
 
 
 def _output_tail(stderr_tail: deque[str], stdout_lines: deque[str]) -> str:

@@ -157,7 +157,7 @@ class TestCommand(BackendContract):
         status defaulted to completed, and the OOM was recommended at the step lines' throughput."""
         script = ('import json; [print(json.dumps({"step": k, "step_time_s": 30.5})) for k in range(1, 7)]; '
                   'print(json.dumps({"status": "oom", "peak_mem_gib": 85.0, "error": "CUDA out of memory"})); '
-                  'print(json.dumps({"event": "shutdown", "level": "info"}))')
+                  'print(json.dumps({"event": "shutdown", "level": "info"})); print(json.dumps({"status": "done"}))')
         outcome = CommandBackend({"command": [sys.executable, "-c", script]}).run(self.spec(), lambda r: None,
                                                                                   threading.Event())
         assert outcome.status == TrialStatus.OOM and outcome.peak_mem_gib == 85.0
