@@ -215,7 +215,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_database_alone(cli, finishe
 
 
 @pytest.mark.parametrize("assignment,needle", [
-    ("peak_mem_gib = 'abc'", "peak_mem_gib = 'abc', not a positive finite number"),
+    ("peak_mem_gib = 'abc'", "peak_mem_gib = 'abc', not a positive number at most"),
     ("tokens_per_s_per_gpu = -5", "tokens_per_s_per_gpu = -5"),
     ("artifacts = 'not json'", "cannot be read"),
 ])
