@@ -419,6 +419,14 @@ def validation_note(summary: dict[str, Any]) -> str:
     return "validation (--validate-steps, outside the budget): " + "; ".join(parts) + verdict
 
 
+def best_risk_note(summary: dict[str, Any]) -> str:
+    """`no layout kept the 3.2 GiB headroom; it ran out of memory in one of its runs` when the recommendation
+    is at risk, else ''."""
+    if not summary.get("best_risk"):
+        return ""
+    return f"no layout kept the {summary['memory_headroom_gib']:g} GiB headroom; it {summary['best_risk']}"
+
+
 def risky_note(summary: dict[str, Any], limit: int = 5) -> str:
     """`trial 3 (ran out of memory in one of its runs), trial 5 (peaked at 78.1 GiB, inside the 3.2 GiB
     memory margin)`: the faster layouts the recommendation passed over, and why."""

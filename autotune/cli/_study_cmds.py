@@ -417,9 +417,10 @@ def _print_final(board, summary) -> None:
     source = f" {s['metrics_source']}" if s["metrics_source"] != "measured" else ""
     peak = (f"peak {s['best_peak_mem_gib']:.1f} GiB" if s["best_peak_mem_gib"]
             else "peak memory not measured")  # a replay table without a memory column
-    peak += (f" (keeps the {s['memory_headroom_gib']:g} GiB headroom)" if not s.get("best_risk") and s["best_peak_mem_gib"]
-             else f" (at risk: no layout kept the {s['memory_headroom_gib']:g} GiB headroom; it {s['best_risk']})"
-             if s.get("best_risk") else "")
+    if s.get("best_risk"):
+        peak += f" (at risk: {leaderboard.best_risk_note(s)})"
+    elif s["best_peak_mem_gib"]:
+        peak += f" (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
                   f"{leaderboard.best_with_se(s)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
     if s.get("validation_runs"):

@@ -48,7 +48,7 @@ def replay_coverage(space: SearchSpace, workload: Workload, path: str) -> tuple[
     keys = ReplayBackend.answerable_layouts({"replay": path})
     plain = {key: LayoutConfig.from_mapping(json.loads(key)).layout_only().key() for key in keys}
     variants = sum(layout != key and layout in legal for key, layout in plain.items())
-    foreign = len({layout for layout in plain.values()} - legal)
+    foreign = len(set(plain.values()) - legal)
     return len(legal & keys), len(legal - keys), foreign, variants
 
 

@@ -224,8 +224,7 @@ class DashboardApp:
         margin = ("; faster but not recommended: " + ", ".join(
             f"<a href='{fig.trial_url(name, n)}'>trial {n}</a> ({escape(why)})" for n, why in risky)) if risky else ""
         if s.get("best_risk"):  # nothing kept the headroom: the recommendation is at risk too
-            margin += (f"; at risk: no layout kept the {num(s['memory_headroom_gib'], 'g')} GiB headroom, and it "
-                       f"{escape(s['best_risk'])}")
+            margin += f"; at risk: {escape(leaderboard.best_risk_note(s))}"
         runs = leaderboard.runs_note(s) or "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "

@@ -143,8 +143,8 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
     exactly as read_lines splits a file, so both give the same result."""
     parsed = ParsedLog()
     # failure classes whose patterns a line holds (every pattern fits in one line), since the run last logged
-    # an iteration beyond all before: what a run survived to log a later iteration did not end it (review: a warning "... to avoid
-    # out of memory errors" made a run of ten good iterations an OOM)
+    # an iteration beyond all before: what a run survived to log a later iteration did not end it (review: a
+    # warning "... to avoid out of memory errors" made a run of ten good iterations an OOM)
     found: set[str] = set()
     furthest = -1  # the highest iteration number logged so far
     carry = ""  # the end of the last piece of an overlong line: a message may straddle two pieces
@@ -161,9 +161,10 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
         if match:
             if len(parsed.iterations) >= MAX_ITERATIONS:
                 raise TooManyIterations(f"more than {MAX_ITERATIONS} iteration lines")
-            parsed.iterations.append((int(match.group(1)), float(match.group(3)) / 1000.0))
-            if int(match.group(1)) > furthest:  # the run went on past what it logged before: it survived that
-                furthest = int(match.group(1))
+            iteration = int(match.group(1))
+            parsed.iterations.append((iteration, float(match.group(3)) / 1000.0))
+            if iteration > furthest:  # the run went on past what it logged before: it survived that
+                furthest = iteration
                 found = _failures_in(line)  # a message on the iteration line itself still counts
             # an iteration it had reached before (logs of several ranks or nodes, concatenated) clears nothing
             batch = GLOBAL_BATCH.search(line)

@@ -404,8 +404,7 @@ class Repository:
         for key in METRIC_FIELDS:
             # completed and OOM results were validated whole; a failed run's figures may be anything:
             # the store keeps only measurements its read side (_records) accepts
-            if metrics and metrics.get(key) is not None and is_positive_finite(metrics[key]) \
-                    and TRIAL_RULES[key][0](float(metrics[key])):
+            if metrics and metrics.get(key) is not None and TRIAL_RULES[key][0](metrics[key]):
                 values[key] = float(metrics[key])
         if step_times_s is not None:
             # a failed, pruned or timed-out run's step times reach here as the launcher reported them
