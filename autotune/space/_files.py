@@ -350,8 +350,9 @@ class _Reader:
         for name, raw in arch.items():
             kind = bool if fields[name].type in ("bool", bool) else int
             typed[name] = self.typed(raw, f"architecture.{name}", kind)
-            if kind is int and typed[name] < 0:  # the fields that must be positive say so (-32 read ">= 0")
-                raise self.fail(f"architecture.{name}", "must be >= 1" if name in AT_LEAST_ONE else "must be >= 0")
+        negative = next((n for n, v in typed.items() if type(v) is int and v < 0), None)
+        if negative:
+            raise self.fail(f"architecture.{negative}", _negative_message(negative, typed))
         architecture = Architecture(**typed)
         problem = architecture_problem(architecture)
         if problem:
@@ -408,3 +409,17 @@ class _Reader:
     def policy(self, value: Any) -> dict[str, bool]:
         policy = self.mapping(value, "policy", POLICY_NAMES)
         return {name: bool(self.typed(policy.get(name, True), f"policy.{name}", bool)) for name in POLICY_NAMES}
+
+
+def _negative_message(name: str, typed: dict[str, Any]) -> str:
+    """What a negative architecture number must be: what 0 would be told, so -5 and 0 read alike.
+
+    (A field that must be positive says ">= 1", an MoE field its MoE range; -32 never reads ">= 0" for a
+    field that 0 would not satisfy either.)
+    """
+    if name in AT_LEAST_ONE:
+        return "must be >= 1"
+    zeroed = {n: max(v, 0) if type(v) is int else v for n, v in typed.items()}
+    problem = architecture_problem(Architecture(**zeroed))
+    # only a bound ("must ..."): a dense model's 0 experts "is 0 (a dense model)", which -5 is not
+    return problem[1] if problem and problem[0] == name and problem[1].startswith("must") else "must be >= 0"

@@ -62,6 +62,19 @@ def test_a_layer_count_below_one_reads_the_same_bound(tmp_path, value):
         load_space(str(_write_variant(tmp_path, "  num_layers: 48", f"  num_layers: {value}")))
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("moe_ffn_hidden_size", "768", "must be >= 1 for an MoE model"),
+    ("moe_router_topk", "8", r"must be in 1\.\.num_moe_experts \(128\)"),
+])
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_a_negative_moe_number_reads_what_zero_reads(tmp_path, key, value, message, sign):
+    """Review: a negative `moe_ffn_hidden_size` was told ">= 0", and then 0 ">= 1 for an MoE model"."""
+    bad = f"{sign}5" if sign else "0"
+    path = _write_variant(tmp_path, f"  {key}: {value}", f"  {key}: {bad}")
+    with pytest.raises(ConfigError, match=rf"'architecture.{key}': {message}$"):
+        load_space(str(path))
+
+
 def test_invalid_yaml_names_file_and_line(tmp_path):
     path = _write_variant(tmp_path, "  tp: [1, 2, 4, 8]", "  tp: [1, 2")
     with pytest.raises(ConfigError) as info:
