@@ -313,6 +313,13 @@ def test_export_refuses_a_file_name_promising_another_format_and_writes_parquet_
     assert (tmp_path / "real.json").read_text() == "{}"
     result = cli("export", "ex", "--format", "json", "-o", "", "--storage", repo.url)
     assert result.returncode == 2 and "-o needs a file name" in result.stderr
+    # a quoting slip: a name that ends (or starts) with white space is refused, nothing written
+    for name in ("tuned.json ", " tuned.json", "tuned.json\t"):
+        result = cli("export", "ex", "--format", "json", "-o", str(tmp_path / name), "--storage", repo.url)
+        assert result.returncode == 2 and "white space" in result.stderr and "Traceback" not in result.stderr
+        assert not (tmp_path / name).exists() and not (tmp_path / name.strip()).exists()
+    (tmp_path / "kept ").write_text("")  # a file that has that name already is the user's choice
+    assert cli("export", "ex", "--format", "json", "-o", str(tmp_path / "kept "), "--storage", repo.url).returncode == 0
     # no suffix of another format; JSON is YAML, so a JSON document may be named .yaml
     for fmt, name in (("overrides", "o.sh"), ("yaml", "w.yml"), ("json", "w.JSON"), ("json", "j.yaml")):
         assert cli("export", "ex", "--format", fmt, "-o", str(tmp_path / name), "--storage", repo.url).returncode == 0

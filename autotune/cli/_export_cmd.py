@@ -112,6 +112,11 @@ def _check_suffix(output: str, fmt: str) -> None:
 
     if not output:
         raise ConfigError("-o needs a file name (leave -o out to write to stdout)")
+    name = Path(output).name
+    if name != name.strip() and not os.path.lexists(output):
+        # `-o "tuned.py "` (a quoting slip) would write a file that `python tuned.py` and tab completion miss
+        raise ConfigError(f"-o {output!r}: the file name {'ends' if name != name.rstrip() else 'starts'} with "
+                          "white space; give the name without it")
     names = list(dict.fromkeys((Path(output).name, Path(os.path.realpath(output)).name)))
     promises = []  # what each name that names a format promises
     for name in names:
