@@ -14,27 +14,46 @@ from autotune.space._files import SearchSpace, space_from_document
 def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
                   gpu: str | None = None, global_batch_size: int | None = None,
                   seq_length: int | None = None, precision: str | None = None,
-                  network_gbps: float | None = None) -> Workload:
+                  network_gbps: float | None = None, stored_in: str | None = None) -> Workload:
     """The workload of `space`'s model with the given overrides of its recipe defaults. `network_gbps`
     (the cluster's scale-out bandwidth per GPU, as a stored study or a trial spec carries it) overrides
-    the space's `defaults.network_gbps`, which describes only the space's own GPU type."""
+    the space's `defaults.network_gbps`, which describes only the space's own GPU type. `stored_in` names
+    where the values were read (a stored study): its errors then name the stored keys, not flags the user
+    never typed."""
+    try:
+        return _make_workload(space, gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision,
+                              network_gbps, FLAGS if stored_in is None else {k: k for k in FLAGS})
+    except ConfigError as exc:
+        if stored_in is None:
+            raise
+        raise ConfigError(f"{stored_in}: {exc}") from None
+
+
+FLAGS = {"gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch_size": "--global-batch-size",
+         "seq_length": "--seq-length"}
+
+
+def _make_workload(space: SearchSpace, gpus: int | None, gpus_per_node: int | None, gpu: str | None,
+                   global_batch_size: int | None, seq_length: int | None, precision: str | None,
+                   network_gbps: float | None, names: dict[str, str]) -> Workload:
     defaults = space.model.defaults
     gpu_type = get_gpu(gpu or defaults.gpu)
     gpus = defaults.gpus if gpus is None else gpus
     if gpus_per_node is None:
         gpus_per_node = defaults.gpus_per_node if gpu is None else gpu_type.default_gpus_per_node
-    for name, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node)):
+    for name, value in (("gpus", gpus), ("gpus_per_node", gpus_per_node)):
         if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+            raise ConfigError(f"{names[name]} must be >= 1, got {value}")
     if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise ConfigError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}")
+        raise ConfigError(f"{names['gpus']} {gpus} is not a multiple of {names['gpus_per_node']} {gpus_per_node}")
     if gpus < gpus_per_node and gpus_per_node % gpus:
-        raise ConfigError(f"--gpus {gpus} is neither a multiple nor a divisor of --gpus-per-node {gpus_per_node}")
+        raise ConfigError(f"{names['gpus']} {gpus} is neither a multiple nor a divisor of {names['gpus_per_node']} "
+                          f"{gpus_per_node}")
     gbs = defaults.global_batch_size if global_batch_size is None else global_batch_size
     seq = defaults.seq_length if seq_length is None else seq_length
-    for name, value in (("--global-batch-size", gbs), ("--seq-length", seq)):
+    for name, value in (("global_batch_size", gbs), ("seq_length", seq)):
         if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+            raise ConfigError(f"{names[name]} must be >= 1, got {value}")
     precision = (precision or defaults.precision).lower()
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
@@ -67,5 +86,6 @@ def study_space_and_workload(study: Any) -> tuple[SearchSpace, Workload]:
     w = study.workload
     workload = make_workload(space, gpus=w["gpus"], gpus_per_node=w["gpus_per_node"], gpu=w["gpu"],
                              global_batch_size=w["global_batch_size"], seq_length=w["seq_length"],
-                             precision=w["precision"], network_gbps=w.get("network_gbps"))
+                             precision=w["precision"], network_gbps=w.get("network_gbps"),
+                             stored_in=f"the stored workload of study {study.name!r}")
     return space, workload

@@ -92,3 +92,26 @@ def test_a_study_keeps_its_model_when_its_space_file_is_edited_or_removed(tmp_pa
     assert kept_space.model.recipe_target.endswith(f":{function}") and kept_space.source == str(path)
     assert export.render(repo, study, "recipe", None, False) == recipe
     repo.close()
+
+
+def test_a_stored_workload_that_no_longer_builds_names_the_study_not_a_flag(tmp_path):
+    """Review: a hand-edited workload read back was told "--gpus 3 ..." though the user typed no flag."""
+    import dataclasses
+
+    import pytest
+
+    from autotune.errors import ConfigError
+
+    space = load_space("qwen3_30b")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'w.db'}")
+    create_study(repo, name="w", space=space, workload=make_workload(space), budget=2, sampler="auto",
+                 backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    study = repo.get_study("w")
+    for edit, words in (({"gpu": "h999"}, "unknown GPU type 'h999'"),
+                        ({"gpus": 4, "gpus_per_node": 3}, "gpus 4 is neither a multiple nor a divisor of gpus_per_node 3")):
+        edited = dataclasses.replace(study, workload={**study.workload, **edit})
+        with pytest.raises(ConfigError) as raised:
+            study_space_and_workload(edited)
+        assert str(raised.value).startswith(f"the stored workload of study 'w': {words}")
+    with pytest.raises(ConfigError, match="^--gpus 4 is neither"):  # typed on the command line: the flags
+        make_workload(space, gpus=4, gpus_per_node=3)
