@@ -108,10 +108,10 @@ def test_a_stored_workload_that_no_longer_builds_names_the_study_not_a_flag(tmp_
                  backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
     study = repo.get_study("w")
     for edit, words in (({"gpu": "h999"}, "unknown GPU type 'h999'"),
-                        ({"gpus": 4, "gpus_per_node": 3}, "gpus 4 is neither a multiple nor a divisor of gpus_per_node 3")):
+                        ({"gpus": 4, "gpus_per_node": 3}, "gpus 4 is not a multiple of gpus_per_node 3")):
         edited = dataclasses.replace(study, workload={**study.workload, **edit})
         with pytest.raises(ConfigError) as raised:
             study_space_and_workload(edited)
         assert str(raised.value).startswith(f"the stored workload of study 'w': {words}")
-    with pytest.raises(ConfigError, match="^--gpus 4 is neither"):  # typed on the command line: the flags
+    with pytest.raises(ConfigError, match="^--gpus 4 is not a multiple of --gpus-per-node 3"):  # typed on the command line: the flags
         make_workload(space, gpus=4, gpus_per_node=3)
