@@ -12,7 +12,7 @@ def register(sub) -> None:
     for name, handler, text in (("current", cmd_current, "show the schema revision of the database"),
                                 ("upgrade", cmd_upgrade, "migrate the database to this autotune's schema")):
         q = db.add_parser(name, help=text)
-        q.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE or the user's SQLite file)")
+        q.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE if not empty, else the user's SQLite file)")
         q.add_argument("--json", action="store_true", help="print the revisions as JSON")
         q.set_defaults(handler=handler)
 

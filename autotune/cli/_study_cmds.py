@@ -14,7 +14,7 @@ from autotune.controller.options import DEFAULTS
 
 
 def add_storage_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE or a SQLite file in the "
+    parser.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE if not empty, else a SQLite file in the "
                                           "user's data directory); postgresql+psycopg://user@host/db works too")
 
 

@@ -139,6 +139,7 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("study-like-an-option", [*START, "--study=--help", "--storage", "{url}"], "neither starts with '-'"),
     ("study-dot-dot", [*START, "--study", "..", "--storage", "{url}"], "is not '.' or '..'"),
     ("file-where-folder-must-be", [*START, "--storage", "sqlite:////etc/hostname/x.db"], "file is in the way"),
+    ("storage-empty", ["status", "--storage", ""], "is not a database URL"),  # typed: an error, not the default
     ("postgres-port-abc", ["status", "--storage", "postgresql+psycopg://u@127.0.0.1:abc/x"], "not a database URL"),
     ("show-2**70", ["show", "demo", str(2**70), "--storage", "{url}"], "trial number"),
     ("export-trial-2**70", ["export", "demo", "--format", "json", "--trial", str(2**70), "--storage", "{url}"],
