@@ -42,7 +42,7 @@ from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import json_object, parse_result
 from autotune.errors import ConfigError
-from autotune.megatron.logparse import classify_failure, parse_log
+from autotune.megatron.logparse import parse_log
 
 
 
@@ -250,8 +250,9 @@ class MegatronBackend(Backend):
         failure = merge_rank_failures(failures)
         logs = "".join(ray.get([l.log_tail.remote() for l in launchers]))
         if failure is None:  # no file at all: fall back to the log
-            parsed = parse_log(logs)
-            kind = parsed.failure or classify_failure(logs)
+            # parse_log counts only a failure after the furthest iteration: a warning "... avoid out of memory
+            # errors" before good iterations did not end the run (classifying the whole tail called it an OOM)
+            kind = parse_log(logs).failure or "crash"
             failure = {"status": "oom" if kind == "oom" else "failed", "error": f"{kind}; log tail:\n{logs[-3000:]}"}
         return TrialOutcome(spec.trial, TrialStatus.OOM if failure["status"] == "oom" else TrialStatus.FAILED,
                             step_times_s=times, wall_time_s=wall, artifacts=artifacts,
