@@ -12,6 +12,11 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
+# An OOM's reported peak may be what the run needed rather than what it held; beyond this many times the
+# GPU's memory it is no figure. The writers check each run against its GPU (backends/validation.py) and the
+# store's read bounds allow it on the catalog's largest GPU (storage/_records.py): a fact both layers share.
+OOM_MEMORY_FACTOR = 4.0
+
 
 @dataclass(frozen=True)
 class GpuType:

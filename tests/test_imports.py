@@ -101,3 +101,7 @@ def test_no_import_cycle_inside_autotune():
     # the layers the issue named: catalog is data, the cost model does not reach into legality
     assert "autotune.space" not in graph["autotune.catalog"]
     assert not {m for m in graph["autotune.cost.step_time"] if m.startswith("autotune.space")}
+    # the store depends on no backend, dispatcher or controller (its read bounds once imported a backend's
+    # constant; what both layers share lives below them, in the catalog)
+    storage = {m for name, deps in graph.items() if name.startswith("autotune.storage") for m in deps}
+    assert not {m for m in storage if m.startswith(("autotune.backends", "autotune.dispatch", "autotune.controller"))}

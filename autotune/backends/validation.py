@@ -21,13 +21,12 @@ from typing import Any
 
 from autotune._numbers import is_number, is_positive_finite
 from autotune.backends.base import TrialOutcome, TrialSpec, TrialStatus
+from autotune.catalog import OOM_MEMORY_FACTOR
 
 METRIC_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib")
 RESULT_STATUSES = ("completed", "oom", "failed")
 # A completed run held its peak in the GPU's memory: allow 10% for GB/GiB and reserved/total slack.
 COMPLETED_MEMORY_SLACK = 1.10
-# An OOM's peak may be what the run needed rather than what it held; beyond 4x the GPU it is no figure.
-OOM_MEMORY_FACTOR = 4.0
 MAX_ERROR_CHARS = 20_000
 # A step time and a throughput reported together may be averaged over slightly different steps.
 CONSISTENCY_FACTOR = 1.25

@@ -122,8 +122,7 @@ def _physical_bounds() -> dict[str, float]:
     """Upper bounds no run on any GPU of the catalog can exceed, whatever its study: the writers check each
     run against its own GPU and model (backends/validation.py); a row read back past these was edited by
     hand (review: 1e12 tokens/s/GPU was shown, exported and ranked first)."""
-    from autotune.backends.validation import OOM_MEMORY_FACTOR
-    from autotune.catalog import GPU_TYPES
+    from autotune.catalog import GPU_TYPES, OOM_MEMORY_FACTOR
 
     # with a margin of MARGIN over the catalog's largest figures, so that a later correction of a catalog
     # figure never makes a store written before it unreadable (second review); a hand edit to 1e12 is refused
