@@ -9,6 +9,7 @@ the table is a failed trial. `autotune export STUDY --format table` writes this 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 from pathlib import Path
@@ -58,7 +59,11 @@ def _clean(value: Any) -> Any:
 def table_index(frame) -> dict[str, dict[str, Any]]:
     """Canonical layout key -> the result a run of it replays. A layout with several rows (a study's
     table holds repeated runs) replays them merged (_merged)."""
-    return {key: _merged(rows) for key, rows in table_rows(frame).items()}
+    return _index(table_rows(frame))
+
+
+def _index(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {key: dict(_merged(rows)) for key, rows in groups.items()}  # copies: the groups may be cached
 
 
 def table_rows(frame) -> dict[str, list[dict[str, Any]]]:
@@ -93,11 +98,28 @@ def table_rows(frame) -> dict[str, list[dict[str, Any]]]:
     return groups
 
 
+def table_groups(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """table_rows of the file at `path`, parsed once per version of the file: a `start` asks for a table
+    five times (the option check, the search's restriction, the coverage line, the repeated rows, the
+    backend), and a Parquet table of 10^5 rows takes seconds to check row by row. Keyed by the file's
+    identity, size and modification time, so a file edited between two reads is read again. Callers must
+    not change what it returns."""
+    from autotune._paths import require_file
+
+    stat = require_file(path, "--replay file").stat()
+    return _groups(str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _groups(path: str, _device: int, _inode: int, _size: int, _mtime_ns: int) -> dict[str, list[dict[str, Any]]]:
+    return table_rows(read_table(path))
+
+
 def repeated_rows(path: str | Path) -> tuple[int, int]:
     """(layouts with several rows, of them those whose rows disagree on the outcome): what `start` says
     of a table before replaying it merged (found by review: a layout that completed once and ran out of
     memory once replayed as completed, and nothing said so)."""
-    groups = table_rows(read_table(path))
+    groups = table_groups(path)
     repeated = [rows for rows in groups.values() if len(rows) > 1]
     return len(repeated), sum(len({r["status"] for r in rows}) > 1 for rows in repeated)
 
@@ -127,7 +149,7 @@ def _merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table_keys(path: str | Path) -> set[str]:
     """The layouts a replay table measured (their canonical keys)."""
-    return set(table_index(read_table(path)))
+    return set(table_groups(path))
 
 
 class ReplayBackend(Backend):
@@ -139,7 +161,7 @@ class ReplayBackend(Backend):
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         if not options.get("replay"):
             raise ConfigError("--backend replay needs --replay FILE (CSV or Parquet)")
-        table_index(read_table(options["replay"]))
+        _index(table_groups(options["replay"]))  # every row checked, and merged as a run would be
         return options
 
     @classmethod
@@ -148,7 +170,7 @@ class ReplayBackend(Backend):
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
-        self._index = table_index(read_table(self.options["replay"]))
+        self._index = _index(table_groups(self.options["replay"]))
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         key = LayoutConfig.from_mapping(spec.config).key()

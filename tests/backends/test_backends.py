@@ -212,6 +212,31 @@ class TestReplay(BackendContract):
         assert backend.run(self.spec(), lambda r: None, threading.Event()).status == TrialStatus.COMPLETED
 
 
+    def test_a_table_is_parsed_once_per_version_of_the_file(self, monkeypatch):
+        """A start asked for the table five times (a Parquet table of 10^5 rows is seconds per reading);
+        a file edited between two readings is read again."""
+        import os
+
+        from autotune.backends import replay
+
+        reads = []
+        monkeypatch.setattr(replay, "read_table", lambda path, real=replay.read_table: reads.append(path) or real(path))
+        options = {"replay": str(self.path)}
+        replay.ReplayBackend.check_options(options)
+        keys = replay.ReplayBackend.answerable_layouts(options)
+        assert replay.repeated_rows(self.path) == (0, 0) and len(reads) == 1
+        outcome, _ = self.run(self.spec(config={"ep": 16}))
+        assert outcome.status == TrialStatus.OOM and len(reads) == 1
+        frame = pd.read_csv(self.path)
+        frame.loc[frame["ep"] == 16, "status"] = "failed"
+        frame.to_csv(self.path, index=False)
+        os.utime(self.path, ns=(1, 1))  # another version even where the clock's grain hides the edit
+        assert self.run(self.spec(config={"ep": 16}))[0].status == TrialStatus.FAILED and len(reads) == 2
+        assert replay.ReplayBackend.answerable_layouts(options) == keys
+        # what a backend changes in its index is its own: the next reader gets the table as read
+        self.backend()._index[next(iter(keys))]["status"] = "changed"
+        assert all(r["status"] != "changed" for rows in replay.table_groups(self.path).values() for r in rows)
+
 @pytest.mark.parametrize("backend, expected", [
     ("simulate", {"workdir": "/w", "noise": 0.02, "seconds_per_trial": 0.0}),
     ("command", {"workdir": "/w", "command": "my-launcher --x"}),
