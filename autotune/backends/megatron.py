@@ -248,11 +248,15 @@ class MegatronBackend(Backend):
         failures = [f for l in launchers for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
                     if (f := json_object(text)) is not None]
         failure = merge_rank_failures(failures)
-        logs = "".join(ray.get([l.log_tail.remote() for l in launchers]))
-        if failure is None:  # no file at all: fall back to the log
+        tails = ray.get([l.log_tail.remote() for l in launchers])
+        logs = "".join(tails)
+        if failure is None:  # no file at all: fall back to the logs
             # parse_log counts only a failure after the furthest iteration: a warning "... avoid out of memory
-            # errors" before good iterations did not end the run (classifying the whole tail called it an OOM)
-            kind = parse_log(logs).failure or "crash"
+            # errors" before good iterations did not end the run (classifying the whole tail called it an OOM).
+            # Each node's tail on its own (second review: joined, the last node's iteration lines cleared
+            # another node's OOM), the worst class winning as among the ranks' failure files
+            kinds = [{"failure": parse_log(tail).failure or "crash"} for tail in tails] or [{"failure": "crash"}]
+            kind = merge_rank_failures(kinds)["failure"]
             failure = {"status": "oom" if kind == "oom" else "failed", "error": f"{kind}; log tail:\n{logs[-3000:]}"}
         return TrialOutcome(spec.trial, TrialStatus.OOM if failure["status"] == "oom" else TrialStatus.FAILED,
                             step_times_s=times, wall_time_s=wall, artifacts=artifacts,

@@ -375,7 +375,8 @@ def _run_in_ray(spec, options, cancel_after_s=None):
 
 
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("mode,status", [("ok", "completed"), ("oom", "oom"), ("nccl", "failed"), ("warned", "failed")])
+@pytest.mark.parametrize("mode,status", [("ok", "completed"), ("oom", "oom"), ("nccl", "failed"), ("warned", "failed"),
+                                         ("oomlog", "oom")])
 def test_megatron_backend_on_ray_with_a_stand_in_torchrun(fake_torchrun, tmp_path, mode, status):
     spec = make_spec(gpus=16, gpus_per_node=8, timeout_s=120)
     options = {"workdir": str(tmp_path / "runs"), "env": {**fake_torchrun, "FAKE_TORCHRUN_MODE": mode}}
@@ -387,8 +388,10 @@ def test_megatron_backend_on_ray_with_a_stand_in_torchrun(fake_torchrun, tmp_pat
     if status == "completed":
         assert len(steps) == 5 and outcome["step_time_s"] == pytest.approx(30.0)
         assert outcome["peak_mem_gib"] == 64.0
-    if status == "oom":
+    if mode == "oom":
         assert "rank 1" in outcome["error"] and "out of memory" in outcome["error"]
+    if mode == "oomlog":  # second review: joined, the last node's iteration lines cleared node 0's OOM
+        assert outcome["error"].startswith("oom; log tail:")
     if mode == "nccl":
         assert "nccl_error" in outcome["error"]
     if mode == "warned":  # review: the warning before good iterations made this crash an OOM
