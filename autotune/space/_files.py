@@ -412,14 +412,13 @@ class _Reader:
 
 
 def _negative_message(name: str, typed: dict[str, Any]) -> str:
-    """What a negative architecture number must be: what 0 would be told, so -5 and 0 read alike.
-
-    (A field that must be positive says ">= 1", an MoE field its MoE range; -32 never reads ">= 0" for a
-    field that 0 would not satisfy either.)
-    """
+    """What a negative architecture number must be: what 0 would be told, so -5 and 0 read alike (a field
+    that must be positive says ">= 1", an MoE model's MoE field its range), whatever the other fields hold."""
+    experts = typed.get("num_moe_experts", 0)
     if name in AT_LEAST_ONE:
         return "must be >= 1"
-    zeroed = {n: max(v, 0) if type(v) is int else v for n, v in typed.items()}
-    problem = architecture_problem(Architecture(**zeroed))
-    # only a bound ("must ..."): a dense model's 0 experts "is 0 (a dense model)", which -5 is not
-    return problem[1] if problem and problem[0] == name and problem[1].startswith("must") else "must be >= 0"
+    if experts > 0 and name == "moe_router_topk":
+        return f"must be in 1..num_moe_experts ({experts})"
+    if experts > 0 and name == "moe_ffn_hidden_size":
+        return "must be >= 1 for an MoE model"
+    return "must be >= 0"

@@ -99,8 +99,6 @@ def _workload(value: Any) -> bool:
     from autotune.config import is_network_gbps
 
     return (isinstance(value, dict) and all(key in value and check(value[key]) for key, check in WORKLOAD_KEYS.items())
-            # whole nodes, or a share of one (space._workload's rule): 3 GPUs on 8-GPU nodes is no cluster
-            and not (value["gpus"] % value["gpus_per_node"] and value["gpus_per_node"] % value["gpus"])
             # a cluster's own scale-out bandwidth, only when it has one (config.Cluster.to_dict)
             and _optional(is_network_gbps)(value.get("network_gbps")))
 
@@ -181,7 +179,7 @@ TRIAL_RULES: dict[str, tuple[Check, str]] = {
 STUDY_RULES: dict[str, tuple[Check, str]] = {
     "name": (is_study_name, f"1..{MAX_STUDY_NAME} printable characters"),
     "model": (_printable(100), "1..100 printable characters"),
-    "workload": (_workload, "a workload (gpus on whole nodes or a share of one, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
+    "workload": (_workload, "a workload (gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision; "
                              "network_gbps when the cluster has its own)"),
     "space": (_space, "a space (knob domains as lists)"),
     "budget": (lambda v: _count(v) and v >= 1, "a count of at least 1"),  # every study was created with one

@@ -73,6 +73,13 @@ def test_a_negative_moe_number_reads_what_zero_reads(tmp_path, key, value, messa
     path = _write_variant(tmp_path, f"  {key}: {value}", f"  {key}: {bad}")
     with pytest.raises(ConfigError, match=rf"'architecture.{key}': {message}$"):
         load_space(str(path))
+    if sign:  # second review: another field's fault (here the other MoE number, also negative) decided it
+        other = "moe_router_topk: 8" if key == "moe_ffn_hidden_size" else "moe_ffn_hidden_size: 768"
+        text = path.read_text().replace(f"  {other}", f"  {other.split(':')[0]}: -3")
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=r"'architecture\.(moe_ffn_hidden_size|moe_router_topk)': must (be >= 1 "
+                                              r"for an MoE model|be in 1\.\.num_moe_experts \(128\))$"):
+            load_space(str(path))
 
 
 def test_invalid_yaml_names_file_and_line(tmp_path):
