@@ -132,6 +132,8 @@ def terminal_safe(text: str) -> str:
     reorder what is shown."""
     import unicodedata
 
+    if text.replace("\n", "").replace("\t", "").isprintable():  # the common case, at C speed (a whole page)
+        return text
     return "".join(c if c in "\n\t" or unicodedata.category(c)[0] != "C" else
                    (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)
 

@@ -172,9 +172,16 @@ class Backend(ABC):
     @classmethod
     def options_from_cli(cls, args: Any) -> dict[str, Any]:
         """This backend's options from the parsed `autotune start` flags (flags left unset are left
-        out; flags of other backends are not read)."""
-        return {key: getattr(args, dest) for dest, key in cls.cli_options.items()
-                if getattr(args, dest, None) is not None}
+        out; flags of other backends are not read). `workdir` is stored absolute: a relative folder meant
+        the folder `start` ran in, which the controller's trials, a later `resume` and the dashboard (it
+        serves artifacts from the run folder) would each read against their own."""
+        options = {key: getattr(args, dest) for dest, key in cls.cli_options.items()
+                   if getattr(args, dest, None) is not None}
+        if isinstance(options.get("workdir"), str) and options["workdir"].strip():
+            from pathlib import Path
+
+            options["workdir"] = str(Path(options["workdir"]).absolute())
+        return options
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,8 @@ controller dies between that moment and recording the outcome, the controller th
 trial reads the file (`harvest`) instead of launching the same run again.
 
 The same folder bounds what the dashboard serves as artifacts: `study_dir` is the only tree it
-reads files from, whatever path a launcher reported.
+reads files from, whatever path a launcher reported, and only when it lies inside a root the
+dashboard's operator named (dashboard/_artifacts.py).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ def safe_name(study: str) -> str:
     """The study name as one path component (no separators, no `..`), one per name: a name that had to be
     changed gets a digest of itself, so `a/b` and `a_b` (or `a b`) never share a run folder, where each
     study's dashboard could serve the other's artifacts. So does a name with a capital letter: on a
-    case-insensitive file system (macOS, Windows) `Demo` and `demo` would otherwise be one folder."""
+    case-insensitive file system (macOS, Windows) `Demo` and `demo` would otherwise be one folder. So does a
+    name with a leading dot: a study named `.ssh` with `--workdir ~` would otherwise own `~/.ssh` (review)."""
     import hashlib
     import re
 
     name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in study)
     # a kept name that ends like a digest gets one too: `a_b-c14cddc033f6` is otherwise the folder of `a/b`
-    if name != study or name != name.lower() or not name.strip(".") or re.search(r"-[0-9a-f]{12}$", name):
+    if (name != study or name != name.lower() or name.startswith(".") or re.search(r"-[0-9a-f]{12}$", name)):
         name = f"{name[:100]}-{hashlib.sha256(study.encode()).hexdigest()[:12]}"
     return name
 

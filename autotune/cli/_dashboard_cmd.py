@@ -15,6 +15,10 @@ def register(sub) -> None:
     p = sub.add_parser("dashboard", help="serve the web dashboard (reads the SQL store only)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_or_zero, default=8080, help="port to listen on (default 8080; 0: any free port)")
+    p.add_argument("--artifact-root", action="append", default=[], metavar="DIR",
+                   help="serve trial artifacts only from run folders inside DIR (repeatable; default "
+                        "/tmp/autotune-runs, the default --workdir): whoever starts a study chooses its --workdir, "
+                        "so which folders may be served is the dashboard's operator's choice")
     add_storage_option(p)
     p.set_defaults(handler=cmd_dashboard)
 
@@ -37,13 +41,20 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
         raise ConfigError("--host is empty: give an address (127.0.0.1, the default, serves this machine only; "
                           "0.0.0.0 every interface)")
+    from autotune.dashboard._artifacts import check_roots, default_roots
+
+    roots = check_roots(args.artifact_root) if args.artifact_root else default_roots()
     repo = open_repo(args, read_only=True)
+    for root in roots:
+        if args.artifact_root and not root.is_dir():
+            sys.stderr.write(f"autotune dashboard: warning: --artifact-root {root} does not exist (yet): no artifact "
+                             "is served from it until it does\n")
     if not is_loopback(args.host):
         sys.stderr.write(f"autotune dashboard: warning: --host {args.host} serves every study, its configs and "
                          "artifacts to anyone who can reach this address; the dashboard has no authentication. "
                          "Prefer the default 127.0.0.1 with an SSH tunnel.\n")
     try:
-        server = make_server(repo, args.host, args.port)
+        server = make_server(repo, args.host, args.port, roots)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     host, port = server.server_address[:2]

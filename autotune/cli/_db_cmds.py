@@ -18,12 +18,13 @@ def register(sub) -> None:
 
 
 def _engine(args: argparse.Namespace):
-    from autotune.storage import default_storage_url, make_engine
+    from autotune.cli._study_cmds import open_store
+    from autotune.storage import make_engine
 
     # both act on a store that exists: `current` reads it, `upgrade` migrates it (`start` creates one); a
     # typo must not leave a new empty store, or its folders, behind. An empty --storage is an error, not
     # the default store.
-    return make_engine(default_storage_url() if args.storage is None else args.storage, create=False)
+    return open_store(args, lambda url: make_engine(url, create=False))
 
 
 def cmd_current(args: argparse.Namespace) -> int:

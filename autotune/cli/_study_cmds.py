@@ -136,10 +136,30 @@ def wide_console():
 
 def open_repo(args: argparse.Namespace, read_only: bool = False):
     """The store of --storage; `read_only` commands never create one (they say there is none)."""
-    from autotune.storage import Repository, default_storage_url
+    from autotune.storage import Repository
+
+    return open_store(args, lambda url: Repository.open(url, create=not read_only))
+
+
+def open_store(args: argparse.Namespace, opener):
+    """`opener(url)` for the store of --storage, else of $AUTOTUNE_STORAGE, else the default file. An error
+    about a URL names where the URL came from: `--storage ' '` was said of an AUTOTUNE_STORAGE=' ' the
+    user never typed as a flag (review)."""
+    import os
+
+    from autotune.errors import StorageError
+    from autotune.storage import default_storage_url
+    from autotune.storage._engine import STORAGE_ENV
 
     # an empty --storage is an error (normalize_url), not a silent fall-back to the default store
-    return Repository.open(default_storage_url() if args.storage is None else args.storage, create=not read_only)
+    if args.storage is not None or not os.environ.get(STORAGE_ENV):
+        return opener(default_storage_url() if args.storage is None else args.storage)
+    try:
+        return opener(default_storage_url())
+    except StorageError as exc:
+        if str(exc).startswith("--storage"):
+            raise StorageError(f"${STORAGE_ENV}{str(exc).removeprefix('--storage')}") from None
+        raise
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:

@@ -3,8 +3,15 @@
 A trial's artifact paths come from its launcher, so they are not trusted: a result line saying
 {"artifacts": {"shadow": "/etc/shadow"}} must not make the dashboard serve /etc/shadow. A file is
 served only when its fully resolved path (symlinks followed) lies inside the study's own run
-folder (`backends.runs.study_dir`), and it is opened without following a symlink in its last
-component, so a link swapped in after the check is refused too.
+folder (`backends.runs.study_dir`), and it is opened one component at a time without following a
+symlink, so a link swapped in after the check is refused too.
+
+The run folder itself is not trusted either: whoever starts a study chooses its `--workdir` and its
+name, and a study named `.ssh` started with `--workdir ~` once made `~/.ssh` "its own run folder"
+(review). So the folder must also lie inside one of the roots the person running the dashboard
+named (`autotune dashboard --artifact-root DIR`, default /tmp/autotune-runs, the default
+`--workdir`), and a workdir stored as a relative path (older versions kept it as typed, so it
+meant the dashboard's own working folder) is served from nowhere.
 
 Its content is not trusted either: an HTML or JavaScript file a launcher wrote must not run in the
 dashboard's origin (it could read every study through the dashboard's own API). So the type an
@@ -38,44 +45,89 @@ def artifact_type(path: str) -> str:
     return DOWNLOAD_TYPE
 
 
-def confined_path(path: str, backend_options: dict[str, Any], study: str) -> Path | None:
-    """The resolved file inside the study's run folder, or None when it is elsewhere or missing."""
-    found = _confined(path, backend_options, study)
-    return found[1] if found else None
+def default_roots() -> tuple[Path, ...]:
+    from autotune.backends.runs import DEFAULT_WORKDIR
+
+    return (Path(DEFAULT_WORKDIR),)
 
 
-def _confined(path: str, backend_options: dict[str, Any], study: str) -> tuple[Path, Path] | None:
-    """(the run folder, the resolved file inside it), or None. Only the study's own folder (runs.study_dir):
-    the folder an older version gave it can be another study's folder now (`a/b` had `a_b`'s; on a
-    case-insensitive file system `Demo` had `demo`'s), and nothing in a file says which study wrote it."""
+def check_roots(roots: list[str]) -> tuple[Path, ...]:
+    """The folders named by `--artifact-root`, made absolute; ConfigError (one line) for one that is a file
+    or `/` (that would serve every file a launcher names). One that does not exist yet is kept (a study
+    makes its --workdir when it starts; the dashboard may start first): nothing under it is served until then."""
+    from autotune._paths import shown
+    from autotune.errors import ConfigError
+
+    checked = []
+    for root in roots:
+        if not root.strip() or "\0" in root:
+            raise ConfigError("--artifact-root is empty: give a folder that holds run folders (--workdir of a study)")
+        path = Path(os.path.expanduser(root)).absolute()
+        try:
+            if path.exists() and not path.is_dir():
+                raise ConfigError(f"--artifact-root {shown(root)}: not a folder")
+            if path.resolve() == Path(path.anchor):
+                raise ConfigError(f"--artifact-root {shown(root)}: the file system's root would let a study's "
+                                  "launcher name any file on this machine; give the folder its runs are in")
+        except OSError as exc:
+            raise ConfigError(f"--artifact-root {shown(root)}: cannot use it ({exc.strerror or exc})") from None
+        checked.append(path)
+    return tuple(dict.fromkeys(checked))
+
+
+def served_folder(backend_options: dict[str, Any], study: str, roots: tuple[Path, ...]) -> Path | None:
+    """The study's resolved run folder when the dashboard may serve files from it (module doc), else None."""
     from autotune.backends.runs import study_dir
 
-    if "\0" in path:
-        return None
-    try:
-        resolved = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError, ValueError):
-        return None
+    workdir = (backend_options or {}).get("workdir")
+    if workdir is not None and not (isinstance(workdir, str) and "\0" not in workdir and Path(workdir).is_absolute()):
+        return None  # a relative folder meant the controller's working folder, unknown here
     try:
         folder = study_dir(backend_options or {}, study)
         # the study's folder is autotune's; a launcher (which writes beside it) that swaps it for a symlink
         # to / would make every file on the machine "inside" it. The workdir above may be a link (the user's).
         if folder.is_symlink():
             return None
-        root = folder.resolve(strict=True)
-    except (OSError, RuntimeError):
+        resolved = folder.resolve(strict=True)
+        allowed = [root.resolve(strict=True) for root in roots if root.exists()]
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return resolved if any(resolved != root and resolved.is_relative_to(root) for root in allowed) else None
+
+
+def confined_path(path: str, backend_options: dict[str, Any], study: str,
+                  roots: tuple[Path, ...]) -> Path | None:
+    """The resolved file inside the study's run folder, or None when it is elsewhere or missing."""
+    found = _confined(path, backend_options, study, roots)
+    return found[1] if found else None
+
+
+def _confined(path: str, backend_options: dict[str, Any], study: str,
+              roots: tuple[Path, ...]) -> tuple[Path, Path] | None:
+    """(the run folder, the resolved file inside it), or None. Only the study's own folder (runs.study_dir):
+    the folder an older version gave it can be another study's folder now (`a/b` had `a_b`'s; on a
+    case-insensitive file system `Demo` had `demo`'s), and nothing in a file says which study wrote it."""
+    if not isinstance(path, str) or "\0" in path or not Path(path).is_absolute():
+        return None  # a relative path is relative to the launcher's folder, not the dashboard's
+    root = served_folder(backend_options, study, roots)
+    if root is None:
+        return None
+    try:
+        resolved = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
         return None
     if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
         return root, resolved
     return None
 
 
-def open_confined(path: str, backend_options: dict[str, Any], study: str) -> BinaryIO | None:
+def open_confined(path: str, backend_options: dict[str, Any], study: str,
+                  roots: tuple[Path, ...]) -> BinaryIO | None:
     """The file opened for reading (the caller closes it; serve at most MAX_ARTIFACT_BYTES of it), opened one
     path component at a time from the run folder with O_NOFOLLOW on each: a folder swapped for a symlink
     between the check above and the open (a launcher still running can do it) fails the open instead of
     leading outside."""
-    found = _confined(path, backend_options, study)
+    found = _confined(path, backend_options, study, roots)
     if found is None:
         return None
     root, resolved = found

@@ -33,8 +33,11 @@ KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "sp", "mbs", "recompute", "dist_o
 
 
 def plain(text: str) -> str:
-    """A label for plotly.js, which renders a few HTML tags (<b>, <a href>) in text: none get through."""
-    return str(text).replace("&", "\uff06").replace("<", "\u2039").replace(">", "\u203a")
+    """A label for plotly.js, which renders a few HTML tags (<b>, <a href>) in text: none get through, and
+    control or format characters (a bidi override) are shown as escapes (pages do the same)."""
+    from autotune._tables import terminal_safe
+
+    return terminal_safe(str(text)).replace("&", "\uff06").replace("<", "\u2039").replace(">", "\u203a")
 
 
 def trial_url(study: str, number: int) -> str:

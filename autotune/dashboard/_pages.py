@@ -8,9 +8,11 @@ page loads nothing from the network and works offline).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from html import escape
+from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -48,6 +50,13 @@ TRIAL_FIELDS = (  # (attribute, label, format) of the trial page's metrics table
 
 
 def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = False) -> bytes:
+    """A whole page. Control and format characters (an ESC, a NUL, a bidi override such as U+202E that
+    would show a launcher's `exe.txt` as `txt.exe`) never reach the browser raw, wherever a launcher's or
+    a hand-edited row's text lands: they are shown as escapes (`\\u202e`), as in the terminal. The page's
+    own markup has none, and chart data is JSON with every non-ASCII character already escaped."""
+    from autotune._tables import terminal_safe
+
+    title, body = terminal_safe(title), terminal_safe(body)
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     js = ("<script src='/static/plotly.min.js'></script><script src='/static/dashboard.js'></script>"
           if scripts else "")
@@ -98,9 +107,13 @@ def provenance(backend: str, origin: str = "study") -> str:
 class DashboardApp:
     """Renders pages from a Repository; independent of the HTTP server so tests can call it directly."""
 
-    def __init__(self, repo: Repository, refresh_s: int = 3) -> None:
+    def __init__(self, repo: Repository, refresh_s: int = 3, artifact_roots: tuple[Path, ...] | None = None) -> None:
+        from autotune.dashboard._artifacts import default_roots
+
         self.repo = repo
         self.refresh_s = refresh_s
+        # the only folders whose run folders' files are served (`--artifact-root`; _artifacts' module doc)
+        self.artifact_roots = tuple(artifact_roots) if artifact_roots is not None else default_roots()
 
     # --- the list of studies ---------------------------------------------------------------------
 
@@ -317,10 +330,7 @@ class DashboardApp:
         # what the run was given: the layout's overrides and the study's benchmark-only settings (as `show`)
         overrides = layout_overrides(layout, workload) + benchmark_only.overrides(
             benchmark_only.of_study(study))
-        artifacts = "".join(
-            f"<li><a href='/artifact/{quote(name, safe='')}/{number}/{quote(str(key), safe='')}'>{escape(str(key))}"
-            f"</a> <span class='muted'>{escape(str(path))}</span></li>"
-            for key, path in (trial.artifacts or {}).items() if isinstance(path, str))
+        artifacts = self._artifact_list(study, trial)
         message = f"<pre>{escape(trial.message)}</pre>" if trial.message else ""
         measured_step = trial.step_time_s if trial.status == "completed" else None
         figure = fig.breakdown(predicted.get("breakdown") or {}, predicted.get("step_time_s"), measured_step, trace,
@@ -336,26 +346,54 @@ class DashboardApp:
                 f"<p class='muted'>{escape(trace_note)}</p>"
                 f"<h2>config</h2><table id='config'>{config}</table>"
                 f"<h2>overrides</h2><pre id='overrides'>{escape(chr(10).join(overrides))}</pre>"
-                f"<h2>artifacts</h2><ul id='artifacts'>{artifacts or '<li class=muted>none</li>'}</ul>")
+                f"<h2>artifacts</h2>{artifacts}")
         return page(f"{name} trial {number}", body, scripts=True)
 
-    @staticmethod
-    def _trace_summary(study, trial) -> dict[str, float] | None:
-        """The totals of a trial's nsys SQLite export, read only from inside the study's run folder."""
+    def _artifact_list(self, study, trial) -> str:
+        """Each artifact the launcher recorded: a link when the dashboard serves it, else its path and why not
+        (a link that always answers 404 told nobody anything)."""
+        from autotune.dashboard._artifacts import confined_path, served_folder
+
+        name, number = study.name, trial.number
+        recorded = {str(key): path for key, path in (trial.artifacts or {}).items() if isinstance(path, str)}
+        if not recorded:
+            return "<ul id='artifacts'><li class=muted>none</li></ul>"
+        items, unserved = [], False
+        for key, path in recorded.items():
+            served = confined_path(path, study.backend_options, name, self.artifact_roots) is not None
+            unserved |= not served
+            label = (f"<a href='/artifact/{quote(name, safe='')}/{number}/{quote(key, safe='')}'>{escape(key)}</a>"
+                     if served else f"<span class='unserved'>{escape(key)}</span>")
+            items.append(f"<li>{label} <span class='muted'>{escape(path)}</span></li>")
+        note = ""
+        if served_folder(study.backend_options, name, self.artifact_roots) is None:
+            roots = ", ".join(str(root) for root in self.artifact_roots)
+            note = (f"<p class='muted' id='artifact-note'>not served: this study's run folder is not inside the "
+                    f"dashboard's artifact roots ({escape(roots)}) or does not exist here; the person running the "
+                    f"dashboard can add its --workdir with <code>autotune dashboard --artifact-root DIR</code></p>")
+        elif unserved:
+            note = ("<p class='muted' id='artifact-note'>an artifact without a link is missing, or lies outside this "
+                    "study's run folder: the dashboard serves nothing else</p>")
+        return f"<ul id='artifacts'>{''.join(items)}</ul>{note}"
+
+    def _trace_summary(self, study, trial) -> dict[str, float] | None:
+        """The totals of a trial's nsys SQLite export, read only from inside the study's run folder, within
+        TRACE_DEADLINE_S, once per version of the file (a running study's page refreshes every few seconds)."""
         from autotune.dashboard._artifacts import confined_path
-        from autotune.errors import ConfigError
-        from autotune.megatron.trace import summarize_sqlite, to_dict
 
         for path in (trial.artifacts or {}).values():
             if not (isinstance(path, str) and path.endswith(".sqlite")):
                 continue
-            resolved = confined_path(path, study.backend_options, study.name)
+            resolved = confined_path(path, study.backend_options, study.name, self.artifact_roots)
             if resolved is None:
                 continue
             try:
-                return to_dict(summarize_sqlite(resolved))["total"]
-            except ConfigError:
+                info = resolved.stat()
+            except OSError:
                 continue
+            total = _trace_totals(str(resolved), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            if total is not None:
+                return dict(total)
         return None
 
     def artifact(self, name: str, number: int, key: str) -> tuple[BinaryIO, str, str] | None:
@@ -367,10 +405,26 @@ class DashboardApp:
         path = (self.repo.trial(study.id, number).artifacts or {}).get(key)
         if not isinstance(path, str):
             return None
-        handle = open_confined(path, study.backend_options, study.name)
+        handle = open_confined(path, study.backend_options, study.name, self.artifact_roots)
         if handle is None:
             return None
         return handle, artifact_type(path), os.path.basename(path)
 
     def api(self, name: str) -> bytes:
         return leaderboard.to_json(leaderboard.build(self.repo, self.repo.get_study(name))).encode()
+
+
+TRACE_DEADLINE_S = 5.0  # a launcher-written export that takes longer to read is shown as absent
+
+
+@functools.lru_cache(maxsize=256)
+def _trace_totals(path: str, device: int, inode: int, size_bytes: int, mtime_ns: int) -> tuple | None:
+    """A trace's totals, cached by the file's identity and version (stat), failures included: a hostile
+    or huge export costs one bounded read, not one per page view."""
+    from autotune.errors import ConfigError
+    from autotune.megatron.trace import summarize_sqlite, to_dict
+
+    try:
+        return tuple(to_dict(summarize_sqlite(path, deadline_s=TRACE_DEADLINE_S))["total"].items())
+    except ConfigError:
+        return None

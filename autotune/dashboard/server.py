@@ -9,7 +9,8 @@ itself.
   /compare?study=A&study=B  studies side by side: answers, best-so-far curves
   /study/<name>             leaderboard (sortable) and the study's plots
   /study/<name>/trial/<n>   one trial: metrics, predicted vs measured step time, config, overrides, artifacts
-  /artifact/<name>/<n>/<k>  an artifact file recorded by that trial, only from inside the study's run folder
+  /artifact/<name>/<n>/<k>  an artifact file recorded by that trial, only from inside the study's run folder,
+                            and only when that lies inside an --artifact-root (default /tmp/autotune-runs)
   /static/<file>            plotly.min.js and dashboard.js, nothing else
   /api/study/<name>         the leaderboard as JSON
   /metrics                  Prometheus metrics of every study
@@ -42,6 +43,7 @@ STREAM_CHUNK_BYTES = 1 << 20  # an artifact is sent this much at a time
 # a launcher's file: no script, no fetch, its own opaque origin even if a browser rendered it as a page
 ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
 READ_METHODS = "GET, HEAD"
+IDLE_TIMEOUT_S = 60.0
 
 
 def static_file(name: str) -> tuple[bytes, str] | None:
@@ -84,6 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
     # every study; its Host header then carries that name.
     loopback_only: bool = True
     _head = False  # answering HEAD: the headers of GET, no body
+    # seconds a connection may stay silent (reading a request, or a client not reading an answer): without
+    # it, clients that open connections and send nothing (slowloris) each held a thread for ever
+    timeout = IDLE_TIMEOUT_S
 
     def log_message(self, *args) -> None:  # quiet: the CLI prints the address once
         pass
@@ -91,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         try:
             super().handle()
-        except ConnectionError:  # the client went away mid-answer (a reset, `curl | head`): nobody to tell
+        except (ConnectionError, TimeoutError):  # the client went away or went silent mid-answer: nobody to tell
             pass
 
     def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
@@ -106,6 +111,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._fail(_is_api(_path_parts(self.path)), 405, "method not allowed", "the dashboard only reads: GET and HEAD")
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors; its 501 for a method HTTP does not define (`BREW`) names the methods
+        that are allowed too (review: it came without Allow)."""
+        if code == 501:
+            self._allow = True
+        super().send_error(code, message, explain)
 
     def end_headers(self) -> None:
         """Every answer gets the security headers, http.server's own errors (400, 414, 501) included."""
@@ -208,8 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._fail(api, 503, "store error", "the store cannot be read", str(exc))
         except ConfigError as exc:  # a stored study names what this autotune does not know (a GPU, a setting)
             self._fail(api, 503, "store error", "the store holds a study this autotune cannot use", str(exc))
-        except ConnectionError:
-            raise  # the client is gone: no error page to send (handle() ends the request quietly)
+        except (ConnectionError, TimeoutError):
+            raise  # the client is gone or silent: no error page to send (handle() ends the request quietly)
         except Exception as exc:  # a page that cannot render still gets an answer; the server lives on
             import sys
 
@@ -243,8 +255,12 @@ class _IPv6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
-def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"app": DashboardApp(repo), "loopback_only": is_loopback(host)})
+def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080,
+                artifact_roots: tuple[Path, ...] | None = None) -> ThreadingHTTPServer:
+    """`artifact_roots`: the folders whose studies' run folders the dashboard serves files from (default
+    /tmp/autotune-runs; _artifacts' module doc)."""
+    app = DashboardApp(repo, artifact_roots=artifact_roots)
+    handler = type("Handler", (_Handler,), {"app": app, "loopback_only": is_loopback(host)})
     # an IPv6 address (::1, ::) needs an IPv6 socket; http.server's default family is IPv4
     server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
     server = server_class((host, port), handler)
@@ -252,7 +268,8 @@ def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080) -> 
     return server
 
 
-def serve_in_background(repo: Repository, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    server = make_server(repo, host, port)
+def serve_in_background(repo: Repository, host: str = "127.0.0.1", port: int = 0,
+                        artifact_roots: tuple[Path, ...] | None = None) -> ThreadingHTTPServer:
+    server = make_server(repo, host, port, artifact_roots)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -67,30 +67,48 @@ class DeviceSummary:
         return self.overlapped_s / self.communication_s if self.communication_s else 0.0
 
 
-def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
+MAX_KERNEL_ROWS = 5_000_000  # a real export of a short profiling run holds far fewer; more is not one
+MAX_VALUE_BYTES = 1 << 20  # no kernel name or value in an export is near this size
+TRACE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "StringIds")
+
+
+def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
+                     max_rows: int = MAX_KERNEL_ROWS) -> list[DeviceSummary]:
+    """Per-device totals of an nsys SQLite export. The file is input like any other (the dashboard reads
+    the ones launchers write into run folders): it is opened read-only and immutable (no -wal or -shm file
+    is created beside it, no lock taken), its two tables must be plain tables (a view over an endless
+    recursive query, a virtual table or a generated column would make one read never end), values are
+    capped in size, and the read stops after `deadline_s` seconds or `max_rows` kernels (ConfigError)."""
+    import time
+
+    stop = None if deadline_s is None else time.monotonic() + deadline_s
+    by_device: dict[int, tuple[list[Interval], list[Interval]]] = {}
     try:
         # a file URI with the name percent-encoded: pasted raw, a '#' or '?' in it would cut the name (and
         # mode=ro with it: SQLite would create an empty file) and a '%41' would name another file
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
-        rows = db.execute("SELECT k.start, k.end, k.deviceId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
-                          "JOIN StringIds AS s ON s.id = k.shortName").fetchall()
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        if stop is not None:  # asked every 10,000 virtual-machine steps; non-zero interrupts the query
+            db.set_progress_handler(lambda: int(time.monotonic() > stop), 10_000)
+        for table in TRACE_TABLES:
+            _check_plain_table(db, table, path)
+        cursor = db.execute("SELECT k.start, k.end, k.deviceId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
+                            "JOIN StringIds AS s ON s.id = k.shortName")
+        number = 0
+        while rows := cursor.fetchmany(65536):  # summed as read: the rows never sit in memory whole
+            for start, end, device, name in rows:
+                number += 1
+                if number > max_rows:
+                    raise ConfigError(f"{shown(str(path))} holds more than {max_rows:,} kernels: not the export of a "
+                                      "short profiling run (profile fewer steps)")
+                _add_kernel(by_device, path, number, start, end, device, name)
     except sqlite3.Error as exc:
+        if stop is not None and time.monotonic() > stop:
+            raise ConfigError(f"{shown(str(path))}: reading its kernel table took longer than {deadline_s:g} s") from None
         raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export with a kernel table ({str(exc)[:120]})") from None
     finally:
         if "db" in locals():
             db.close()
-    by_device: dict[int, tuple[list[Interval], list[Interval]]] = {}
-    for number, (start, end, device, name) in enumerate(rows, 1):
-        if None in (start, end, device, name):
-            continue  # a kernel row without a time, device or name says nothing to sum
-        # nsys writes integers (ns, device ids): a text, real or blob value is not its export (a file is
-        # input like any other; the dashboard reads these from run folders)
-        if not all(type(v) is int for v in (start, end, device)) or start < 0 or end < start or device < 0:
-            raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: kernel row {number} has start/end/device "
-                              f"{str(start)[:20]!r}/{str(end)[:20]!r}/{str(device)[:20]!r}, not non-negative integers "
-                              "with end >= start")
-        comm, compute = by_device.setdefault(device, ([], []))
-        (comm if "nccl" in str(name).lower() else compute).append((start, end))
     summaries = []
     for device, (comm, compute) in sorted(by_device.items()):
         comm_u, compute_u = union(comm), union(compute)
@@ -99,6 +117,31 @@ def summarize_sqlite(path: str | Path) -> list[DeviceSummary]:
                                        length(compute_u) / 1e9, length(comm_u) / 1e9, overlap / 1e9,
                                        (length(comm_u) - overlap) / 1e9))
     return summaries
+
+
+def _check_plain_table(db: sqlite3.Connection, table: str, path) -> None:
+    """ConfigError unless `table` is an ordinary table without generated columns (what nsys writes)."""
+    row = db.execute("SELECT type, sql FROM sqlite_master WHERE name = ? COLLATE NOCASE", (table,)).fetchone()
+    virtual = row is not None and str(row[1] or "").lstrip().upper().startswith("CREATE VIRTUAL")
+    if row is None or row[0] != "table" or virtual:
+        what = "missing" if row is None else "a virtual table" if virtual else f"a {row[0]}"
+        raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: its {table} is {what}, not a table")
+    # table_xinfo's `hidden`: 2 and 3 mark generated columns, computed (by any expression) on every read
+    if any(column[6] in (2, 3) for column in db.execute(f'PRAGMA table_xinfo("{table}")')):
+        raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: its {table} has generated columns")
+
+
+def _add_kernel(by_device, path, number: int, start, end, device, name) -> None:
+    if None in (start, end, device, name):
+        return  # a kernel row without a time, device or name says nothing to sum
+    # nsys writes integers (ns, device ids): a text, real or blob value is not its export (a file is
+    # input like any other; the dashboard reads these from run folders)
+    if not all(type(v) is int for v in (start, end, device)) or start < 0 or end < start or device < 0:
+        raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: kernel row {number} has start/end/device "
+                          f"{str(start)[:20]!r}/{str(end)[:20]!r}/{str(device)[:20]!r}, not non-negative integers "
+                          "with end >= start")
+    comm, compute = by_device.setdefault(device, ([], []))
+    (comm if "nccl" in str(name).lower() else compute).append((start, end))
 
 
 def export_to_sqlite(report: Path, folder: Path) -> Path:

@@ -31,15 +31,25 @@ def architecture_problem(a: Architecture) -> tuple[str, str] | None:
     return _moe_problem(a) or _window_problem(a)
 
 
+def moe_field_rule(name: str, experts: int) -> str | None:
+    """What an MoE model's field must be (None for a field without an MoE rule): one wording for a value out
+    of range here and for a negative one refused while the file is read (space/_files.py)."""
+    if experts > 0 and name == "moe_router_topk":
+        return f"must be in 1..num_moe_experts ({experts})"
+    if experts > 0 and name == "moe_ffn_hidden_size":
+        return "must be >= 1 for an MoE model"
+    return None
+
+
 def _moe_problem(a: Architecture) -> tuple[str, str] | None:
     if not a.is_moe:
         if a.moe_router_topk or a.moe_ffn_hidden_size or a.num_dense_layers:
             return "num_moe_experts", "is 0 (a dense model), so the moe_* keys and num_dense_layers must be 0"
         return None
     if not 1 <= a.moe_router_topk <= a.num_moe_experts:
-        return "moe_router_topk", f"must be in 1..num_moe_experts ({a.num_moe_experts})"
+        return "moe_router_topk", moe_field_rule("moe_router_topk", a.num_moe_experts)
     if a.moe_ffn_hidden_size < 1:
-        return "moe_ffn_hidden_size", "must be >= 1 for an MoE model"
+        return "moe_ffn_hidden_size", moe_field_rule("moe_ffn_hidden_size", a.num_moe_experts)
     if a.num_dense_layers >= a.num_layers:
         return "num_dense_layers", f"must be below num_layers ({a.num_layers})"
     if a.moe_router_group_topk > a.moe_router_topk:

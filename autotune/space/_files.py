@@ -24,7 +24,7 @@ from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
 from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MAX_WORKLOAD_COUNT, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS,
                              LayoutConfig, coerce_knob, is_network_gbps)
 from autotune.errors import ConfigError
-from autotune.space._arch_checks import AT_LEAST_ONE, architecture_problem
+from autotune.space._arch_checks import AT_LEAST_ONE, architecture_problem, moe_field_rule
 from autotune.space.legality import POLICY_NAMES
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -414,11 +414,6 @@ class _Reader:
 def _negative_message(name: str, typed: dict[str, Any]) -> str:
     """What a negative architecture number must be: what 0 would be told, so -5 and 0 read alike (a field
     that must be positive says ">= 1", an MoE model's MoE field its range), whatever the other fields hold."""
-    experts = typed.get("num_moe_experts", 0)
     if name in AT_LEAST_ONE:
         return "must be >= 1"
-    if experts > 0 and name == "moe_router_topk":
-        return f"must be in 1..num_moe_experts ({experts})"
-    if experts > 0 and name == "moe_ffn_hidden_size":
-        return "must be >= 1 for an MoE model"
-    return "must be >= 0"
+    return moe_field_rule(name, typed.get("num_moe_experts", 0)) or "must be >= 0"

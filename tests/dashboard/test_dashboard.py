@@ -151,8 +151,8 @@ def test_figures_on_their_own():
     assert fig.plain("<b>x</b> & y") == "\u2039b\u203ax\u2039/b\u203a \uff06 y"
 
 
-def test_trial_page_formats_numbers_and_shows_predicted_and_measured_step(repo):
-    app = DashboardApp(repo)
+def test_trial_page_formats_numbers_and_shows_predicted_and_measured_step(repo, tmp_path):
+    app = DashboardApp(repo, artifact_roots=(tmp_path,))  # the run folder lies under tmp_path
     name = f"demo{HOSTILE}"
     html = app.trial_page(name, 3).decode()
     assert HOSTILE not in html and "oom" in html
@@ -304,7 +304,7 @@ def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_
     repo.finish_trial(study.id, 2, "completed", metrics={"tokens_per_s_per_gpu": 7900.0, "peak_mem_gib": 75.0,
                                                          "step_time_s": 8.0},
                       gpu_seconds=1000.0, artifacts={"nsys_sqlite": str(export)})
-    bars = figure(DashboardApp(repo).trial_page(study.name, 2).decode(), "breakdown-chart")
+    bars = figure(DashboardApp(repo, artifact_roots=(tmp_path,)).trial_page(study.name, 2).decode(), "breakdown-chart")
     measured = bars["data"][1]
     assert measured["y"] == ["whole step", "compute (nsys)", "exposed communication (nsys)"]
     assert measured["x"] == pytest.approx([8.0, 6.0, 2.0])
@@ -635,3 +635,48 @@ def test_the_list_of_studies_says_which_are_simulated_and_which_replayed(repo):
                                                                               .replace(">", "&gt;")
                                                                               .replace("'", "&#x27;")]
     assert "(simulated)" not in rows["on-gpus"] and "(replayed)" not in rows["on-gpus"]
+
+
+def test_a_hostile_trace_export_costs_one_bounded_read_not_a_thread_per_view(repo, tmp_path):
+    """Review: a launcher-written "export" whose kernel table was a view over an endless recursive query
+    hung a dashboard thread on every view of its trial (the page refreshes itself every few seconds while
+    a study runs), and a WAL-mode one made the dashboard create -wal and -shm files in the run folder."""
+    import sqlite3
+    import time
+
+    study = repo.get_study(f"demo{HOSTILE}")
+    export = study_dir(study.backend_options, study.name) / "trial2-attempt1" / "profile.sqlite"
+    export.parent.mkdir(parents=True)
+    db = sqlite3.connect(export)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    db.execute("CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL "
+               "SELECT i + 1 FROM n) SELECT i AS start, i + 1 AS end, 0 AS deviceId, 1 AS shortName FROM n")
+    db.commit()
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    for extra in ("-wal", "-shm"):
+        export.with_name(export.name + extra).unlink(missing_ok=True)
+    repo.finish_trial(study.id, 2, "completed", metrics={"tokens_per_s_per_gpu": 7900.0, "peak_mem_gib": 75.0,
+                                                         "step_time_s": 8.0},
+                      gpu_seconds=1000.0, artifacts={"nsys_sqlite": str(export)})
+    app = DashboardApp(repo, artifact_roots=(tmp_path,))
+    began = time.monotonic()
+    for _ in range(3):
+        bars = figure(app.trial_page(study.name, 2).decode(), "breakdown-chart")
+        assert bars["data"][1]["y"] == ["whole step"]  # no measured terms from a file that is no export
+    assert time.monotonic() - began < 10
+    assert sorted(p.name for p in export.parent.iterdir()) == ["profile.sqlite"]
+
+
+def test_control_and_bidi_characters_in_launcher_text_reach_no_page_raw(repo, tmp_path):
+    """Review: a launcher's message or artifact path holding U+202E (shows `exe.txt` as `txt.exe`), an ESC
+    or a NUL reached the HTML as is. Shown as escapes, as on the terminal, on the trial and study pages."""
+    study = repo.get_study(f"demo{HOSTILE}")
+    repo.finish_trial(study.id, 4, "failed", reason="failed", message="bad\u202etxt.exe \x1b[31mred\x00",
+                      artifacts={"log\u202e": "/tmp/x\u2066.txt"})
+    app = DashboardApp(repo, artifact_roots=(tmp_path,))
+    for html in (app.trial_page(study.name, 4).decode(), app.study_page(study.name, "trial", "asc").decode()):
+        assert not any(c in html for c in "\u202e\u2066\x1b\x00")
+    trial = app.trial_page(study.name, 4).decode()
+    assert "bad\\u202etxt.exe \\x1b[31mred\\x00" in trial and "/tmp/x\\u2066.txt" in trial

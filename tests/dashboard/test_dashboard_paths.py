@@ -56,7 +56,7 @@ def served(tmp_path):
     layout = LayoutConfig.from_mapping({"ep": 16})
     trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 1)
     repo.finish_trial(study.id, trial.number, "failed", reason="failed", artifacts=artifacts)
-    server = serve_in_background(repo)
+    server = serve_in_background(repo, artifact_roots=(tmp_path,))
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     repo.close()
@@ -225,9 +225,9 @@ def test_the_check_resolves_before_comparing(tmp_path):
     twin = tmp_path / "runs" / "s-evil"
     twin.mkdir()
     (twin / "f").write_text("x")
-    assert confined_path(str(twin / "f"), options, "s") is None
+    assert confined_path(str(twin / "f"), options, "s", (tmp_path,)) is None
     (tmp_path / "runs" / "s" / "f").write_text("y")
-    assert confined_path(str(tmp_path / "runs" / "s" / "f"), options, "s") == (tmp_path / "runs" / "s" / "f").resolve()
+    assert confined_path(str(tmp_path / "runs" / "s" / "f"), options, "s", (tmp_path,)) == (tmp_path / "runs" / "s" / "f").resolve()
 
 
 def _raw(base: str, request: bytes) -> bytes:
@@ -270,8 +270,9 @@ def test_every_answer_carries_the_security_headers(served, request_line, status)
     head = answer.partition(b"\r\n\r\n")[0]
     assert b"qwen3_30b" not in answer
     assert int(head.split(b" ")[1]) == status
-    if status == 405:
+    if status in (405, 501):
         assert b"Allow: GET, HEAD" in head
+    if status == 405:
         # under /api the refusal is JSON, elsewhere a page
         assert (b"application/json" in head) == (b" /api/" in request_line)
     assert b"X-Content-Type-Options: nosniff" in head and b"frame-ancestors 'none'" in head
@@ -340,13 +341,13 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_leads_nowhere(tmp_path, 
     outside = tmp_path / "secret"
     outside.mkdir()
     (outside / "out.txt").write_text("SECRET")
-    checked = _artifacts._confined(str(folder / "out.txt"), options, "s")
-    assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s")) == b"inside"
+    checked = _artifacts._confined(str(folder / "out.txt"), options, "s", (tmp_path,))
+    assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s", (tmp_path,))) == b"inside"
     (folder / "out.txt").unlink()
     folder.rmdir()
     folder.symlink_to(outside, target_is_directory=True)
     monkeypatch.setattr(_artifacts, "_confined", lambda *_args: checked)  # the check ran before the swap
-    assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s")) is None
+    assert _read(_artifacts.open_confined(str(folder / "out.txt"), options, "s", (tmp_path,))) is None
 
 
 def test_the_folder_an_older_version_gave_a_study_is_not_served_for_it(tmp_path):
@@ -362,8 +363,8 @@ def test_the_folder_an_older_version_gave_a_study_is_not_served_for_it(tmp_path)
     old.mkdir(parents=True)
     (old / "log.txt").write_text("a run of the study named qwen3_tpe_16")
     assert study_dir(options, "qwen3 tpe/16") != old.parent and study_dirs(options, "qwen3 tpe/16")[1] == old.parent
-    assert _read(open_confined(str(old / "log.txt"), options, "qwen3 tpe/16")) is None
-    assert _read(open_confined(str(old / "log.txt"), options, "qwen3_tpe_16")) == b"a run of the study named qwen3_tpe_16"
+    assert _read(open_confined(str(old / "log.txt"), options, "qwen3 tpe/16", (tmp_path,))) is None
+    assert _read(open_confined(str(old / "log.txt"), options, "qwen3_tpe_16", (tmp_path,))) == b"a run of the study named qwen3_tpe_16"
 
 
 def test_a_study_folder_that_is_a_symlink_serves_nothing(tmp_path):
@@ -376,10 +377,145 @@ def test_a_study_folder_that_is_a_symlink_serves_nothing(tmp_path):
     (tmp_path / "wd" / "s").symlink_to("/")
     options = {"workdir": str(tmp_path / "wd")}
     for path in ("/etc/passwd", str(tmp_path / "wd" / "s" / "etc" / "passwd")):
-        assert confined_path(path, options, "s") is None and open_confined(path, options, "s") is None
+        assert confined_path(path, options, "s", (tmp_path,)) is None and open_confined(path, options, "s", (tmp_path,)) is None
     real = tmp_path / "real"
     (real / "s" / "trial1-attempt1").mkdir(parents=True)
     (real / "s" / "trial1-attempt1" / "log.txt").write_text("ok")
     (tmp_path / "linked").symlink_to(real)
     options = {"workdir": str(tmp_path / "linked")}
-    assert _read(open_confined(str(tmp_path / "linked" / "s" / "trial1-attempt1" / "log.txt"), options, "s")) == b"ok"
+    assert _read(open_confined(str(tmp_path / "linked" / "s" / "trial1-attempt1" / "log.txt"), options, "s", (tmp_path,))) == b"ok"
+
+
+def _study_with_artifact(repo, name: str, workdir: str, artifact: str):
+    study = repo.create_study(name=name, model="qwen3_30b",
+                              workload={"gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024,
+                                        "seq_length": 4096, "precision": "bf16"},
+                              space={"domains": {}}, budget=1, sampler="auto", backend="command",
+                              backend_options={"workdir": workdir}, options={},
+                              optuna_study_name=f"autotune:{name}", status="finished")
+    layout = LayoutConfig.from_mapping({"ep": 16})
+    trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 1)
+    repo.finish_trial(study.id, trial.number, "completed", reason=None, artifacts={"key": artifact})
+    return study
+
+
+def test_a_study_named_like_a_dot_folder_never_owns_it(tmp_path):
+    """Review: a study named `.ssh` started with `--workdir ~` made `~/.ssh` its run folder, and a launcher's
+    artifact `~/.ssh/id_rsa` was served at /artifact/.ssh/1/key. A leading dot now gets a digest, and the
+    home folder is no artifact root unless the dashboard's operator names it."""
+    from autotune.backends.runs import safe_name
+    from autotune.dashboard.server import DashboardApp
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text("PRIVATE KEY")
+    assert safe_name(".ssh") != ".ssh" and safe_name(".ssh").startswith(".ssh-")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    _study_with_artifact(repo, ".ssh", str(home), str(home / ".ssh" / "id_rsa"))
+    for roots in (None, (home,), (tmp_path,)):  # the default root, and an operator who named the home folder
+        app = DashboardApp(repo, artifact_roots=roots)
+        assert app.artifact(".ssh", 1, "key") is None
+        assert "/artifact/" not in app.trial_page(".ssh", 1).decode()
+    repo.close()
+
+
+def test_only_run_folders_inside_an_artifact_root_are_served(tmp_path):
+    """Whoever starts a study chooses its --workdir; the dashboard's operator chooses what is served. A run
+    folder outside the roots is listed without a link and a note says how to serve it."""
+    from autotune.backends.runs import study_dir
+    from autotune.dashboard.server import DashboardApp
+
+    options = {"workdir": str(tmp_path / "scratch")}
+    run = study_dir(options, "s") / "trial1-attempt1"
+    run.mkdir(parents=True)
+    (run / "log.txt").write_text("measured")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    _study_with_artifact(repo, "s", options["workdir"], str(run / "log.txt"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    refused = DashboardApp(repo, artifact_roots=(elsewhere,))
+    assert refused.artifact("s", 1, "key") is None
+    page = refused.trial_page("s", 1).decode()
+    assert "/artifact/s/1/key" not in page and "--artifact-root" in page and str(run / "log.txt") in page
+    served = DashboardApp(repo, artifact_roots=(elsewhere, tmp_path / "scratch"))
+    found = served.artifact("s", 1, "key")
+    with found[0] as handle:
+        assert handle.read() == b"measured"
+    assert "/artifact/s/1/key" in served.trial_page("s", 1).decode()
+    repo.close()
+
+
+def test_a_relative_workdir_or_artifact_path_is_served_from_nowhere(tmp_path, monkeypatch):
+    """A relative --workdir (older versions stored it as typed) or artifact path meant the folder the
+    controller or launcher ran in; read against the dashboard's own working folder it named other files."""
+    from autotune.backends.runs import study_dir
+    from autotune.dashboard._artifacts import confined_path
+
+    monkeypatch.chdir(tmp_path)
+    run = study_dir({"workdir": "runs"}, "s") / "trial1-attempt1"
+    run.mkdir(parents=True)
+    (run / "log.txt").write_text("x")
+    assert confined_path(str(tmp_path / run / "log.txt"), {"workdir": "runs"}, "s", (tmp_path,)) is None
+    absolute = {"workdir": str(tmp_path / "runs")}
+    assert confined_path(str(run / "log.txt"), absolute, "s", (tmp_path,)) is None  # relative artifact path
+    assert confined_path(str(tmp_path / run / "log.txt"), absolute, "s", (tmp_path,)) is not None
+
+
+def test_start_stores_the_workdir_absolute(tmp_path, monkeypatch):
+    import argparse
+
+    from autotune.backends import backend_class
+
+    monkeypatch.chdir(tmp_path)
+    for backend in ("simulate", "command", "megatron", "replay"):
+        options = backend_class(backend).options_from_cli(argparse.Namespace(workdir="runs/x"))
+        assert options["workdir"] == str(tmp_path / "runs" / "x"), backend
+
+
+@pytest.mark.parametrize("root,said", [("/", "the file system's root"), ("/etc/..", "the file system's root"),
+                                       ("", "empty"), ("/etc/passwd", "not a folder")])
+def test_an_artifact_root_that_cannot_be_one_is_refused_in_one_line(tmp_path, root, said):
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    Repository.open(url).close()
+    done = subprocess.run([sys.executable, "-m", "autotune", "dashboard", "--port", "0", "--storage", url,
+                           "--artifact-root", root], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_silent_connection_is_closed_and_the_server_answers_others(tmp_path, monkeypatch):
+    """Review: a client that opened a connection and sent half a request (slowloris) held a server thread
+    for ever. A connection silent for IDLE_TIMEOUT_S (shortened here) is closed, quietly."""
+    import socket
+
+    from autotune.dashboard import server as dashboard_server
+
+    monkeypatch.setattr(dashboard_server._Handler, "timeout", 0.5)
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    server = serve_in_background(repo)
+    port = server.server_address[1]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET / HTTP/1.1\r\nHost: local")  # never finished
+            assert _get(f"http://127.0.0.1:{port}/")[0] == 200  # others are answered meanwhile
+            began = time.monotonic()
+            assert slow.recv(1024) == b""  # closed by the server, without an answer
+            assert time.monotonic() - began < 5
+    finally:
+        server.shutdown()
+        repo.close()
+
+
+def test_an_artifact_root_that_does_not_exist_yet_is_a_warning(tmp_path):
+    """The dashboard may start before the first study makes its --workdir (docker/compose.yaml does)."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    Repository.open(url).close()
+    process = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--port", "0", "--storage", url,
+                                "--artifact-root", str(tmp_path / "later")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert "autotune dashboard on http://" in process.stdout.readline()
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=20)
+    assert "does not exist (yet)" in stderr and str(tmp_path / "later") in stderr

@@ -18,3 +18,20 @@ def test_an_empty_storage_variable_counts_as_unset_like_xdgs(monkeypatch, tmp_pa
     monkeypatch.setenv("XDG_DATA_HOME", "")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_storage_url() == f"sqlite:///{tmp_path / '.local/share/autotune/autotune.db'}"
+
+
+def test_a_bad_storage_variable_is_named_as_the_variable_not_as_a_flag(tmp_path):
+    """Review: AUTOTUNE_STORAGE=' ' was reported as `--storage ' '`, a flag the user never typed."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, STORAGE_ENV: " ", "AUTOTUNE_HOME": str(tmp_path)}
+    for argv in (["status"], ["db", "current"]):
+        done = subprocess.run([sys.executable, "-m", "autotune", *argv], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert done.returncode == 2 and "$AUTOTUNE_STORAGE ' ' is not a database URL" in done.stderr, done.stderr
+    flagged = subprocess.run([sys.executable, "-m", "autotune", "status", "--storage", " "], capture_output=True,
+                             text=True, env=env, timeout=120)
+    assert flagged.returncode == 2 and "--storage ' ' is not a database URL" in flagged.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing created

@@ -523,3 +523,61 @@ def test_the_worker_builds_the_model_from_the_studys_space_text():
     assert spec_model({"model": "qwen3_30b", "backend_options": {}}).architecture.num_layers == 48
     overrides = short_run_overrides({**spec, "warmup_steps": 1, "measured_steps": 1}, [], None)
     assert "model.moe_token_dispatcher_type=alltoall" in overrides  # read from the stored text's MoE model
+
+
+ENDLESS = ("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n) "
+           "SELECT i AS start, i + 1 AS end, 0 AS deviceId, 1 AS shortName FROM n")
+
+
+@pytest.mark.parametrize("table_sql,said", [
+    (f"CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS {ENDLESS}", "is a view"),
+    ("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT AS (length(zeroblob(1000000000))), deviceId INT, "
+     "shortName INT)", "generated columns"),
+    ("CREATE VIRTUAL TABLE CUPTI_ACTIVITY_KIND_KERNEL USING rtree(start, end, deviceId)", "virtual table"),
+], ids=["endless-view", "generated-column", "virtual-table"])
+def test_a_trace_whose_kernel_table_is_no_plain_table_is_refused_at_once(tmp_path, table_sql, said):
+    """Review: a launcher-written export whose kernel "table" was a view over an endless recursive query
+    kept a dashboard thread busy forever on every view of its trial. Only plain tables are read."""
+    from autotune.errors import ConfigError
+    from autotune.megatron.trace import summarize_sqlite
+
+    path = tmp_path / "hostile.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
+    db.execute(table_sql)
+    db.commit()
+    db.close()
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match=said):
+        summarize_sqlite(path)  # no deadline given: the refusal does not depend on one
+    assert time.monotonic() - began < 5
+
+
+def test_a_trace_read_stops_at_its_deadline_and_row_cap_and_leaves_no_file_beside_it(tmp_path):
+    """A plain but slow read (a join without an index over many rows) ends at the deadline; more kernels
+    than a short profile holds are refused; a WAL-mode export is read without creating -wal or -shm."""
+    from autotune.errors import ConfigError
+    from autotune.megatron.trace import summarize_sqlite
+
+    path = tmp_path / "big.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE StringIds (id, value)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, shortName)")
+    db.executemany("INSERT INTO StringIds VALUES (?, 'gemm')", ((i,) for i in range(20000)))
+    db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?)", ((i, i + 1, i) for i in range(20000)))
+    db.commit()
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    for extra in ("-wal", "-shm"):
+        (tmp_path / f"big.sqlite{extra}").unlink(missing_ok=True)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert summarize_sqlite(path)[0].kernels == 20000
+    with pytest.raises(ConfigError, match="more than 19,999 kernels"):
+        summarize_sqlite(path, max_rows=19999)
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match="took longer than 0.001 s"):
+        summarize_sqlite(path, deadline_s=0.001)
+    assert time.monotonic() - began < 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
