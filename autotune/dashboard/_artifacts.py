@@ -45,16 +45,56 @@ def artifact_type(path: str) -> str:
     return DOWNLOAD_TYPE
 
 
-def default_roots() -> tuple[Path, ...]:
+class ArtifactRoots:
+    """The folders whose run folders the dashboard serves files from, each pinned to the real folder it
+    named the first time it existed (resolved once, at start or when it appears): a root swapped later for
+    a symlink to `/` (by anyone who can write beside it) changes nothing. A default root (a folder in the
+    world-writable /tmp) is used only when it is a real folder owned by this user (or root): another local
+    user could otherwise make it first, as a link to anywhere."""
+
+    def __init__(self, roots: tuple[Path, ...], trusted: bool) -> None:
+        self.roots = tuple(roots)
+        self.trusted = trusted  # named by the operator: the folder may be a link, owned by anyone
+        self._pinned: dict[Path, Path] = {}
+
+    def __iter__(self):
+        return iter(self.roots)
+
+    def __str__(self) -> str:
+        return ", ".join(str(root) for root in self.roots)
+
+    def allowed(self) -> list[Path]:
+        """The pinned real folders (a root that does not exist yet, or fails its check, serves nothing)."""
+        for root in self.roots:
+            if root not in self._pinned:
+                pinned = self._pin(root)
+                if pinned is not None:
+                    self._pinned[root] = pinned
+        return list(self._pinned.values())
+
+    def _pin(self, root: Path) -> Path | None:
+        try:
+            if not self.trusted:
+                info = root.lstat()
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (os.getuid(), 0):
+                    return None
+            resolved = root.resolve(strict=True)
+        except (OSError, RuntimeError):
+            return None
+        return None if resolved.parent == resolved or not resolved.is_dir() else resolved
+
+
+def default_roots() -> ArtifactRoots:
     from autotune.backends.runs import DEFAULT_WORKDIR
 
-    return (Path(DEFAULT_WORKDIR),)
+    return ArtifactRoots((Path(DEFAULT_WORKDIR),), trusted=False)
 
 
-def check_roots(roots: list[str]) -> tuple[Path, ...]:
-    """The folders named by `--artifact-root`, made absolute; ConfigError (one line) for one that is a file
-    or `/` (that would serve every file a launcher names). One that does not exist yet is kept (a study
-    makes its --workdir when it starts; the dashboard may start first): nothing under it is served until then."""
+def check_roots(roots: list[str]) -> ArtifactRoots:
+    """The folders named by `--artifact-root`, made absolute and pinned (ArtifactRoots); ConfigError (one line)
+    for one that is a file or the file system's root (that would serve every file a launcher names). One that
+    does not exist yet is kept (a study makes its --workdir when it starts; the dashboard may start first):
+    nothing under it is served until then."""
     from autotune._paths import shown
     from autotune.errors import ConfigError
 
@@ -66,16 +106,27 @@ def check_roots(roots: list[str]) -> tuple[Path, ...]:
         try:
             if path.exists() and not path.is_dir():
                 raise ConfigError(f"--artifact-root {shown(root)}: not a folder")
-            if path.resolve() == Path(path.anchor):
-                raise ConfigError(f"--artifact-root {shown(root)}: the file system's root would let a study's "
-                                  "launcher name any file on this machine; give the folder its runs are in")
-        except OSError as exc:
-            raise ConfigError(f"--artifact-root {shown(root)}: cannot use it ({exc.strerror or exc})") from None
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+            raise ConfigError(f"--artifact-root {shown(root)}: cannot use it "
+                              f"({getattr(exc, 'strerror', None) or exc})") from None
+        if resolved.parent == resolved:  # `/`, `//`, `/etc/..`
+            raise ConfigError(f"--artifact-root {shown(root)}: the file system's root would let a study's "
+                              "launcher name any file on this machine; give the folder its runs are in")
         checked.append(path)
-    return tuple(dict.fromkeys(checked))
+    named = ArtifactRoots(tuple(dict.fromkeys(checked)), trusted=True)
+    named.allowed()  # pinned now, for those that exist
+    return named
 
 
-def served_folder(backend_options: dict[str, Any], study: str, roots: tuple[Path, ...]) -> Path | None:
+def as_roots(roots: "ArtifactRoots | tuple[Path, ...] | None") -> ArtifactRoots:
+    """A caller's roots (a tuple of folders is the operator's choice), or the default."""
+    if roots is None:
+        return default_roots()
+    return roots if isinstance(roots, ArtifactRoots) else check_roots([str(root) for root in roots])
+
+
+def served_folder(backend_options: dict[str, Any], study: str, roots: ArtifactRoots) -> Path | None:
     """The study's resolved run folder when the dashboard may serve files from it (module doc), else None."""
     from autotune.backends.runs import study_dir
 
@@ -89,21 +140,21 @@ def served_folder(backend_options: dict[str, Any], study: str, roots: tuple[Path
         if folder.is_symlink():
             return None
         resolved = folder.resolve(strict=True)
-        allowed = [root.resolve(strict=True) for root in roots if root.exists()]
     except (OSError, RuntimeError, ValueError):
         return None
+    allowed = as_roots(roots).allowed()
     return resolved if any(resolved != root and resolved.is_relative_to(root) for root in allowed) else None
 
 
 def confined_path(path: str, backend_options: dict[str, Any], study: str,
-                  roots: tuple[Path, ...]) -> Path | None:
+                  roots: ArtifactRoots) -> Path | None:
     """The resolved file inside the study's run folder, or None when it is elsewhere or missing."""
     found = _confined(path, backend_options, study, roots)
     return found[1] if found else None
 
 
 def _confined(path: str, backend_options: dict[str, Any], study: str,
-              roots: tuple[Path, ...]) -> tuple[Path, Path] | None:
+              roots: ArtifactRoots) -> tuple[Path, Path] | None:
     """(the run folder, the resolved file inside it), or None. Only the study's own folder (runs.study_dir):
     the folder an older version gave it can be another study's folder now (`a/b` had `a_b`'s; on a
     case-insensitive file system `Demo` had `demo`'s), and nothing in a file says which study wrote it."""
@@ -122,19 +173,20 @@ def _confined(path: str, backend_options: dict[str, Any], study: str,
 
 
 def open_confined(path: str, backend_options: dict[str, Any], study: str,
-                  roots: tuple[Path, ...]) -> BinaryIO | None:
+                  roots: ArtifactRoots) -> BinaryIO | None:
     """The file opened for reading (the caller closes it; serve at most MAX_ARTIFACT_BYTES of it), opened one
-    path component at a time from the run folder with O_NOFOLLOW on each: a folder swapped for a symlink
-    between the check above and the open (a launcher still running can do it) fails the open instead of
-    leading outside."""
+    path component at a time from `/` along its resolved path (which has no symlink in it), with O_NOFOLLOW
+    on each: any folder of the path swapped for a symlink between the check above and the open (a launcher
+    still running can do it; review: the workdir, not only the study's folder) fails the open instead of
+    leading outside. Opened non-blocking, and only a regular file is kept (a FIFO would hang the reader)."""
     found = _confined(path, backend_options, study, roots)
     if found is None:
         return None
-    root, resolved = found
+    _root, resolved = found
     opened: list[int] = []
     try:
-        opened.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))  # swapped since: no
-        *folders, name = resolved.relative_to(root).parts
+        opened.append(os.open(resolved.anchor, os.O_RDONLY | os.O_DIRECTORY))
+        *folders, name = resolved.parts[1:]
         for folder in folders:
             opened.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[-1]))
         descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=opened[-1])

@@ -8,11 +8,10 @@ page loads nothing from the network and works offline).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import threading
 from html import escape
-from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -107,13 +106,14 @@ def provenance(backend: str, origin: str = "study") -> str:
 class DashboardApp:
     """Renders pages from a Repository; independent of the HTTP server so tests can call it directly."""
 
-    def __init__(self, repo: Repository, refresh_s: int = 3, artifact_roots: tuple[Path, ...] | None = None) -> None:
-        from autotune.dashboard._artifacts import default_roots
+    def __init__(self, repo: Repository, refresh_s: int = 3, artifact_roots: Any = None) -> None:
+        """`artifact_roots`: an _artifacts.ArtifactRoots, or folders the operator named, or None (the default)."""
+        from autotune.dashboard._artifacts import as_roots
 
         self.repo = repo
         self.refresh_s = refresh_s
         # the only folders whose run folders' files are served (`--artifact-root`; _artifacts' module doc)
-        self.artifact_roots = tuple(artifact_roots) if artifact_roots is not None else default_roots()
+        self.artifact_roots = as_roots(artifact_roots)
 
     # --- the list of studies ---------------------------------------------------------------------
 
@@ -367,7 +367,7 @@ class DashboardApp:
             items.append(f"<li>{label} <span class='muted'>{escape(path)}</span></li>")
         note = ""
         if served_folder(study.backend_options, name, self.artifact_roots) is None:
-            roots = ", ".join(str(root) for root in self.artifact_roots)
+            roots = str(self.artifact_roots)
             note = (f"<p class='muted' id='artifact-note'>not served: this study's run folder is not inside the "
                     f"dashboard's artifact roots ({escape(roots)}) or does not exist here; the person running the "
                     f"dashboard can add its --workdir with <code>autotune dashboard --artifact-root DIR</code></p>")
@@ -378,20 +378,20 @@ class DashboardApp:
 
     def _trace_summary(self, study, trial) -> dict[str, float] | None:
         """The totals of a trial's nsys SQLite export, read only from inside the study's run folder, within
-        TRACE_DEADLINE_S, once per version of the file (a running study's page refreshes every few seconds)."""
-        from autotune.dashboard._artifacts import confined_path
+        TRACE_DEADLINE_S, once per version of the file (a running study's page refreshes every few seconds).
+        SQLite reads a private copy of the file opened and checked here (open_confined: no symlink on its path,
+        a regular file): SQLite opens files by name, so a FIFO or a link swapped in after the check would
+        otherwise be what it opens (review)."""
+        from autotune.dashboard._artifacts import open_confined
 
         for path in (trial.artifacts or {}).values():
             if not (isinstance(path, str) and path.endswith(".sqlite")):
                 continue
-            resolved = confined_path(path, study.backend_options, study.name, self.artifact_roots)
-            if resolved is None:
+            handle = open_confined(path, study.backend_options, study.name, self.artifact_roots)
+            if handle is None:
                 continue
-            try:
-                info = resolved.stat()
-            except OSError:
-                continue
-            total = _trace_totals(str(resolved), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            with handle:
+                total = _trace_totals(handle.fileno())
             if total is not None:
                 return dict(total)
         return None
@@ -415,16 +415,43 @@ class DashboardApp:
 
 
 TRACE_DEADLINE_S = 5.0  # a launcher-written export that takes longer to read is shown as absent
+_TRACE_CACHE: "dict[tuple[int, int, int, int], tuple | None]" = {}
+_TRACE_CACHE_LOCK = threading.Lock()
+TRACE_CACHE_ENTRIES = 256
+MAX_TRACE_COPY_BYTES = 1 << 30  # a larger export is not summarized on the page (`autotune trace summarize` does)
 
 
-@functools.lru_cache(maxsize=256)
-def _trace_totals(path: str, device: int, inode: int, size_bytes: int, mtime_ns: int) -> tuple | None:
-    """A trace's totals, cached by the file's identity and version (stat), failures included: a hostile
-    or huge export costs one bounded read, not one per page view."""
+def _trace_totals(descriptor: int) -> tuple | None:
+    """The totals of the open trace file, cached by the file's identity and version (device, inode, size,
+    mtime), failures included: a hostile or huge export costs one bounded read, not one per page view."""
     from autotune.errors import ConfigError
     from autotune.megatron.trace import summarize_sqlite, to_dict
 
-    try:
-        return tuple(to_dict(summarize_sqlite(path, deadline_s=TRACE_DEADLINE_S))["total"].items())
-    except ConfigError:
-        return None
+    info = os.fstat(descriptor)
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    with _TRACE_CACHE_LOCK:
+        if key in _TRACE_CACHE:
+            return _TRACE_CACHE[key]
+    total = None
+    if info.st_size <= MAX_TRACE_COPY_BYTES:
+        import tempfile
+
+        # copied into a folder only this process's user can enter (mkdtemp: 0700), from the checked descriptor
+        with tempfile.TemporaryDirectory(prefix="autotune-trace-") as folder:
+            copy = os.path.join(folder, "trace.sqlite")
+            try:
+                with os.fdopen(os.dup(descriptor), "rb") as source, open(copy, "wb") as target:
+                    source.seek(0)
+                    # the size it had when checked, no more: a launcher still appending cannot make it endless
+                    left = info.st_size
+                    while left > 0 and (chunk := source.read(min(left, 1 << 20))):
+                        target.write(chunk)
+                        left -= len(chunk)
+                total = tuple(to_dict(summarize_sqlite(copy, deadline_s=TRACE_DEADLINE_S))["total"].items())
+            except (ConfigError, OSError):
+                total = None
+    with _TRACE_CACHE_LOCK:
+        if len(_TRACE_CACHE) >= TRACE_CACHE_ENTRIES:
+            _TRACE_CACHE.pop(next(iter(_TRACE_CACHE)))  # the oldest entry
+        _TRACE_CACHE[key] = total
+    return total

@@ -39,7 +39,9 @@ __all__ = ["DashboardApp", "make_server", "serve_in_background"]
 # dressed up to mislead: clickjacking)
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-STREAM_CHUNK_BYTES = 1 << 20  # an artifact is sent this much at a time
+# an answer is sent this much at a time: the idle timeout bounds each send, so a slow but live reader
+# (about 1 kB/s and up) is never cut off (review: 1 MiB sends cut readers below ~17 kB/s)
+STREAM_CHUNK_BYTES = 64 * 1024
 # a launcher's file: no script, no fetch, its own opaque origin even if a browser rendered it as a page
 ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
 READ_METHODS = "GET, HEAD"
@@ -156,7 +158,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._head:
             return
         if isinstance(body, bytes):
-            self.wfile.write(body)
+            for start in range(0, len(body), STREAM_CHUNK_BYTES):
+                self.wfile.write(body[start:start + STREAM_CHUNK_BYTES])
             return
         left = length
         self._streaming = True  # the status line is out: a failure from here on can only end the connection
@@ -256,7 +259,7 @@ class _IPv6Server(ThreadingHTTPServer):
 
 
 def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080,
-                artifact_roots: tuple[Path, ...] | None = None) -> ThreadingHTTPServer:
+                artifact_roots=None) -> ThreadingHTTPServer:
     """`artifact_roots`: the folders whose studies' run folders the dashboard serves files from (default
     /tmp/autotune-runs; _artifacts' module doc)."""
     app = DashboardApp(repo, artifact_roots=artifact_roots)
@@ -269,7 +272,7 @@ def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080,
 
 
 def serve_in_background(repo: Repository, host: str = "127.0.0.1", port: int = 0,
-                        artifact_roots: tuple[Path, ...] | None = None) -> ThreadingHTTPServer:
+                        artifact_roots=None) -> ThreadingHTTPServer:
     server = make_server(repo, host, port, artifact_roots)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -110,7 +111,7 @@ def test_a_read_failing_mid_stream_cuts_the_answer_short_and_closes_the_file(ser
     no 500 page inside the 200's body, and the file is closed."""
     import http.client
 
-    from autotune.dashboard import _artifacts
+    from autotune.dashboard import _artifacts, server
 
     opened = []
     real_open = _artifacts.open_confined
@@ -142,7 +143,7 @@ def test_a_read_failing_mid_stream_cuts_the_answer_short_and_closes_the_file(ser
     assert response.status == 200 and response.headers["Content-Length"] == str(len(BIG))
     with pytest.raises(http.client.IncompleteRead) as cut:
         response.read()
-    assert cut.value.partial == BIG[:1 << 20] and b"HTTP/1" not in cut.value.partial
+    assert cut.value.partial == BIG[:server.STREAM_CHUNK_BYTES] and b"HTTP/1" not in cut.value.partial
     connection.close()
     assert len(opened) == 1 and opened[0].handle.closed
 
@@ -473,12 +474,15 @@ def test_start_stores_the_workdir_absolute(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("root,said", [("/", "the file system's root"), ("/etc/..", "the file system's root"),
-                                       ("", "empty"), ("/etc/passwd", "not a folder")])
+                                       ("//", "the file system's root"), ("", "empty"), ("/etc/passwd", "not a folder"),
+                                       ("loop", "cannot use it")])
 def test_an_artifact_root_that_cannot_be_one_is_refused_in_one_line(tmp_path, root, said):
+    """`//` resolves to `/` but is not spelt like it; a symlink loop raised RuntimeError (review)."""
     url = f"sqlite:///{tmp_path / 'd.db'}"
     Repository.open(url).close()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     done = subprocess.run([sys.executable, "-m", "autotune", "dashboard", "--port", "0", "--storage", url,
-                           "--artifact-root", root], capture_output=True, text=True, timeout=60)
+                           "--artifact-root", root], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
@@ -519,3 +523,128 @@ def test_an_artifact_root_that_does_not_exist_yet_is_a_warning(tmp_path):
         process.terminate()
         _, stderr = process.communicate(timeout=20)
     assert "does not exist (yet)" in stderr and str(tmp_path / "later") in stderr
+
+
+def _ssl_study(tmp_path):
+    """A store whose study `ssl` names /etc as its --workdir and /etc/ssl/openssl.cnf as an artifact."""
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    _study_with_artifact(repo, "ssl", "/etc", "/etc/ssl/openssl.cnf")
+    return repo
+
+
+def test_a_root_swapped_for_a_link_to_the_file_systems_root_later_serves_nothing(tmp_path):
+    """Review: a root was re-resolved on every request, so a root replaced by a symlink to `/` after the
+    dashboard started (anyone who can write beside it can) made /etc/ssl "inside" it. Roots are pinned to
+    the folder they named when first seen."""
+    from autotune.dashboard._artifacts import check_roots
+    from autotune.dashboard.server import DashboardApp
+
+    if not (Path("/etc/ssl").is_dir() and Path("/etc/ssl/openssl.cnf").is_file()):
+        pytest.skip("this machine has no /etc/ssl/openssl.cnf to aim at")
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    roots = check_roots([str(plant)])  # pinned while it is a real, empty folder
+    repo = _ssl_study(tmp_path)
+    plant.rmdir()
+    plant.symlink_to("/")
+    assert DashboardApp(repo, artifact_roots=roots).artifact("ssl", 1, "key") is None
+    repo.close()
+
+
+def test_a_default_root_someone_else_could_have_made_is_not_used(tmp_path):
+    """The default root is in the world-writable /tmp: made first by another local user as a link to `/`
+    (or anywhere), it would decide what is served. It is used only as a real folder owned by this user."""
+    from autotune.dashboard._artifacts import ArtifactRoots
+
+    (tmp_path / "link").symlink_to("/")
+    assert ArtifactRoots((tmp_path / "link",), trusted=False).allowed() == []
+    (tmp_path / "real").mkdir()
+    assert ArtifactRoots((tmp_path / "real",), trusted=False).allowed() == [(tmp_path / "real").resolve()]
+    assert ArtifactRoots((tmp_path / "link",), trusted=True).allowed() == []  # `/` is never a root
+
+
+def test_a_workdir_swapped_for_a_link_between_the_check_and_the_open_leads_nowhere(tmp_path, monkeypatch):
+    """Review: only the run folder and what lies below it were opened without following links; the workdir
+    above it, swapped for a link to /etc after the check, was followed. The whole resolved path is now
+    walked from `/` without following a link."""
+    from autotune.dashboard import _artifacts
+
+    root = tmp_path / "R"
+    (root / "w" / "ssl").mkdir(parents=True)
+    (root / "w" / "ssl" / "openssl.cnf").write_text("inside")
+    if not Path("/etc/ssl/openssl.cnf").is_file():
+        pytest.skip("this machine has no /etc/ssl/openssl.cnf to aim at")
+    roots = _artifacts.check_roots([str(root)])
+    options = {"workdir": str(root / "w")}
+    path = str(root / "w" / "ssl" / "openssl.cnf")
+    assert _read(_artifacts.open_confined(path, options, "ssl", roots)) == b"inside"
+    real_confined = _artifacts._confined
+
+    def swapped_after_the_check(*args):
+        found = real_confined(*args)
+        (root / "w").rename(root / "w.old")
+        (root / "w").symlink_to("/etc")
+        return found
+
+    monkeypatch.setattr(_artifacts, "_confined", swapped_after_the_check)
+    assert _read(_artifacts.open_confined(path, options, "ssl", roots)) is None
+
+
+def test_a_trace_swapped_for_a_fifo_after_the_check_blocks_no_thread(tmp_path, monkeypatch):
+    """Review: SQLite opened the checked path again, blocking, so a FIFO swapped in after the check held
+    the page's thread for ever. The dashboard now reads a private copy of the file it opened and checked."""
+    import os
+    import threading
+
+    from autotune.backends.runs import study_dir
+    from autotune.dashboard import _artifacts
+    from autotune.dashboard.server import DashboardApp
+
+    options = {"workdir": str(tmp_path / "runs")}
+    run = study_dir(options, "s") / "trial1-attempt1"
+    run.mkdir(parents=True)
+    trace = run / "profile.sqlite"
+    trace.write_bytes(b"")
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    _study_with_artifact(repo, "s", options["workdir"], str(trace))
+    real_confined = _artifacts._confined
+
+    def swapped_after_the_check(*args):
+        found = real_confined(*args)
+        trace.unlink()
+        os.mkfifo(trace)
+        return found
+
+    monkeypatch.setattr(_artifacts, "_confined", swapped_after_the_check)
+    app = DashboardApp(repo, artifact_roots=(tmp_path,))
+    pages = []
+    reader = threading.Thread(target=lambda: pages.append(app.trial_page("s", 1)), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    assert not reader.is_alive() and pages and b"breakdown-chart" in pages[0]
+    repo.close()
+
+
+def test_a_slow_but_live_reader_gets_the_whole_artifact(served, monkeypatch):
+    """Review: the idle timeout bounds each send, and an answer went out 1 MiB at a time, so a reader
+    slower than ~17 kB/s (timeout 60 s) was cut off mid-file of a multi-MB artifact; it is sent 64 KiB at a
+    time now. This check (timeout 0.5 s, a reader at ~400 kB/s) is of the outcome only: loopback's socket
+    buffers absorb a 1 MiB send here, so it passes with the old chunk size too (the review's reproduction
+    needed a 4 MB file at 100 kB/s, too slow for a test)."""
+    import socket
+
+    from autotune.dashboard import server as dashboard_server
+
+    monkeypatch.setattr(dashboard_server._Handler, "timeout", 0.5)
+    monkeypatch.setattr(dashboard_server, "MAX_ARTIFACT_BYTES", 512 * 1024)
+    host, port = served.removeprefix("http://").split(":")
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        client.connect((host, int(port)))
+        client.sendall(b"GET /artifact/s/1/big HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        received = bytearray()
+        while chunk := client.recv(8192):  # about 400 kB/s: a 1 MiB send would take 2.6 s, past the timeout
+            received += chunk
+            time.sleep(0.02)
+    body = bytes(received).partition(b"\r\n\r\n")[2]
+    assert body == BIG[:512 * 1024]

@@ -581,3 +581,30 @@ def test_a_trace_read_stops_at_its_deadline_and_row_cap_and_leaves_no_file_besid
         summarize_sqlite(path, deadline_s=0.001)
     assert time.monotonic() - began < 5
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_long_kernel_name_is_not_copied_for_every_kernel(tmp_path):
+    """Review: every joined row brought its own copy of the kernel's name into Python: one 1 MB name on
+    2,000 kernels took 2 GB and ran past the deadline. Names are classified inside SQLite, once each."""
+    import tracemalloc
+
+    from autotune.megatron.trace import summarize_sqlite
+
+    path = tmp_path / "long-names.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, shortName INTEGER)")
+    db.execute("INSERT INTO StringIds VALUES (1, ?)", ("gemm" * 250_000,))
+    db.execute("INSERT INTO StringIds VALUES (2, ?)", ("x" * 999_000 + "NCCL_allreduce",))
+    db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?)",
+                   ((10 * i, 10 * i + 5, 1 + i % 2) for i in range(5000)))
+    db.commit()
+    db.close()
+    tracemalloc.start()
+    try:
+        (device,) = summarize_sqlite(path, deadline_s=30)
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert device.kernels == 5000 and device.communication_s == pytest.approx(2500 * 5e-9)
+    assert peak_bytes < 50e6  # the 5,000 names joined would be 5 GB
