@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 from html import escape
 from typing import Any, BinaryIO
@@ -367,10 +368,15 @@ class DashboardApp:
             items.append(f"<li>{label} <span class='muted'>{escape(path)}</span></li>")
         note = ""
         if served_folder(study.backend_options, name, self.artifact_roots) is None:
-            roots = str(self.artifact_roots)
+            from autotune.backends.runs import DEFAULT_WORKDIR
+
+            workdir = (study.backend_options or {}).get("workdir") or DEFAULT_WORKDIR
+            known = isinstance(workdir, str) and workdir.startswith("/")
             note = (f"<p class='muted' id='artifact-note'>not served: this study's run folder is not inside the "
-                    f"dashboard's artifact roots ({escape(roots)}) or does not exist here; the person running the "
-                    f"dashboard can add its --workdir with <code>autotune dashboard --artifact-root DIR</code></p>")
+                    f"dashboard's artifact roots ({escape(str(self.artifact_roots))}), or does not exist on this "
+                    "machine" + (f"; to serve it, start the dashboard with <code>--artifact-root "
+                                 f"{escape(shlex.quote(workdir))}</code></p>" if known else
+                                 " (its --workdir was stored as a relative folder, which says nothing here)</p>"))
         elif unserved:
             note = ("<p class='muted' id='artifact-note'>an artifact without a link is missing, or lies outside this "
                     "study's run folder: the dashboard serves nothing else</p>")
