@@ -437,7 +437,8 @@ def test_only_run_folders_inside_an_artifact_root_are_served(tmp_path):
     refused = DashboardApp(repo, artifact_roots=(elsewhere,))
     assert refused.artifact("s", 1, "key") is None
     page = refused.trial_page("s", 1).decode()
-    assert "/artifact/s/1/key" not in page and "--artifact-root" in page and str(run / "log.txt") in page
+    assert "/artifact/s/1/key" not in page and str(run / "log.txt") in page
+    assert f"--artifact-root {tmp_path / 'scratch'}" in page  # the flag that would serve it, spelt out
     served = DashboardApp(repo, artifact_roots=(elsewhere, tmp_path / "scratch"))
     found = served.artifact("s", 1, "key")
     with found[0] as handle:
