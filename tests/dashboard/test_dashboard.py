@@ -286,13 +286,18 @@ def test_a_trial_view_groups_runs_as_the_recommendation_and_survives_hand_edited
     assert listed.returncode == 0 and "cannot be shown" in listed.stdout
 
 
-def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_folder(repo, tmp_path):
+def _trace_export(repo):
+    """(the study, the path of trial 2's nsys export in its run folder, an open connection that writes it)."""
     import sqlite3
 
     study = repo.get_study(f"demo{HOSTILE}")
     export = study_dir(study.backend_options, study.name) / "trial2-attempt1" / "profile.sqlite"
     export.parent.mkdir(parents=True)
-    db = sqlite3.connect(export)
+    return study, export, sqlite3.connect(export)
+
+
+def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_folder(repo, tmp_path):
+    study, export, db = _trace_export(repo)
     db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, shortName INTEGER)")
     db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
     db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "gemm"), (2, "ncclAllToAll")])
@@ -641,13 +646,9 @@ def test_a_hostile_trace_export_costs_one_bounded_read_not_a_thread_per_view(rep
     """Review: a launcher-written "export" whose kernel table was a view over an endless recursive query
     hung a dashboard thread on every view of its trial (the page refreshes itself every few seconds while
     a study runs), and a WAL-mode one made the dashboard create -wal and -shm files in the run folder."""
-    import sqlite3
     import time
 
-    study = repo.get_study(f"demo{HOSTILE}")
-    export = study_dir(study.backend_options, study.name) / "trial2-attempt1" / "profile.sqlite"
-    export.parent.mkdir(parents=True)
-    db = sqlite3.connect(export)
+    study, export, db = _trace_export(repo)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
     db.execute("CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL "
