@@ -180,7 +180,13 @@ class Backend(ABC):
         if isinstance(options.get("workdir"), str) and options["workdir"].strip():
             from pathlib import Path
 
-            options["workdir"] = str(Path(options["workdir"]).absolute())
+            from autotune.errors import ConfigError
+
+            try:
+                options["workdir"] = str(Path(options["workdir"]).absolute())
+            except OSError as exc:  # the current folder was deleted under the shell
+                raise ConfigError(f"--workdir {options['workdir']!r}: a relative folder, and the current folder "
+                                  f"cannot be read ({exc.strerror or exc}): give an absolute one") from None
         return options
 
     @classmethod

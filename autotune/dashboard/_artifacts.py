@@ -47,39 +47,52 @@ def artifact_type(path: str) -> str:
 
 class ArtifactRoots:
     """The folders whose run folders the dashboard serves files from, each pinned to the real folder it
-    named the first time it existed (resolved once, at start or when it appears): a root swapped later for
-    a symlink to `/` (by anyone who can write beside it) changes nothing. A default root (a folder in the
-    world-writable /tmp) is used only when it is a real folder owned by this user (or root): another local
-    user could otherwise make it first, as a link to anywhere."""
+    named the first time it existed (resolved once): a root swapped later for a symlink to `/` (by anyone
+    who can write beside it) changes nothing. A root named by the operator that exists when the dashboard
+    starts is taken as it is (it may be a link, owned by anyone: the operator chose it). Any other root (the
+    default one, in the world-writable /tmp, or a named one that appears later, perhaps in a shared folder)
+    is used only as a real folder, not a link, owned by this user or root: another user could otherwise make
+    it first, as a link to anywhere (review)."""
 
     def __init__(self, roots: tuple[Path, ...], trusted: bool) -> None:
         self.roots = tuple(roots)
-        self.trusted = trusted  # named by the operator: the folder may be a link, owned by anyone
         self._pinned: dict[Path, Path] = {}
+        self._refused: dict[Path, str] = {}
+        if trusted:
+            for root in self.roots:
+                pinned = self._pin(root, trusted=True)
+                if pinned is not None:
+                    self._pinned[root] = pinned
 
     def __iter__(self):
         return iter(self.roots)
 
     def __str__(self) -> str:
-        return ", ".join(str(root) for root in self.roots)
+        return ", ".join(str(root) + (f" (not used: {self._refused[root]})" if root in self._refused else "")
+                         for root in self.roots)
 
     def allowed(self) -> list[Path]:
         """The pinned real folders (a root that does not exist yet, or fails its check, serves nothing)."""
         for root in self.roots:
             if root not in self._pinned:
-                pinned = self._pin(root)
+                pinned = self._pin(root, trusted=False)
                 if pinned is not None:
                     self._pinned[root] = pinned
+                    self._refused.pop(root, None)
         return list(self._pinned.values())
 
-    def _pin(self, root: Path) -> Path | None:
+    def _pin(self, root: Path, trusted: bool) -> Path | None:
         try:
-            if not self.trusted:
+            if not trusted:
                 info = root.lstat()
-                if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (os.getuid(), 0):
+                if not stat.S_ISDIR(info.st_mode):
+                    self._refused[root] = "a link or a file, not a folder"
+                    return None
+                if info.st_uid not in (os.getuid(), 0):
+                    self._refused[root] = "owned by another user"
                     return None
             resolved = root.resolve(strict=True)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, AttributeError):  # missing (yet); a loop; no getuid (not POSIX)
             return None
         return None if resolved.parent == resolved or not resolved.is_dir() else resolved
 
@@ -102,10 +115,12 @@ def check_roots(roots: list[str]) -> ArtifactRoots:
     for root in roots:
         if not root.strip() or "\0" in root:
             raise ConfigError("--artifact-root is empty: give a folder that holds run folders (--workdir of a study)")
-        path = Path(os.path.expanduser(root)).absolute()
         try:
-            if path.exists() and not path.is_dir():
-                raise ConfigError(f"--artifact-root {shown(root)}: not a folder")
+            path = Path(os.path.expanduser(root)).absolute()
+            existing = next(p for p in (path, *path.parents) if p.exists())  # `/` always exists
+            if not existing.is_dir():
+                raise ConfigError(f"--artifact-root {shown(root)}: {'not' if existing == path else 'inside'} a file, "
+                                  "not a folder")
             resolved = path.resolve()
         except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
             raise ConfigError(f"--artifact-root {shown(root)}: cannot use it "
@@ -114,9 +129,7 @@ def check_roots(roots: list[str]) -> ArtifactRoots:
             raise ConfigError(f"--artifact-root {shown(root)}: the file system's root would let a study's "
                               "launcher name any file on this machine; give the folder its runs are in")
         checked.append(path)
-    named = ArtifactRoots(tuple(dict.fromkeys(checked)), trusted=True)
-    named.allowed()  # pinned now, for those that exist
-    return named
+    return ArtifactRoots(tuple(dict.fromkeys(checked)), trusted=True)
 
 
 def as_roots(roots: "ArtifactRoots | tuple[Path, ...] | None") -> ArtifactRoots:
@@ -190,7 +203,7 @@ def open_confined(path: str, backend_options: dict[str, Any], study: str,
         for folder in folders:
             opened.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=opened[-1]))
         descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=opened[-1])
-    except (OSError, ValueError):
+    except (OSError, ValueError, NotImplementedError, AttributeError):  # no dir_fd / O_NOFOLLOW: not POSIX
         return None
     finally:
         for fd in opened:

@@ -383,24 +383,18 @@ class DashboardApp:
         return f"<ul id='artifacts'>{''.join(items)}</ul>{note}"
 
     def _trace_summary(self, study, trial) -> dict[str, float] | None:
-        """The totals of a trial's nsys SQLite export, read only from inside the study's run folder, within
-        TRACE_DEADLINE_S, once per version of the file (a running study's page refreshes every few seconds).
-        SQLite reads a private copy of the file opened and checked here (open_confined: no symlink on its path,
-        a regular file): SQLite opens files by name, so a FIFO or a link swapped in after the check would
-        otherwise be what it opens (review)."""
+        """The totals of a trial's nsys SQLite export (its first one), read only from inside the study's run
+        folder, bounded (_trace_totals), once per version of the file (a running study's page refreshes
+        every few seconds)."""
         from autotune.dashboard._artifacts import open_confined
 
-        for path in (trial.artifacts or {}).values():
-            if not (isinstance(path, str) and path.endswith(".sqlite")):
-                continue
-            handle = open_confined(path, study.backend_options, study.name, self.artifact_roots)
-            if handle is None:
-                continue
-            with handle:
-                total = _trace_totals(handle.fileno())
-            if total is not None:
-                return dict(total)
-        return None
+        path = next((p for p in (trial.artifacts or {}).values() if isinstance(p, str) and p.endswith(".sqlite")), None)
+        handle = None if path is None else open_confined(path, study.backend_options, study.name, self.artifact_roots)
+        if handle is None:
+            return None
+        with handle:
+            total = _trace_totals(handle.fileno())
+        return dict(total) if total is not None else None
 
     def artifact(self, name: str, number: int, key: str) -> tuple[BinaryIO, str, str] | None:
         """An artifact's open file (the caller streams and closes it), Content-Type and file name, only when
@@ -421,41 +415,61 @@ class DashboardApp:
 
 
 TRACE_DEADLINE_S = 5.0  # a launcher-written export that takes longer to read is shown as absent
-_TRACE_CACHE: "dict[tuple[int, int, int, int], tuple | None]" = {}
-_TRACE_CACHE_LOCK = threading.Lock()
+TRACE_MAX_KERNELS = 500_000  # what follows the reading (merging intervals) takes ~1 s per 250k kernels
+MAX_TRACE_COPY_BYTES = 256 << 20  # a larger export is not summarized on the page (`autotune trace summarize` is)
 TRACE_CACHE_ENTRIES = 256
-MAX_TRACE_COPY_BYTES = 1 << 30  # a larger export is not summarized on the page (`autotune trace summarize` does)
+_TRACE_CACHE: "dict[tuple[int, ...], tuple | None]" = {}
+_TRACE_CACHE_LOCK = threading.Lock()
+_TRACE_READER = threading.Semaphore(1)  # one trace read at a time; a view meanwhile shows none (not cached)
 
 
 def _trace_totals(descriptor: int) -> tuple | None:
     """The totals of the open trace file, cached by the file's identity and version (device, inode, size,
-    mtime), failures included: a hostile or huge export costs one bounded read, not one per page view."""
+    mtime, ctime). SQLite opens files by name, so it reads a private copy of the file opened and checked
+    (a FIFO or a link swapped in after the check is never what it reads; review). Bounded for a hostile
+    export: at most MAX_TRACE_COPY_BYTES, not sparse (a 1 GiB file of nothing copies as 1 GiB), one read at
+    a time, TRACE_DEADLINE_S and TRACE_MAX_KERNELS; a file refused for what it holds is remembered, a read
+    cut short by load or a full disk is not."""
+    import tempfile
+
     from autotune.errors import ConfigError
-    from autotune.megatron.trace import summarize_sqlite, to_dict
+    from autotune.megatron.trace import TraceDeadline, summarize_sqlite, to_dict
 
     info = os.fstat(descriptor)
-    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
     with _TRACE_CACHE_LOCK:
         if key in _TRACE_CACHE:
             return _TRACE_CACHE[key]
-    total = None
-    if info.st_size <= MAX_TRACE_COPY_BYTES:
-        import tempfile
-
+    sparse = info.st_blocks * 512 < info.st_size // 2  # st_blocks counts 512-byte units on every POSIX system
+    if info.st_size > MAX_TRACE_COPY_BYTES or sparse:
+        return _remember(key, None)
+    if not _TRACE_READER.acquire(blocking=False):
+        return None
+    try:
         # copied into a folder only this process's user can enter (mkdtemp: 0700), from the checked descriptor
         with tempfile.TemporaryDirectory(prefix="autotune-trace-") as folder:
             copy = os.path.join(folder, "trace.sqlite")
+            with os.fdopen(os.dup(descriptor), "rb") as source, open(copy, "wb") as target:
+                source.seek(0)
+                # the size it had when checked, no more: a launcher still appending cannot make it endless
+                left = info.st_size
+                while left > 0 and (chunk := source.read(min(left, 1 << 20))):
+                    target.write(chunk)
+                    left -= len(chunk)
             try:
-                with os.fdopen(os.dup(descriptor), "rb") as source, open(copy, "wb") as target:
-                    source.seek(0)
-                    # the size it had when checked, no more: a launcher still appending cannot make it endless
-                    left = info.st_size
-                    while left > 0 and (chunk := source.read(min(left, 1 << 20))):
-                        target.write(chunk)
-                        left -= len(chunk)
-                total = tuple(to_dict(summarize_sqlite(copy, deadline_s=TRACE_DEADLINE_S))["total"].items())
-            except (ConfigError, OSError):
-                total = None
+                summaries = summarize_sqlite(copy, deadline_s=TRACE_DEADLINE_S, max_rows=TRACE_MAX_KERNELS)
+            except TraceDeadline:  # the load's fault as much as the file's
+                return None
+            except ConfigError:
+                return _remember(key, None)
+        return _remember(key, tuple(to_dict(summaries)["total"].items()))
+    except OSError:  # a full disk, a file that went away: try again on the next view
+        return None
+    finally:
+        _TRACE_READER.release()
+
+
+def _remember(key: tuple[int, ...], total: tuple | None) -> tuple | None:
     with _TRACE_CACHE_LOCK:
         if len(_TRACE_CACHE) >= TRACE_CACHE_ENTRIES:
             _TRACE_CACHE.pop(next(iter(_TRACE_CACHE)))  # the oldest entry

@@ -22,6 +22,10 @@ from autotune.errors import ConfigError
 Interval = tuple[int, int]
 
 
+class TraceDeadline(ConfigError):
+    """The export was not read within the deadline: a fact about the load as much as about the file."""
+
+
 def union(intervals: list[Interval]) -> list[Interval]:
     merged: list[list[int]] = []
     for start, end in sorted(intervals):
@@ -95,7 +99,10 @@ def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
             _check_plain_table(db, table, path)
         # each name is classified once, inside SQLite (its work is under the deadline): no name reaches
         # Python, where each joined row held its own copy (review: one 1 MB name on 2,000 kernels took 2 GB)
-        cursor = db.execute("WITH names AS MATERIALIZED (SELECT id, CASE WHEN value IS NULL THEN NULL "
+        # MATERIALIZED (SQLite 3.35+) makes sure each name is lowered once; an older SQLite plans it alike or
+        # lowers a name per kernel, in C, under the deadline
+        materialized = "MATERIALIZED " if sqlite3.sqlite_version_info >= (3, 35) else ""
+        cursor = db.execute(f"WITH names AS {materialized}(SELECT id, CASE WHEN value IS NULL THEN NULL "
                             "ELSE instr(lower(CAST(value AS TEXT)), 'nccl') > 0 END AS is_nccl FROM StringIds) "
                             "SELECT k.start, k.end, k.deviceId, s.is_nccl "
                             "FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN names AS s ON s.id = k.shortName")
@@ -111,13 +118,15 @@ def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
                 _add_kernel(by_device, path, number, start, end, device, is_nccl)
     except sqlite3.Error as exc:
         if stop is not None and time.monotonic() > stop:
-            raise ConfigError(f"{shown(str(path))}: reading its kernel table took longer than {deadline_s:g} s") from None
+            raise TraceDeadline(f"{shown(str(path))}: reading its kernel table took longer than {deadline_s:g} s") from None
         raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export with a kernel table ({str(exc)[:120]})") from None
     finally:
         if "db" in locals():
             db.close()
     summaries = []
     for device, (comm, compute) in sorted(by_device.items()):
+        if stop is not None and time.monotonic() > stop:  # the sums of a device take as long as its reading
+            raise TraceDeadline(f"{shown(str(path))}: summing its kernels took longer than {deadline_s:g} s")
         comm_u, compute_u = union(comm), union(compute)
         overlap = length(intersection(comm_u, compute_u))
         summaries.append(DeviceSummary(device, len(comm) + len(compute), length(union(comm + compute)) / 1e9,

@@ -681,3 +681,37 @@ def test_control_and_bidi_characters_in_launcher_text_reach_no_page_raw(repo, tm
         assert not any(c in html for c in "\u202e\u2066\x1b\x00")
     trial = app.trial_page(study.name, 4).decode()
     assert "bad\\u202etxt.exe \\x1b[31mred\\x00" in trial and "/tmp/x\\u2066.txt" in trial
+
+
+def test_a_trace_read_is_bounded_and_only_what_the_file_holds_is_remembered(repo, tmp_path, monkeypatch):
+    """Review: a sparse export (a large file of nothing) was copied whole for every view; a read cut short
+    by load was remembered as "no trace" for good; any number of views read traces at once."""
+    from autotune.dashboard import _pages
+
+    study, export, db = _trace_export(repo)
+    db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, shortName INTEGER)")
+    db.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, 2000000000, 0, 1)")
+    db.commit()
+    db.close()
+    repo.finish_trial(study.id, 2, "completed", metrics={"tokens_per_s_per_gpu": 7900.0, "peak_mem_gib": 75.0,
+                                                         "step_time_s": 8.0},
+                      gpu_seconds=1000.0, artifacts={"nsys_sqlite": str(export)})
+    app = DashboardApp(repo, artifact_roots=(tmp_path,))
+    trial = repo.trial(study.id, 2)
+    monkeypatch.setattr(_pages, "_TRACE_CACHE", {})
+    with _pages._TRACE_READER:  # another view is reading a trace: this one shows none, and remembers nothing
+        assert app._trace_summary(study, trial) is None
+    monkeypatch.setattr(_pages, "TRACE_DEADLINE_S", 0.0)  # a read cut short (here: at once) is not remembered
+    assert app._trace_summary(study, trial) is None and _pages._TRACE_CACHE == {}
+    monkeypatch.setattr(_pages, "TRACE_DEADLINE_S", 5.0)
+    assert app._trace_summary(study, trial)["compute_s"] == pytest.approx(2.0)
+    sparse = export.with_name("sparse.sqlite")
+    with open(sparse, "wb") as handle:
+        handle.truncate(100 << 20)  # 100 MiB that take no disk
+    repo.finish_trial(study.id, 2, "completed", artifacts={"nsys_sqlite": str(sparse)},
+                      metrics={"tokens_per_s_per_gpu": 7900.0, "peak_mem_gib": 75.0, "step_time_s": 8.0},
+                      gpu_seconds=1000.0)
+    assert app._trace_summary(study, repo.trial(study.id, 2)) is None
+    assert None in _pages._TRACE_CACHE.values()  # remembered: the file is what it is

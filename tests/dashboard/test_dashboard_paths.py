@@ -476,6 +476,7 @@ def test_start_stores_the_workdir_absolute(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("root,said", [("/", "the file system's root"), ("/etc/..", "the file system's root"),
                                        ("//", "the file system's root"), ("", "empty"), ("/etc/passwd", "not a folder"),
+                                       ("/etc/passwd/x", "inside a file"),
                                        ("loop", "cannot use it")])
 def test_an_artifact_root_that_cannot_be_one_is_refused_in_one_line(tmp_path, root, said):
     """`//` resolves to `/` but is not spelt like it; a symlink loop raised RuntimeError (review)."""
@@ -649,3 +650,31 @@ def test_a_slow_but_live_reader_gets_the_whole_artifact(served, monkeypatch):
             time.sleep(0.02)
     body = bytes(received).partition(b"\r\n\r\n")[2]
     assert body == BIG[:512 * 1024]
+
+
+def test_a_named_root_that_appears_later_must_be_a_real_folder_of_this_user(tmp_path):
+    """Review: a root missing when the dashboard started was pinned to whatever appeared there first, so
+    another user's link to a home folder made its `.ssh` servable. A root that appears later is held to
+    the default root's rule: a real folder (not a link) owned by this user or root."""
+    from autotune.dashboard._artifacts import check_roots
+
+    home = tmp_path / "home"
+    (home / "alice" / ".ssh").mkdir(parents=True)
+    (home / "alice" / ".ssh" / "id_rsa").write_text("SECRET")
+    later = tmp_path / "later"
+    roots = check_roots([str(later)])
+    later.symlink_to(home)  # made by someone else after the dashboard started
+    assert roots.allowed() == [] and "not used: a link or a file" in str(roots)
+    later.unlink()
+    later.mkdir()
+    assert roots.allowed() == [later.resolve()]  # a real folder of this user, once it is one
+
+
+def test_a_relative_workdir_from_a_deleted_folder_is_one_line(tmp_path):
+    """Review: `Path.absolute()` raised FileNotFoundError (a traceback, exit 1) when the shell's current
+    folder had been deleted."""
+    script = (f"mkdir {tmp_path}/gone && cd {tmp_path}/gone && rmdir {tmp_path}/gone && exec {sys.executable} -m "
+              "autotune start --model qwen3_30b --budget 2 --backend megatron --dry-run --workdir rel")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-500:]
+    assert "--workdir 'rel': a relative folder" in done.stderr
