@@ -37,3 +37,18 @@ def require_file(path: str | Path, what: str) -> Path:
         raise ConfigError(f"{what} {shown(str(path))} does not exist")
     kind = "a folder" if folder else "not a regular file (a device, a pipe or a socket)"
     raise ConfigError(f"{what} {shown(str(path))} is {kind}")
+
+
+def with_absolute_workdir(options: dict) -> dict:
+    """`options` with a relative `workdir` made absolute against the current folder: stored relative, it
+    meant the folder `start` ran in, which the trials, a later `resume` and the dashboard (it serves
+    artifacts from the run folder) would each read against their own. ConfigError (one line) when the
+    current folder cannot be read (deleted under the shell)."""
+    workdir = options.get("workdir")
+    if not (isinstance(workdir, str) and workdir.strip()) or Path(workdir).is_absolute():
+        return options
+    try:
+        return {**options, "workdir": str(Path(workdir).absolute())}
+    except OSError as exc:
+        raise ConfigError(f"--workdir {workdir!r}: a relative folder, and the current folder cannot be read "
+                          f"({exc.strerror or exc}): give an absolute one") from None

@@ -172,22 +172,11 @@ class Backend(ABC):
     @classmethod
     def options_from_cli(cls, args: Any) -> dict[str, Any]:
         """This backend's options from the parsed `autotune start` flags (flags left unset are left
-        out; flags of other backends are not read). `workdir` is stored absolute: a relative folder meant
-        the folder `start` ran in, which the controller's trials, a later `resume` and the dashboard (it
-        serves artifacts from the run folder) would each read against their own."""
-        options = {key: getattr(args, dest) for dest, key in cls.cli_options.items()
-                   if getattr(args, dest, None) is not None}
-        if isinstance(options.get("workdir"), str) and options["workdir"].strip():
-            from pathlib import Path
+        out; flags of other backends are not read); `workdir` made absolute (_paths.with_absolute_workdir)."""
+        from autotune._paths import with_absolute_workdir
 
-            from autotune.errors import ConfigError
-
-            try:
-                options["workdir"] = str(Path(options["workdir"]).absolute())
-            except OSError as exc:  # the current folder was deleted under the shell
-                raise ConfigError(f"--workdir {options['workdir']!r}: a relative folder, and the current folder "
-                                  f"cannot be read ({exc.strerror or exc}): give an absolute one") from None
-        return options
+        return with_absolute_workdir({key: getattr(args, dest) for dest, key in cls.cli_options.items()
+                                      if getattr(args, dest, None) is not None})
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -115,6 +115,9 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
                  options: dict[str, Any] | None = None) -> Study:
     from autotune.controller._optuna import OptunaStudy
 
+    from autotune._paths import with_absolute_workdir
+
+    backend_options = with_absolute_workdir(backend_options)  # the Python API's too, not only the CLI's
     check_study_inputs(space, workload, budget, sampler, backend, backend_options)
     name = check_study_name(name or default_study_name(workload))
     stored = study_options(options, seed).to_stored()

@@ -464,14 +464,24 @@ def test_a_relative_workdir_or_artifact_path_is_served_from_nowhere(tmp_path, mo
 
 
 def test_start_stores_the_workdir_absolute(tmp_path, monkeypatch):
+    """From the command line and from the Python API (review: only the CLI made it absolute)."""
     import argparse
 
     from autotune.backends import backend_class
+    from autotune.controller.session import create_study
+    from autotune.space import load_space, make_workload
 
     monkeypatch.chdir(tmp_path)
     for backend in ("simulate", "command", "megatron", "replay"):
         options = backend_class(backend).options_from_cli(argparse.Namespace(workdir="runs/x"))
         assert options["workdir"] == str(tmp_path / "runs" / "x"), backend
+    repo = Repository.open(f"sqlite:///{tmp_path / 'api.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="api", space=space, workload=make_workload(space, gpus=16), budget=1,
+                         sampler="random", backend="simulate", seed=0, backend_options={"workdir": "runs/y"})
+    assert repo.get_study("api").backend_options["workdir"] == str(tmp_path / "runs" / "y") == \
+        study.backend_options["workdir"]
+    repo.close()
 
 
 @pytest.mark.parametrize("root,said", [("/", "the file system's root"), ("/etc/..", "the file system's root"),
