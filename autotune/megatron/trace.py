@@ -90,7 +90,7 @@ def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
     try:
         # a file URI with the name percent-encoded: pasted raw, a '#' or '?' in it would cut the name (and
         # mode=ro with it: SQLite would create an empty file) and a '%41' would name another file
-        # absolute, not resolved: /proc/self/fd/N (the dashboard's file, opened and checked) stays that file
+        # (absolute, not resolved: SQLite follows a link in the name itself)
         db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
         db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         if stop is not None:  # asked every 10,000 virtual-machine steps; non-zero interrupts the query
