@@ -46,3 +46,21 @@ def is_finite_number(value: Any) -> bool:
 def is_positive_finite(value: Any) -> bool:
     """A finite number > 0: what a measurement (seconds, tokens/s, GiB) is."""
     return is_finite_number(value) and bool(value > 0)
+
+
+# The parts of a step a trace measures (seconds per step on a traced rank): time in compute kernels and
+# communication not hidden behind them (megatron/trace.py). The calibration fits the model's terms to them.
+MEASURED_TERMS = ("compute", "exposed_communication")
+
+
+def measured_terms(value: Any, step_time_s: float | None = None) -> dict[str, float] | None:
+    """`value` as a measured breakdown ({term: seconds per step}, terms of MEASURED_TERMS, each finite and
+    >= 0, none above the step time when it is known), or None when it is not one (a launcher's or a hand
+    edit's: an advisory measurement is left out rather than trusted or refused whole)."""
+    if not isinstance(value, dict) or not value or not set(value) <= set(MEASURED_TERMS):
+        return None
+    if not all(is_finite_number(v) and v >= 0 for v in value.values()):
+        return None
+    if step_time_s is not None and any(v > step_time_s * 1.05 for v in value.values()):
+        return None  # a part of the step longer than the step (5% for two clocks) was not measured on it
+    return {key: float(v) for key, v in value.items()}

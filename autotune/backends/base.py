@@ -125,6 +125,10 @@ class TrialOutcome(_JsonMixin):
     wall_time_s: float = 0.0  # how long the trial held its GPUs (simulated for `simulate`)
     error: str | None = None  # failure class or message; stderr / log tail for crashes
     artifacts: dict[str, str] = field(default_factory=dict)
+    # the step's parts a trace measured on a traced rank, seconds per step: {"compute": ...,
+    # "exposed_communication": ...} (_numbers.MEASURED_TERMS); empty without a trace. Optional and additive:
+    # an outcome written without it (an older backend's) reads as before, so the protocol stays version 1.
+    measured_terms_s: dict[str, float] = field(default_factory=dict)
     version: int = PROTOCOL_VERSION
 
     def metrics(self) -> dict[str, float | None]:

@@ -42,6 +42,8 @@ from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import json_object, parse_result
 from autotune.errors import ConfigError
+
+TRACE_DEADLINE_S = 120.0  # reading rank 0's report after its run: a real export of a short profile takes seconds
 from autotune.megatron.logparse import parse_log
 
 
@@ -101,6 +103,31 @@ class NodeLauncher:
 
     def glob(self, directory: str, pattern: str) -> dict[str, str]:
         return {str(p): p.read_text() for p in Path(directory).glob(pattern) if p.is_file()}
+
+    def names(self, directory: str, pattern: str) -> list[str]:
+        """The files' paths only: an nsys report or a memory snapshot is binary and can be hundreds of MB
+        (glob read them as text: a UnicodeDecodeError, and the trial's outcome with it)."""
+        return sorted(str(p) for p in Path(directory).glob(pattern) if p.is_file())
+
+    def measured_terms(self, report: str, steps: int, search_path: str | None) -> dict[str, float]:
+        """The parts of a step rank 0's nsys report measured (compute, exposed communication; seconds per
+        step over the `steps` profiled), exported with the `nsys` found on the launch's PATH; {} when
+        there is no report or no nsys, or it cannot be read (the run's other results stand)."""
+        import shutil
+        import tempfile
+
+        from autotune.errors import ConfigError
+        from autotune.megatron.trace import export_to_sqlite, per_step_terms, summarize_sqlite
+
+        nsys = shutil.which("nsys", path=search_path)
+        if nsys is None or not Path(report).is_file():
+            return {}
+        try:
+            with tempfile.TemporaryDirectory(prefix="autotune-nsys-") as folder:
+                export = export_to_sqlite(Path(report), Path(folder), nsys)
+                return per_step_terms(summarize_sqlite(export, deadline_s=TRACE_DEADLINE_S), steps)
+        except (ConfigError, OSError):
+            return {}
 
     def start(self, command: list[str], env: dict[str, str]) -> int:
         # torchrun under the subreaper, every process marked with a token: nothing of the node's run
@@ -244,7 +271,13 @@ class MegatronBackend(Backend):
         result = json_object(result_text)
         if result is not None:
             outcome = parse_result(spec, result, result.get("step_times_s", times), wall)
-            return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts})
+            terms = outcome.measured_terms_s
+            if outcome.status == TrialStatus.COMPLETED and not terms and 0 in options.get("nsys_ranks", []):
+                # profiled over the measured steps (workers.launcher: profile_step_start/end)
+                terms = ray.get(launchers[0].measured_terms.remote(
+                    str(directory / "nsys" / "rank0.nsys-rep"), spec.measured_steps,
+                    (options.get("env") or {}).get("PATH") or os.environ.get("PATH")))
+            return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts, "measured_terms_s": terms})
         failures = [f for l in launchers for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
                     if (f := json_object(text)) is not None]
         failure = merge_rank_failures(failures)
@@ -268,10 +301,10 @@ class MegatronBackend(Backend):
 
         found: dict[str, str] = {}
         if options.get("nsys_ranks"):
-            for path in ray.get(launchers[0].glob.remote(str(directory / "nsys"), "*.nsys-rep")):
+            for path in ray.get(launchers[0].names.remote(str(directory / "nsys"), "*.nsys-rep")):
                 found[f"nsys:{Path(path).stem}"] = path
         if options.get("memory_snapshot"):
-            for path in ray.get(launchers[0].glob.remote(str(directory), "memory_snapshot*.pickle")):
+            for path in ray.get(launchers[0].names.remote(str(directory), "memory_snapshot*.pickle")):
                 found[f"memory:{Path(path).stem}"] = path
         return found
 

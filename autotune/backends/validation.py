@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from autotune._numbers import is_number, is_positive_finite
+from autotune._numbers import MEASURED_TERMS, is_number, is_positive_finite, measured_terms
 from autotune.backends.base import TrialOutcome, TrialSpec, TrialStatus
 from autotune.catalog import OOM_MEMORY_FACTOR
 
@@ -83,6 +83,10 @@ def _type_problem(result: dict[str, Any]) -> str | None:
     if artifacts is not None and (not isinstance(artifacts, dict)
                                   or not all(isinstance(v, str) for v in artifacts.values())):
         return "artifacts must map names to file paths (strings)"
+    terms = result.get("measured_terms_s")
+    if terms not in (None, {}) and measured_terms(terms) is None:  # {}: an outcome record without a trace
+        return (f"measured_terms_s must map {' and/or '.join(MEASURED_TERMS)} to seconds per step (finite, >= 0), "
+                f"got {json.dumps(terms, default=str)[:80]}")
     return None
 
 
@@ -117,7 +121,8 @@ def _outcome(trial: int, status: str, result: dict[str, Any], step_time: Any, st
                         tflops_per_gpu=_float(result.get("tflops_per_gpu")), mfu=_float(result.get("mfu")),
                         peak_mem_gib=_float(result.get("peak_mem_gib")), step_times_s=[_float(t) for t in step_times],
                         wall_time_s=wall_time_s, error=_as_text(result.get("error")),
-                        artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()})
+                        artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()},
+                        measured_terms_s=measured_terms(result.get("measured_terms_s")) or {})
 
 
 def outcome_from_record(data: Any) -> TrialOutcome:

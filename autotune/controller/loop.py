@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 from autotune._signals import raise_if_terminated
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
-from autotune._numbers import is_positive_finite
+from autotune._numbers import is_positive_finite, measured_terms
 from autotune.backends.validation import METRIC_KEYS, possible_step
 from autotune.config import LayoutConfig, Workload
 from autotune.errors import OutputClosed, StorageError
@@ -130,7 +130,7 @@ class Controller:
     def _learn(self, trial: Trial) -> None:
         config = LayoutConfig.from_mapping(trial.config)
         if trial.status == "completed" and trial.tokens_per_s_per_gpu:
-            self.state.record_speed(config, trial.tokens_per_s_per_gpu)
+            self.state.record_speed(config, trial.tokens_per_s_per_gpu, trial.measured_terms_s)
             self.state.record_memory(config, trial.peak_mem_gib, oom=False)
             if trial.step_time_s and (self.best_step_time_s is None or trial.step_time_s < self.best_step_time_s):
                 self.best_step_time_s = trial.step_time_s
@@ -359,10 +359,13 @@ class Controller:
         stored = metrics if status in ("completed", "oom") else {"peak_mem_gib": metrics.get("peak_mem_gib")}
         self.repo.finish_trial(self.study.id, number, status, reason=reason, message=outcome.error, metrics=stored,
                                step_times_s=outcome.step_times_s or run.steps, gpu_seconds=gpu_seconds,
-                               artifacts=outcome.artifacts)
+                               artifacts=outcome.artifacts, measured_terms_s=outcome.measured_terms_s)
+        # what the store kept (the measured parts only when they fit in the measured step)
+        terms = (measured_terms(outcome.measured_terms_s, metrics["step_time_s"])
+                 if status == "completed" and metrics["step_time_s"] else None)
         self._learn(dataclasses.replace(trial, status=status, step_time_s=metrics["step_time_s"],
                                         tokens_per_s_per_gpu=metrics["tokens_per_s_per_gpu"],
-                                        peak_mem_gib=metrics["peak_mem_gib"]))
+                                        peak_mem_gib=metrics["peak_mem_gib"], measured_terms_s=terms))
         outcomes.tell(self.optuna, trial.optuna_trial_number, status, stored, outcome.error, run.steps,
                       self.workload, self.pruner.warmup_steps, reason=reason, origin=trial.origin,
                       strategy=trial.strategy_note)

@@ -144,22 +144,38 @@ class PhysicsCalibration:
                 for t, s in self.scales.items()}
 
 
+# which of the model's step-time terms a trace's measured parts of the step stand for (megatron/trace.py):
+# kernels whose name says nccl are communication, the rest compute; what overlaps is hidden, so the
+# communication terms (each the model's exposed seconds) add up to the exposed communication measured.
+# Overhead (CPU, launch gaps) and the pipeline bubble are idle GPU time, in neither.
+MEASURED_TERM_GROUPS = {"compute": ("compute", "recompute", "optimizer"),
+                        "exposed_communication": ("tp", "cp", "ep", "pp", "dp")}
+
+
+def trace_groups(measured_terms_s: dict[str, float] | None) -> dict[tuple[str, ...], float]:
+    """A run's measured breakdown as PhysicsCalibration.fit takes it: {model terms: measured seconds}."""
+    return {MEASURED_TERM_GROUPS[name]: seconds for name, seconds in (measured_terms_s or {}).items()
+            if name in MEASURED_TERM_GROUPS and seconds > 0}
+
+
 def fit_from_trials(trials) -> dict:
     """The calibration of a finished study, from its trials' recorded predictions and measurements
     (what `autotune show STUDY --calibration` prints): term scales and the memory model's ratio."""
-    rows, steps, ratios = [], [], []
+    rows, steps, ratios, traces = [], [], [], []
     for t in trials:
         if t.status != "completed" or not t.step_time_s or not t.predicted:
             continue
         breakdown = t.predicted.get("breakdown") or {}
+        if groups := trace_groups(getattr(t, "measured_terms_s", None)):
+            traces.append((len(rows), groups))
         rows.append([float(breakdown.get(term, 0.0)) for term in TERMS])
         steps.append(t.step_time_s)
         if t.peak_mem_gib and t.predicted.get("peak_mem_gib"):
             ratios.append(t.peak_mem_gib / t.predicted["peak_mem_gib"])
     physics = PhysicsCalibration()
     if len(rows) >= 2:
-        physics.fit(np.array(rows), np.array(steps))
-    return {"runs": len(rows), "step_time_terms": physics.to_dict(),
+        physics.fit(np.array(rows), np.array(steps), traces)
+    return {"runs": len(rows), "traced_runs": len(traces), "step_time_terms": physics.to_dict(),
             # what the terms leave unexplained (log sd of a run's step time), chosen by the fit's evidence;
             # None until two runs with a breakdown were fitted
             "unexplained_step_time_log_sd": round(physics.noise_log_std, 3) if physics.n_runs >= 2 else None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.config import RECOMPUTE_CODES, LayoutConfig, Workload
-from autotune.controller.physics import PhysicsCalibration
+from autotune.controller.physics import PhysicsCalibration, trace_groups
 from autotune.controller.surrogate import FAMILY, KNOB_VALUE_MIN_LOG_STD, MemoryFeasibility, ResidualGP
 from autotune.cost import Estimates, LayoutArrays, estimate_many
 
@@ -73,6 +73,8 @@ class SearchState:
     frontier_by: np.ndarray  # int: trial number whose OOM implies this layout OOMs (-1 none)
     memory: MemoryFeasibility
     runs: dict[int, list[float]] = field(default_factory=dict)  # layout -> log tokens/s/GPU of each run
+    # layout -> each run's measured parts of the step as the calibration takes them ({} without a trace)
+    run_terms: dict[int, list[dict]] = field(default_factory=dict)
     # every outcome in arrival order (layout, "completed" | "oom" | "failed", tokens/s/GPU or None), for
     # strategies that replay them into a sampler of their own
     outcomes: list[tuple[int, str, float | None]] = field(default_factory=list)
@@ -192,7 +194,10 @@ class SearchState:
         log_tokens = np.array([r for runs in self.runs.values() for r in runs])
         raw = np.log(self.predicted.tokens_per_s_per_gpu[rows])
         measured_step_s = self.predicted.step_time_s[rows] * np.exp(raw - log_tokens)
-        self.physics.fit(self.breakdown_matrix()[rows], measured_step_s)
+        # each traced run's measured parts, by its place among `rows` (the same order: runs, then run_terms)
+        terms = [groups for i in self.runs for groups in self.run_terms.get(i, [{}] * len(self.runs[i]))]
+        traces = [(j, groups) for j, groups in enumerate(terms) if groups]
+        self.physics.fit(self.breakdown_matrix()[rows], measured_step_s, traces)
         calibrated_step_s = self.physics.step_time_s(self.breakdown_matrix())
         if self._log_tokens_per_step is None:  # log(tokens/s/GPU * step s): fixed per layout, so taken once
             self._log_tokens_per_step = np.log(self.predicted.tokens_per_s_per_gpu * self.predicted.step_time_s)
@@ -230,10 +235,13 @@ class SearchState:
             self._gp_codes = varying_columns(self.knob_codes())
         return self._gp_codes
 
-    def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float) -> None:
+    def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float,
+                     measured_terms_s: dict[str, float] | None = None) -> None:
+        """A completed run; `measured_terms_s`: the parts of its step a trace measured (calibrate fits them)."""
         i = self.index.get(config.key())
         if i is not None and tokens_per_s_per_gpu > 0:
             self.runs.setdefault(i, []).append(float(np.log(tokens_per_s_per_gpu)))
+            self.run_terms.setdefault(i, []).append(trace_groups(measured_terms_s))
             self.outcomes.append((i, "completed", tokens_per_s_per_gpu))
         elif i is None and tokens_per_s_per_gpu > 0 and config.perf():
             self.variants[config.key()] = config

@@ -161,11 +161,11 @@ def _add_kernel(by_device, path, number: int, start, end, device, is_nccl) -> No
     (comm if is_nccl else compute).append((start, end))
 
 
-def export_to_sqlite(report: Path, folder: Path) -> Path:
+def export_to_sqlite(report: Path, folder: Path, nsys: str | None = None) -> Path:
     """`nsys export` of `report` into `folder` (a fresh temporary one): nothing beside the report is
     written, so no file there (x.sqlite may be anything, a study's store) can be overwritten, and a
-    second summary of the same report works like the first."""
-    nsys = shutil.which("nsys")
+    second summary of the same report works like the first. `nsys`: the program (default: on PATH)."""
+    nsys = nsys or shutil.which("nsys")
     if nsys is None:
         raise ConfigError(f"{shown(str(report))} is an nsys report and nsys is not installed here: export it with "
                           "`nsys export --type sqlite` first and pass the .sqlite file")
@@ -193,3 +193,13 @@ def to_dict(summaries: list[DeviceSummary]) -> dict:
     total = {k: sum(getattr(s, k) for s in summaries) for k in
              ("busy_s", "compute_s", "communication_s", "overlapped_s", "exposed_communication_s")}
     return {"devices": [{**asdict(s), "overlap_share": s.overlap_share} for s in summaries], "total": total}
+
+
+def per_step_terms(summaries: list[DeviceSummary], steps: int) -> dict[str, float]:
+    """The measured parts of one step on a traced rank (the calibration's measured terms, seconds per step):
+    compute and exposed communication, averaged over the report's devices and divided by the profiled steps."""
+    if not summaries or steps < 1:
+        return {}
+    devices = len(summaries)
+    return {"compute": sum(s.compute_s for s in summaries) / devices / steps,
+            "exposed_communication": sum(s.exposed_communication_s for s in summaries) / devices / steps}

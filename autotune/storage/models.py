@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0005_study_pooled_cache"  # the newest Alembic revision this code writes
+SCHEMA_REVISION = "0006_trial_measured_terms"  # the newest Alembic revision this code writes
 
 
 def utcnow() -> dt.datetime:
@@ -154,6 +154,8 @@ class TrialRow(Base):
     # that runs the trial (a controller adopts only trials whose owner stopped heartbeating)
     predicted: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     controller_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    # added by revision 0006: the step's parts a trace measured (seconds per step; _numbers.MEASURED_TERMS)
+    measured_terms_s: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
 

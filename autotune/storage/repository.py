@@ -87,6 +87,8 @@ class Trial:
     artifacts: dict[str, Any] = field(default_factory=dict)
     predicted: dict[str, Any] | None = None
     controller_id: str | None = None
+    # the step's parts a trace measured, seconds per step (None: no trace; _numbers.measured_terms)
+    measured_terms_s: dict[str, float] | None = None
     created_at: dt.datetime | None = None
     dispatched_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
@@ -136,7 +138,12 @@ def _study(row: StudyRow) -> Study:
 
 
 def _trial(row: TrialRow) -> Trial:
-    return Trial(**check_trial_values({f.name: getattr(row, f.name) for f in dataclasses.fields(Trial)}))
+    from autotune._numbers import measured_terms
+
+    values = check_trial_values({f.name: getattr(row, f.name) for f in dataclasses.fields(Trial)})
+    # advisory, like `predicted`: one that autotune would not write (a hand edit) is no measurement
+    values["measured_terms_s"] = measured_terms(values.get("measured_terms_s"), values.get("step_time_s"))
+    return Trial(**values)
 
 
 class Repository:
@@ -398,9 +405,17 @@ class Repository:
     def finish_trial(self, study_id: int, number: int, status: str, *, reason: str | None = None,
                      message: str | None = None, metrics: dict[str, Any] | None = None,
                      step_times_s: list[float] | None = None, gpu_seconds: float = 0.0,
-                     artifacts: dict[str, Any] | None = None) -> None:
+                     artifacts: dict[str, Any] | None = None, measured_terms_s: dict[str, float] | None = None) -> None:
+        """`measured_terms_s`: the step's parts a trace measured (kept only when it is one, see
+        _numbers.measured_terms, for a completed run with its step time)."""
+        from autotune._numbers import measured_terms
+
         values: dict[str, Any] = {"status": status, "reason": reason, "message": message,
                                   "finished_at": utcnow(), "gpu_seconds": TrialRow.gpu_seconds + _gpu_time(gpu_seconds)}
+        step_s = (metrics or {}).get("step_time_s")
+        terms = measured_terms(measured_terms_s, step_s) if status == "completed" and step_s else None
+        if terms is not None:
+            values["measured_terms_s"] = terms
         for key in METRIC_FIELDS:
             # completed and OOM results were validated whole; a failed run's figures may be anything:
             # the store keeps only measurements its read side (_records) accepts

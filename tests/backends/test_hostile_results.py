@@ -78,6 +78,20 @@ RESULTS = [
     ("memory-1e-9", '{"status": "completed", "step_time_s": 30.0, "peak_mem_gib": 1e-9}', "failed",
      "the memory model predicts"),
     ("mfu-another-flop-count", '{"status": "completed", "step_time_s": 30.0, "mfu": 0.15}', "completed", None),
+    # a trace's measured parts of the step (issue 15): of the wrong shape, a failed result; longer than the
+    # measured step, or of a run that did not complete, not stored; plausible ones stored
+    ("terms-nan", '{"status": "completed", "step_time_s": 30.0, "measured_terms_s": {"compute": NaN}}', "failed",
+     "measured_terms_s"),
+    ("terms-unknown-part", '{"status": "completed", "step_time_s": 30.0, "measured_terms_s": {"magic": 1}}',
+     "failed", "measured_terms_s"),
+    ("terms-negative", '{"status": "completed", "step_time_s": 30.0, "measured_terms_s": {"compute": -1}}', "failed",
+     "measured_terms_s"),
+    ("terms-a-list", '{"status": "completed", "step_time_s": 30.0, "measured_terms_s": [1, 2]}', "failed",
+     "measured_terms_s"),
+    ("terms-beyond-the-step", '{"status": "completed", "step_time_s": 30.0, "measured_terms_s": {"compute": 300}}',
+     "completed", None),
+    ("terms-plausible", '{"status": "completed", "step_time_s": 30.0, '
+     '"measured_terms_s": {"compute": 24.0, "exposed_communication": 3.5}}', "completed", None),
     ("plausible", json.dumps(GOOD), "completed", None),
     ("plausible-oom", '{"status": "oom", "peak_mem_gib": 81.0, "error": "CUDA out of memory"}', "oom", "memory"),
 ]
@@ -126,6 +140,8 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
         assert 0.5 <= trial.tflops_per_gpu / ours <= 2 and trial.mfu <= 1.0
         if case == "tflops-kept":  # within the factor of this package's count: the launcher's own figures stay
             assert trial.tflops_per_gpu == 150 and trial.mfu == 0.1
+    expected_terms = {"compute": 24.0, "exposed_communication": 3.5} if case == "terms-plausible" else None
+    assert trial.measured_terms_s == expected_terms
     board = leaderboard.build(repo, study)
     _strict_json(leaderboard.to_json(board))  # valid JSON: no bare Infinity / NaN
     # the GPU time charged is at most what the launcher process lived, whatever wall time it claims

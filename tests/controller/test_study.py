@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -138,6 +142,32 @@ def test_command_backend_partial_results_are_completed_by_the_controller(tmp_pat
         assert t.status == "completed"
         assert t.tokens_per_s_per_gpu and t.tflops_per_gpu and 0 < t.mfu < 1
         assert t.tokens_per_s_per_gpu == pytest.approx(1024 * 4096 / (t.step_time_s * 8))
+
+
+def test_a_traced_run_s_measured_parts_are_stored_and_calibrate_the_model(tmp_path):
+    """Issue 15: the parts of a step a trace measured (here a cluster whose exposed communication is twice
+    the model's, compute 1.3x) are stored with each trial and fitted by the calibration: with them the
+    communication terms move further toward the cluster's than whole step times alone move them."""
+    import dataclasses
+
+    from autotune.controller.physics import fit_from_trials
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    repo, study, _ = run(url, name="traced", backend="command", budget=4, options={"prune_slow": False},
+                         backend_options={"command": f"python3 {FAKE_LAUNCHER}", "env": {"FAKE_MODE": "traced"}})
+    trials = [t for t in repo.trials(study.id, dispatched_only=True) if t.status == "completed"]
+    assert len(trials) >= 3 and all(set(t.measured_terms_s) == {"compute", "exposed_communication"} for t in trials)
+    for t in trials:  # what the launcher said, per step, inside the measured step
+        assert t.measured_terms_s["compute"] + t.measured_terms_s["exposed_communication"] < t.step_time_s
+    traced = fit_from_trials(trials)
+    blind = fit_from_trials([dataclasses.replace(t, measured_terms_s=None) for t in trials])
+    assert traced["traced_runs"] == len(trials) and blind["traced_runs"] == 0
+    ep_traced, ep_blind = traced["step_time_terms"]["ep"]["scale"], blind["step_time_terms"]["ep"]["scale"]
+    assert abs(ep_traced - 2.0) < abs(ep_blind - 2.0), (ep_traced, ep_blind)
+    shown = subprocess.run([sys.executable, "-m", "autotune", "show", "traced", "--calibration", "--json",
+                            "--storage", url], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["traced_runs"] == len(trials), shown.stderr
+    repo.close()
 
 
 def test_grid_and_random_strategies_finish(tmp_path):

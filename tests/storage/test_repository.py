@@ -485,6 +485,44 @@ def test_0005_adds_the_pooling_cache_and_its_downgrade_drops_only_that(storage_u
     repo.close()
 
 
+def test_0006_adds_the_measured_terms_and_its_downgrade_drops_only_that(storage_url):
+    """A 0005 store upgrades (a column added in place); a downgrade keeps every study and trial and drops
+    the column, and the trials read without measured parts after the next upgrade."""
+    engine = make_engine(storage_url)
+    upgrade(engine, "0005_study_pooled_cache")
+    upgrade(engine)
+    repo = Repository.open(storage_url)
+    study = new_study(repo, name="old")
+    trial = repo.claim_dispatch(study.id, {"tp": 2}, "k1", 1, "c", 3)
+    repo.finish_trial(study.id, trial.number, "completed", metrics={"step_time_s": 30.0},
+                      measured_terms_s={"compute": 20.0, "exposed_communication": 4.0})
+    assert repo.trial(study.id, trial.number).measured_terms_s == {"compute": 20.0, "exposed_communication": 4.0}
+    repo.close()
+    downgrade(engine, "0005_study_pooled_cache")
+    assert "measured_terms_s" not in {c["name"] for c in inspect(engine).get_columns("autotune_trials")}
+    with engine.connect() as c:
+        assert c.execute(text("SELECT COUNT(*) FROM autotune_trials")).scalar() == 1
+    upgrade(engine)
+    repo = Repository.open(storage_url)
+    assert repo.trial(study.id, trial.number).measured_terms_s is None
+    repo.close()
+
+
+@pytest.mark.parametrize("stored", ['{"compute": "fast"}', '[1, 2]', '{"compute": 1e308}', '{"compute": -1}',
+                                    '{"magic": 1.0}', '"text"'])
+def test_measured_terms_autotune_would_not_write_read_as_none(storage_url, stored):
+    """Advisory, like the prediction: a hand-edited breakdown is no measurement, and refuses nothing."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo, name="edited")
+    trial = repo.claim_dispatch(study.id, {"tp": 2}, "k1", 1, "c", 3)
+    repo.finish_trial(study.id, trial.number, "completed", metrics={"step_time_s": 30.0})
+    with repo.engine.begin() as c:
+        c.execute(text("UPDATE autotune_trials SET measured_terms_s = :v"), {"v": stored})
+    assert repo.trial(study.id, trial.number).measured_terms_s is None
+    assert [t.number for t in repo.trials(study.id)] == [trial.number]
+    repo.close()
+
+
 def test_a_pooling_cache_autotune_cannot_read_is_no_cache_not_a_refused_study(storage_url):
     """Review: a hand-edited cache refused the study, and with it every listing of the store."""
     repo = Repository.open(storage_url)

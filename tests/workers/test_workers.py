@@ -398,6 +398,41 @@ def test_megatron_backend_on_ray_with_a_stand_in_torchrun(fake_torchrun, tmp_pat
         assert outcome["error"].startswith("crash; log tail:") and "iteration        3/" in outcome["error"]
 
 
+STAND_IN_NSYS = """#!{python}
+import sqlite3, sys
+out = sys.argv[sys.argv.index('-o') + 1]
+db = sqlite3.connect(out)
+db.execute('CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)')
+db.execute('CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, shortName INT)')
+db.execute("INSERT INTO StringIds VALUES (1, 'sm90_gemm'), (2, 'ncclDevKernel_AllToAll')")
+# over the profiled steps: 20 s of compute, 8 s of all-to-all of which 3 s overlap the compute
+db.executemany('INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?)',
+               [(0, 20 * 10**9, 1), (17 * 10**9, 25 * 10**9, 2)])
+db.commit()
+"""
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_megatron_backend_measures_the_steps_parts_from_rank_0s_trace(fake_torchrun, tmp_path):
+    """Issue 15: a trial run under Nsight Systems carries the parts of its step the trace measured (compute,
+    exposed communication, per step), which the calibration fits. The report is exported with the `nsys`
+    of the launch's PATH (a stand-in here); the binary report is listed as an artifact, never read as text."""
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "nsys").write_text(STAND_IN_NSYS.format(python=sys.executable))
+    (bin_dir / "nsys").chmod(0o755)
+    spec = make_spec(gpus=16, gpus_per_node=8, timeout_s=120)
+    options = {"workdir": str(tmp_path / "runs"), "nsys_ranks": [0],
+               "env": {**fake_torchrun, "FAKE_TORCHRUN_MODE": "traced"}}
+    outcome, _ = _run_in_ray(spec, options)
+    assert outcome["status"] == "completed", outcome
+    steps = spec.measured_steps  # what the launcher profiles (profile_step_start/end)
+    assert outcome["measured_terms_s"] == pytest.approx({"compute": 20 / steps, "exposed_communication": 5 / steps})
+    assert outcome["artifacts"]["nsys:rank0"].endswith("nsys/rank0.nsys-rep")
+    (bin_dir / "nsys").unlink()  # no nsys where the run was launched: the run's results stand, without parts
+    outcome, _ = _run_in_ray(spec, options)
+    assert outcome["status"] == "completed" and outcome["measured_terms_s"] == {}
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_megatron_backend_cancel_stops_every_node(fake_torchrun, tmp_path):
     spec = make_spec(gpus=16, gpus_per_node=8, timeout_s=120)
