@@ -325,7 +325,11 @@ class DashboardApp:
                          for k, v in trial.config.items())
         predicted = view["predicted"]
         predicted_text = leaderboard.prediction_text(view, leaderboard.metrics_source(study.backend, trial.origin))
-        trace = self._trace_summary(study, trial)
+        terms, step_s = trial.measured_terms_s, trial.step_time_s
+        # the parts of the step stored with the trial (what the calibration fitted) before any file is read
+        trace = ({"busy_s": step_s, "compute_s": terms.get("compute", 0.0),
+                  "exposed_communication_s": terms.get("exposed_communication", 0.0)} if terms and step_s
+                 else self._trace_summary(study, trial))
         from autotune.megatron import benchmark_only
 
         # what the run was given: the layout's overrides and the study's benchmark-only settings (as `show`)

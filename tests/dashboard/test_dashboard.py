@@ -715,3 +715,17 @@ def test_a_trace_read_is_bounded_and_only_what_the_file_holds_is_remembered(repo
                       gpu_seconds=1000.0)
     assert app._trace_summary(study, repo.trial(study.id, 2)) is None
     assert None in _pages._TRACE_CACHE.values()  # remembered: the file is what it is
+
+
+def test_trial_page_shows_the_measured_parts_stored_with_the_trial(repo, tmp_path):
+    """The parts of the step a trace measured, stored with the trial (what the calibration fitted), are
+    drawn next to the predicted terms without reading any file."""
+    study = repo.get_study(f"demo{HOSTILE}")
+    repo.finish_trial(study.id, 2, "completed", metrics={"tokens_per_s_per_gpu": 7900.0, "peak_mem_gib": 75.0,
+                                                         "step_time_s": 8.0},
+                      measured_terms_s={"compute": 6.0, "exposed_communication": 1.5})
+    bars = figure(DashboardApp(repo, artifact_roots=(tmp_path / "nowhere",)).trial_page(study.name, 2).decode(),
+                  "breakdown-chart")
+    measured = bars["data"][1]
+    assert measured["y"] == ["whole step", "compute (nsys)", "exposed communication (nsys)"]
+    assert measured["x"] == pytest.approx([8.0, 6.0, 1.5])
