@@ -161,6 +161,9 @@ def _add_kernel(by_device, path, number: int, start, end, device, is_nccl) -> No
     (comm if is_nccl else compute).append((start, end))
 
 
+EXPORT_TIMEOUT_S = 900.0  # `nsys export` of a report of a few profiled steps takes seconds to minutes
+
+
 def export_to_sqlite(report: Path, folder: Path, nsys: str | None = None) -> Path:
     """`nsys export` of `report` into `folder` (a fresh temporary one): nothing beside the report is
     written, so no file there (x.sqlite may be anything, a study's store) can be overwritten, and a
@@ -170,8 +173,11 @@ def export_to_sqlite(report: Path, folder: Path, nsys: str | None = None) -> Pat
         raise ConfigError(f"{shown(str(report))} is an nsys report and nsys is not installed here: export it with "
                           "`nsys export --type sqlite` first and pass the .sqlite file")
     out = folder / "export.sqlite"
-    result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "false", "-o", str(out),
-                             str(report)], capture_output=True, text=True)
+    try:
+        result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "false", "-o", str(out),
+                                 str(report)], capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"nsys export of {shown(str(report))} took longer than {EXPORT_TIMEOUT_S:g} s") from None
     if result.returncode != 0:
         raise ConfigError(f"nsys export failed: {result.stderr.strip()[-300:]}")
     return out

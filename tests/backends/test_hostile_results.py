@@ -90,6 +90,8 @@ RESULTS = [
      "measured_terms_s"),
     ("terms-beyond-the-step", '{"status": "completed", "step_time_s": 30.0, "measured_terms_s": {"compute": 300}}',
      "completed", None),
+    ("terms-together-beyond-the-step", '{"status": "completed", "step_time_s": 30.0, '
+     '"measured_terms_s": {"compute": 20, "exposed_communication": 15}}', "completed", None),
     ("terms-plausible", '{"status": "completed", "step_time_s": 30.0, '
      '"measured_terms_s": {"compute": 24.0, "exposed_communication": 3.5}}', "completed", None),
     ("plausible", json.dumps(GOOD), "completed", None),
