@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -167,6 +168,9 @@ def test_a_traced_run_s_measured_parts_are_stored_and_calibrate_the_model(tmp_pa
     shown = subprocess.run([sys.executable, "-m", "autotune", "show", "traced", "--calibration", "--json",
                             "--storage", url], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and json.loads(shown.stdout)["traced_runs"] == len(trials), shown.stderr
+    table = subprocess.run([sys.executable, "-m", "autotune", "show", "traced", "--calibration", "--storage", url],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert f"{len(trials)} of the runs carried a measured breakdown of their step" in table.stdout, table.stdout
     repo.close()
 
 
