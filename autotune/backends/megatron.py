@@ -42,10 +42,9 @@ from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import json_object, parse_result
 from autotune.errors import ConfigError
-
-TRACE_DEADLINE_S = 120.0  # reading rank 0's report after its run: a real export of a short profile takes seconds
 from autotune.megatron.logparse import parse_log
 
+TRACE_DEADLINE_S = 120.0  # reading rank 0's report after its run: a real export of a short profile takes seconds
 
 
 def node_command(spec: TrialSpec, options: dict[str, Any], node_rank: int, master_addr: str,
