@@ -649,10 +649,13 @@ def _show_calibration(repo, study, as_json: bool) -> int:
                       f"(1 sd, chosen by the fit; +-{STEP_NOISE_LOG_STD:.0%} is run-to-run noise alone, more means "
                       "effects of no term, which the search's GP learns instead)")
     traced = calibration["traced_runs"]
-    console.print(f"{traced} of the runs carried a measured breakdown of their step (compute, exposed communication "
-                  "from an Nsight Systems trace), fitted with their step times" if traced else
-                  "no run carried a measured breakdown of its step (an Nsight Systems trace: --nsys-ranks 0 with the "
-                  "megatron backend, or measured_terms_s in a launcher's result): fitted on whole step times")
+    if traced:
+        console.print(f"{traced} of the runs carried a measured breakdown of their step (compute, exposed "
+                      "communication from an Nsight Systems trace), fitted with their step times")
+    elif source == "measured":  # a simulated or replayed study has no trace to give: nothing to suggest
+        console.print("no run carried a measured breakdown of its step (an Nsight Systems trace: --nsys-ranks 0 "
+                      "with the megatron backend, or measured_terms_s in a launcher's result): fitted on whole "
+                      "step times")
     memory = calibration["memory"]
     if memory["runs"]:
         console.print(f"peak memory: {source} / predicted {memory['ratio_mean']:.3f} (sd {memory['ratio_sd']:.3f}) "
