@@ -287,7 +287,7 @@ class MegatronBackend(Backend):
             # errors" before good iterations did not end the run (classifying the whole tail called it an OOM).
             # Each node's tail on its own (second review: joined, the last node's iteration lines cleared
             # another node's OOM), the worst class winning as among the ranks' failure files
-            kinds = [{"failure": parse_log(tail).failure or "crash"} for tail in tails] or [{"failure": "crash"}]
+            kinds = [{"failure": parse_log(tail).failure or "crash"} for tail in tails]  # one tail per node
             kind = merge_rank_failures(kinds)["failure"]
             failure = {"status": "oom" if kind == "oom" else "failed", "error": f"{kind}; log tail:\n{logs[-3000:]}"}
         return TrialOutcome(spec.trial, TrialStatus.OOM if failure["status"] == "oom" else TrialStatus.FAILED,

@@ -194,8 +194,8 @@ class SearchState:
         log_tokens = np.array([r for runs in self.runs.values() for r in runs])
         raw = np.log(self.predicted.tokens_per_s_per_gpu[rows])
         measured_step_s = self.predicted.step_time_s[rows] * np.exp(raw - log_tokens)
-        # each traced run's measured parts, by its place among `rows` (the same order: runs, then run_terms)
-        terms = [groups for i in self.runs for groups in self.run_terms.get(i, [{}] * len(self.runs[i]))]
+        # each traced run's measured parts, by its place among `rows` (run_terms grows with runs, run for run)
+        terms = [groups for i in self.runs for groups in self.run_terms[i]]
         traces = [(j, groups) for j, groups in enumerate(terms) if groups]
         self.physics.fit(self.breakdown_matrix()[rows], measured_step_s, traces)
         calibrated_step_s = self.physics.step_time_s(self.breakdown_matrix())
