@@ -116,7 +116,8 @@ class Truth:
 
 
 def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, directory: str, concurrency: int = 1,
-              believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False, stragglers: float = 0.0):
+              believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False, stragglers: float = 0.0,
+              traced: bool = False):
     from autotune.controller import strategies
 
     strategies.BELIEVE_PENDING = believe  # --naive-batch: in this (worker) process, for this study
@@ -127,7 +128,7 @@ def run_study(truth: Truth, family: str, seed: int, sampler: str, budget: int, d
                          sampler=sampler, backend="simulate", seed=seed,
                          backend_options={"landscape_seed": 1000 + seed, "landscape": family,
                                           "seconds_per_trial": 0.0, "noise": 0.01, "run_noise": run_noise,
-                                          "stragglers": stragglers},
+                                          "stragglers": stragglers, "traced": traced},
                          # these landscapes judge layouts; performance knobs: benchmarks/knob_tuning.py
                          options={"knob_share": 0.0})
     controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency)
@@ -161,10 +162,10 @@ def _study_job(job: tuple) -> tuple:
 
 def run_row(pool, truths: list[Truth], family: str, seeds, sampler: str, budget: int, directory: str,
             concurrency: int = 1, believe: bool = True, run_noise: float = RUN_NOISE, keep: bool = False,
-            stragglers: float = 0.0) -> list[tuple]:
+            stragglers: float = 0.0, traced: bool = False) -> list[tuple]:
     """The studies of one row (every seed), in the worker processes when there are any. The parent's
     landscapes are sent to them (pickled in under a second; rebuilding one takes ~7 s at 64 GPUs)."""
-    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise, keep, stragglers)
+    jobs = [(t, family, seed, sampler, budget, directory, concurrency, believe, run_noise, keep, stragglers, traced)
             for seed, t in zip(seeds, truths)]
     if pool is None:
         return [run_study(*job) for job in jobs]
@@ -252,6 +253,10 @@ def main() -> None:
     parser.add_argument("--stragglers", type=float_in(0.0, 0.5, what="--stragglers"), default=0.0,
                         help="share of runs that land on a slow node and run 20-40%% slower (default 0): the "
                              "run noise of a real cluster is not always a bell")
+    parser.add_argument("--traced", action="store_true",
+                        help="every run carries an nsys-like breakdown of its true step (compute, exposed "
+                             "communication; the landscape's own split, +-5%%), as with --nsys-ranks 0 on a "
+                             "cluster: what the calibration gains from traces")
     parser.add_argument("--naive-batch", action="store_true",
                         help="with --concurrency: propose as before this version, ignoring the runs in flight "
                              "(the top of one expected improvement), for comparison")
@@ -293,7 +298,7 @@ def main() -> None:
                     for budget in budgets:
                         runs = run_row(pool, truths, family, seeds, sampler, budget, directory, args.concurrency,
                                        not args.naive_batch, args.run_noise, bool(args.keep_stores),
-                                       args.stragglers)
+                                       args.stragglers, args.traced)
                         if budget == top:
                             curves.setdefault((family, sampler), []).extend(r[0] for r in runs)
                             saved.setdefault(f"{case}|{family}|{sampler}", []).extend(r[0] for r in runs)

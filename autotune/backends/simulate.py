@@ -15,6 +15,10 @@ Options (all optional):
   memory_error      max relative error of the memory model (default 0.05 knob, 0.08 others)
   run_noise         max relative throughput deviation of one run, drawn anew per run (default 0)
   stragglers        share of runs that land on a slow node, 20-40% slower (default 0)
+  traced            every completed run carries the measured parts of its step (compute, exposed
+                    communication) as an nsys trace of it would (default false): the hidden landscape's
+                    own split of the true step, see Landscape.step_parts
+  trace_noise       max relative error of each traced part, drawn anew per run (default 0.05)
   startup_s         simulated seconds before the first step (model build, NCCL init; default 90)
   seconds_per_trial real seconds one trial takes, to watch a study run (default 0.05)
 """
@@ -26,7 +30,8 @@ import time
 
 import numpy as np
 
-from autotune.backends._landscapes import FAMILIES, Landscape, run_noise_factor, straggler_factor
+from autotune.backends._landscapes import (FAMILIES, Landscape, model_parts, run_noise_factor, straggler_factor,
+                                           unit_hash)
 from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
 from autotune.config import LayoutConfig, Workload
 
@@ -75,11 +80,11 @@ class SimulateBackend(Backend):
         config = LayoutConfig.from_mapping(spec.config)
         land = landscape_from_options(opts)
         predicted = estimate(workload, config)
-        step_time_s = predicted.step_time_s
         peak_gib = predicted.peak_mem_gib
         if land is not None and land.owns_knob_effects:
             # the landscape holds the knobs' true effects: start from the layout with the recipe's values
-            step_time_s = estimate(workload, config.layout_only()).step_time_s
+            predicted = estimate(workload, config.layout_only())
+        step_time_s = predicted.step_time_s
         if land is not None:
             step_time_s /= land.speed_factor(config, workload)
             peak_gib *= land.memory_factor(config)
@@ -111,5 +116,26 @@ class SimulateBackend(Backend):
                                     wall_time_s=spec.timeout_s, error=f"over the trial timeout of {spec.timeout_s:g} s")
         measured = times[spec.warmup_steps:]
         mean_step = float(np.mean(measured))
+        terms = traced_terms(spec, opts, land, config, workload, predicted.breakdown, step_time_s) \
+            if opts.get("traced") else {}
         return TrialOutcome(spec.trial, TrialStatus.COMPLETED, step_time_s=mean_step,
-                            peak_mem_gib=peak_gib, step_times_s=times, wall_time_s=startup_s + sum(times))
+                            peak_mem_gib=peak_gib, step_times_s=times, wall_time_s=startup_s + sum(times),
+                            measured_terms_s=terms)
+
+
+# the least idle share of a traced step: a real step always has launch gaps, and the measured parts must stay
+# within the run's mean step time after both have had their noise (_numbers.measured_terms allows 5%)
+TRACE_IDLE_SHARE = 0.05
+
+
+def traced_terms(spec: TrialSpec, opts: dict, land: Landscape | None, config: LayoutConfig, workload: Workload,
+                 predicted_s: dict[str, float], step_time_s: float) -> dict[str, float]:
+    """What an nsys trace of this run would measure (_numbers.MEASURED_TERMS, seconds per step): the true
+    step's compute and exposed communication, the landscape's split where one is hidden (else the cost
+    model's own), scaled to this run's step and each off by up to `trace_noise`."""
+    parts = land.step_parts(config, workload, predicted_s) if land is not None else model_parts(predicted_s)
+    busy = parts["compute"] + parts["communication"]
+    scale = step_time_s / max(sum(parts.values()), 1e-12) * min(1.0, (1 - TRACE_IDLE_SHARE) * sum(parts.values()) / busy)
+    error = float(opts.get("trace_noise", 0.05))
+    return {name: parts[part] * scale * (1.0 + error * unit_hash(spec.seed, "trace", spec.trial, spec.attempt, name))
+            for name, part in (("compute", "compute"), ("exposed_communication", "communication"))}

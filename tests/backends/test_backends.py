@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -61,6 +62,64 @@ class TestSimulate(BackendContract):
         a = plain.run(spec, lambda r: None, threading.Event())
         b = always.run(spec, lambda r: None, threading.Event())
         assert 0.6 <= a.step_time_s / b.step_time_s <= 0.8
+
+    @pytest.mark.parametrize("family", ["knob", "interact", "regime", "prior_wrong", "mixed", "knobs"])
+    def test_landscape_splits_its_true_step_into_the_parts_a_trace_shows(self, family):
+        """Landscape.step_parts: the true step (the model's / speed_factor) split into compute, communication
+        and idle, each effect's time in its own part, none negative however large a saving."""
+        from autotune.backends._landscapes import TRACE_PARTS
+        from autotune.cost import estimate
+
+        workload = workload_from_spec(self.spec())
+        land = Landscape(11, family)
+        configs = [LayoutConfig.from_mapping(c) for c in (
+            {"ep": 8, "dist_opt": True, "mbs": 1}, {"tp": 4, "cp": 4, "ep": 4, "mbs": 1},
+            {"tp": 2, "pp": 2, "ep": 16, "etp": 1, "mbs": 4, "recompute": "full", "recompute_method": "uniform",
+             "recompute_num_layers": 1}, {"ep": 8, "mbs": 2, "cuda_graph": "full_iteration", "dispatcher": "alltoall"})]
+        for config in configs:
+            predicted = estimate(workload, config.layout_only() if land.owns_knob_effects else config).breakdown
+            parts = land.step_parts(config, workload, predicted)
+            assert set(parts) == set(TRACE_PARTS) and min(parts.values()) > 0
+            assert sum(parts.values()) == pytest.approx(sum(predicted.values()) / land.speed_factor(config, workload))
+            assert land.speed_factor(config, workload) == pytest.approx(
+                np.prod([f for f, _ in land.effects(config, workload)]))
+
+    def test_regime_cliffs_land_in_their_physical_part(self):
+        """A TP x CP group leaving the node is communication; small expert GEMMs are compute."""
+        workload = workload_from_spec(self.spec())
+        land = Landscape(11, "regime")
+        inside = land._regime(LayoutConfig.from_mapping({"tp": 2, "cp": 2, "ep": 8, "mbs": 8}), workload, 1.0)
+        leaving = land._regime(LayoutConfig.from_mapping({"tp": 4, "cp": 4, "ep": 8, "mbs": 8}), workload, 1.0)
+        assert all(part != "communication" for _, part in inside)
+        assert [part for f, part in leaving if f < 1 and part == "communication"] == ["communication"]
+        starved = land._regime(LayoutConfig.from_mapping({"ep": 1, "mbs": 1, "cp": 8}), workload, 1.0)
+        assert ("compute" in [part for _, part in starved]) and all(f < 1 for f, _ in starved)
+
+    def test_traced_runs_report_the_true_split_with_trace_noise(self):
+        """With `traced`, a completed run carries what an nsys trace of it would measure: compute and exposed
+        communication of the landscape's true step, within the run's step time and each within the trace
+        noise of the truth; without it, nothing (the field stays empty, as for an untraced real run)."""
+        from autotune._numbers import MEASURED_TERMS, measured_terms
+        from autotune.cost import estimate
+
+        spec = self.spec()
+        options = {"seconds_per_trial": 0.0, "noise": 0.0, "landscape_seed": 5, "landscape": "mixed"}
+        untraced = create_backend("simulate", options).run(spec, lambda r: None, threading.Event())
+        assert untraced.measured_terms_s == {}
+        traced = create_backend("simulate", {**options, "traced": True, "trace_noise": 0.05})
+        outcome = traced.run(spec, lambda r: None, threading.Event())
+        assert outcome.step_time_s == untraced.step_time_s  # tracing does not change the run
+        terms = outcome.measured_terms_s
+        assert set(terms) == set(MEASURED_TERMS) and measured_terms(terms, outcome.step_time_s) == terms
+        workload, config = workload_from_spec(spec), LayoutConfig.from_mapping(spec.config)
+        parts = Landscape(5, "mixed").step_parts(config, workload, estimate(workload, config).breakdown)
+        true_step = sum(parts.values())
+        assert true_step == pytest.approx(outcome.step_time_s, rel=1e-9)  # no noise: the run is the truth
+        for name, part in (("compute", "compute"), ("exposed_communication", "communication")):
+            assert terms[name] == pytest.approx(parts[part], rel=0.06)  # +-5% trace noise, 5% least idle
+        again = traced.run(spec, lambda r: None, threading.Event())
+        other = traced.run(self.spec(trial=2), lambda r: None, threading.Event())
+        assert again.measured_terms_s == terms and other.measured_terms_s != terms  # noise drawn per run
 
     def test_timeout(self):
         outcome, _ = self.run(self.spec(timeout_s=100.0))  # 90 s start-up + steps > 100 s
