@@ -46,6 +46,15 @@ STREAM_CHUNK_BYTES = 64 * 1024
 ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
 READ_METHODS = "GET, HEAD"
 IDLE_TIMEOUT_S = 60.0
+# connections served at once (one thread each), and from one client address: the idle timeout frees a
+# silent connection after a minute, but a client opening thousands meanwhile held a thread (and its
+# stack) each. Over the limit a connection is answered 503 at once, without a thread; one address may
+# not take every slot, so a flood from one client leaves room for the others (a browser opens ~6).
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_CLIENT = 32
+_BUSY = b"too many connections, retry later\n"
+BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: text/plain; charset=utf-8\r\n"
+               b"X-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
 
 
 def static_file(name: str) -> tuple[bytes, str] | None:
@@ -254,7 +263,52 @@ def _trial_number(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_TRIAL_NUMBER
 
 
-class _IPv6Server(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    """http.server's threading server with a cap on the connections it serves at once (MAX_CONNECTIONS)."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._slots = threading.Lock()
+        self._open: dict[str, int] = {}  # client address -> connections being served
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        client = str(client_address[0])
+        with self._slots:
+            busy = sum(self._open.values()) >= MAX_CONNECTIONS or self._open.get(client, 0) >= MAX_CONNECTIONS_PER_CLIENT
+            if not busy:
+                self._open[client] = self._open.get(client, 0) + 1
+        if busy:
+            try:  # never wait on this client: the answer fits in the socket's buffer, or it is dropped
+                request.setblocking(False)
+                request.send(BUSY_ANSWER)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started (out of threads): the slot is not held
+            self._release(client)
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(str(client_address[0]))
+
+    def _release(self, client: str) -> None:
+        with self._slots:
+            left = self._open.get(client, 0) - 1
+            if left > 0:
+                self._open[client] = left
+            else:
+                self._open.pop(client, None)
+
+
+class _IPv6Server(_Server):
     address_family = socket.AF_INET6
 
 
@@ -265,10 +319,8 @@ def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080,
     app = DashboardApp(repo, artifact_roots=artifact_roots)
     handler = type("Handler", (_Handler,), {"app": app, "loopback_only": is_loopback(host)})
     # an IPv6 address (::1, ::) needs an IPv6 socket; http.server's default family is IPv4
-    server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
-    server = server_class((host, port), handler)
-    server.daemon_threads = True
-    return server
+    server_class = _IPv6Server if ":" in host else _Server
+    return server_class((host, port), handler)
 
 
 def serve_in_background(repo: Repository, host: str = "127.0.0.1", port: int = 0,

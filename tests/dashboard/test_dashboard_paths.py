@@ -522,6 +522,46 @@ def test_a_silent_connection_is_closed_and_the_server_answers_others(tmp_path, m
         repo.close()
 
 
+@pytest.mark.parametrize("cap", ["MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_CLIENT"])
+def test_connections_over_the_cap_are_answered_503_at_once_and_a_freed_slot_serves_again(tmp_path, monkeypatch, cap):
+    """Review: each connection held a thread for up to the idle timeout, however many a client opened. Over
+    the cap (all clients, or one address) a connection gets 503 without a thread; a slot frees when its
+    connection ends."""
+    import socket
+
+    from autotune.dashboard import server as dashboard_server
+
+    monkeypatch.setattr(dashboard_server, cap, 2)
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    server = serve_in_background(repo)
+    port = server.server_address[1]
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        for connection in silent:  # a request begun and never finished: each holds its slot
+            connection.sendall(b"GET / HTTP/1.1\r\nHost: local")
+        deadline = time.monotonic() + 10
+        while sum(server._open.values()) < 2 and time.monotonic() < deadline:  # both accepted
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
+            began = time.monotonic()
+            answer = third.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 5" in answer and answer.endswith(b"retry later\n")
+            assert time.monotonic() - began < 5  # at once, not after the idle timeout
+        silent.pop().close()
+        deadline = time.monotonic() + 10
+        while sum(server._open.values()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _get(f"http://127.0.0.1:{port}/")[0] == 200
+        silent.pop().close()
+        deadline = time.monotonic() + 10
+        while server._open and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server._open == {}  # every slot given back
+    finally:
+        server.shutdown()
+        repo.close()
+
+
 def test_an_artifact_root_that_does_not_exist_yet_is_a_warning(tmp_path):
     """The dashboard may start before the first study makes its --workdir (docker/compose.yaml does)."""
     url = f"sqlite:///{tmp_path / 'd.db'}"
