@@ -213,7 +213,8 @@ class Landscape:
         if "cp_comm_type" in knobs:
             out.append((1.0 + 0.08 * unit_hash(self.seed, "cp_comm", knobs["cp_comm_type"]), "communication"))
         if knobs.get("cpu_offload_layers"):  # the GPU waits on host copies
-            out.append((1.0 - draw("offload", 0.05, 0.2) * knobs["cpu_offload_layers"] / 8, "idle"))
+            # saturating: offloading more than 8 layers costs no more (a factor must stay positive)
+            out.append((1.0 - draw("offload", 0.05, 0.2) * min(knobs["cpu_offload_layers"], 8) / 8, "idle"))
         return out
 
     # --- what a trace of the true step shows ---------------------------------------------------

@@ -116,26 +116,24 @@ class SimulateBackend(Backend):
                                     wall_time_s=spec.timeout_s, error=f"over the trial timeout of {spec.timeout_s:g} s")
         measured = times[spec.warmup_steps:]
         mean_step = float(np.mean(measured))
-        terms = traced_terms(spec, opts, land, config, workload, predicted.breakdown, step_time_s) \
+        terms = traced_terms(spec, opts, land, config, workload, predicted.breakdown, mean_step) \
             if opts.get("traced") else {}
         return TrialOutcome(spec.trial, TrialStatus.COMPLETED, step_time_s=mean_step,
                             peak_mem_gib=peak_gib, step_times_s=times, wall_time_s=startup_s + sum(times),
                             measured_terms_s=terms)
 
 
-# the least idle share of a traced step: a real step always has launch gaps, and the measured parts must stay
-# within the run's mean step time after both have had their noise (_numbers.measured_terms allows 5%)
-TRACE_IDLE_SHARE = 0.05
-
-
 def traced_terms(spec: TrialSpec, opts: dict, land: Landscape | None, config: LayoutConfig, workload: Workload,
-                 predicted_s: dict[str, float], step_time_s: float) -> dict[str, float]:
+                 predicted_s: dict[str, float], mean_step_s: float) -> dict[str, float]:
     """What an nsys trace of this run would measure (_numbers.MEASURED_TERMS, seconds per step): the true
     step's compute and exposed communication, the landscape's split where one is hidden (else the cost
-    model's own), scaled to this run's step and each off by up to `trace_noise`."""
+    model's own), scaled to the run's measured mean step and each off by up to `trace_noise` (at most 0.5).
+    A trace measures the steps it saw: together the parts never exceed their mean (noise that would make
+    them do so is scaled back, as a real trace's parts of one step cannot outgrow it)."""
     parts = land.step_parts(config, workload, predicted_s) if land is not None else model_parts(predicted_s)
-    busy = parts["compute"] + parts["communication"]
-    scale = step_time_s / max(sum(parts.values()), 1e-12) * min(1.0, (1 - TRACE_IDLE_SHARE) * sum(parts.values()) / busy)
-    error = float(opts.get("trace_noise", 0.05))
-    return {name: parts[part] * scale * (1.0 + error * unit_hash(spec.seed, "trace", spec.trial, spec.attempt, name))
-            for name, part in (("compute", "compute"), ("exposed_communication", "communication"))}
+    scale = mean_step_s / max(sum(parts.values()), 1e-12)
+    error = min(0.5, max(0.0, float(opts.get("trace_noise", 0.05))))
+    terms = {name: parts[part] * scale * (1.0 + error * unit_hash(spec.seed, "trace", spec.trial, spec.attempt, name))
+             for name, part in (("compute", "compute"), ("exposed_communication", "communication"))}
+    busy = sum(terms.values())
+    return {name: seconds * min(1.0, mean_step_s / busy) for name, seconds in terms.items()} if busy > 0 else terms
