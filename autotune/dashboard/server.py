@@ -22,6 +22,7 @@ import ipaddress
 import os
 import socket
 import threading
+import time
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,12 +47,16 @@ STREAM_CHUNK_BYTES = 64 * 1024
 ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
 READ_METHODS = "GET, HEAD"
 IDLE_TIMEOUT_S = 60.0
-# connections served at once (one thread each), and from one client address: the idle timeout frees a
-# silent connection after a minute, but a client opening thousands meanwhile held a thread (and its
-# stack) each. Over the limit a connection is answered 503 at once, without a thread; one address may
-# not take every slot, so a flood from one client leaves room for the others (a browser opens ~6).
-MAX_CONNECTIONS = 128
-MAX_CONNECTIONS_PER_CLIENT = 32
+# a request's line and headers must all arrive within this many seconds of the connection's first read:
+# the idle timeout bounds each read only, so a client sending one header line a minute held its thread
+# (and, with the cap below, its slot) for ever (review). The dashboard reads nothing after the headers.
+REQUEST_HEAD_DEADLINE_S = 10.0
+# connections served at once (one thread each): a client opening thousands held a thread and its stack
+# each. Over the limit a connection is answered 503 at once, without a thread. No cap per client address:
+# on loopback, and behind the proxy an exposed dashboard sits behind, every client has the same one.
+# A flood of connections can still keep others out (any server with bounded resources can be flooded):
+# an exposed dashboard belongs behind a proxy that limits rates.
+MAX_CONNECTIONS = 256
 _BUSY = b"too many connections, retry later\n"
 BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: text/plain; charset=utf-8\r\n"
                b"X-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
@@ -90,6 +95,25 @@ def _host_name(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
+class _HeadReader:
+    """A connection's input while its request head is read: each read waits only for what is left of
+    REQUEST_HEAD_DEADLINE_S (http.server reads the request line and each header with readline)."""
+
+    def __init__(self, raw: BinaryIO, connection: socket.socket, idle_s: float) -> None:
+        self.raw, self.connection, self.idle_s = raw, connection, idle_s
+        self.deadline = time.monotonic() + REQUEST_HEAD_DEADLINE_S
+
+    def readline(self, limit: int = -1) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole request within {REQUEST_HEAD_DEADLINE_S:g} s")
+        self.connection.settimeout(min(left, self.idle_s))
+        return self.raw.readline(limit)
+
+    def __getattr__(self, name: str):
+        return getattr(self.raw, name)
+
+
 class _Handler(BaseHTTPRequestHandler):
     app: DashboardApp
     # bound to a loopback address: only requests naming a loopback host are answered. A web page on
@@ -103,6 +127,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # quiet: the CLI prints the address once
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = _HeadReader(self.rfile, self.connection, self.timeout)  # type: ignore[assignment]
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.connection.settimeout(self.timeout)  # the answer: each send may wait the idle timeout again
+        return parsed
 
     def handle(self) -> None:
         try:
@@ -270,15 +303,14 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, *args, **kwargs) -> None:
         self._slots = threading.Lock()
-        self._open: dict[str, int] = {}  # client address -> connections being served
+        self.open_connections = 0  # being served, each by its thread
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address) -> None:
-        client = str(client_address[0])
         with self._slots:
-            busy = sum(self._open.values()) >= MAX_CONNECTIONS or self._open.get(client, 0) >= MAX_CONNECTIONS_PER_CLIENT
+            busy = self.open_connections >= MAX_CONNECTIONS
             if not busy:
-                self._open[client] = self._open.get(client, 0) + 1
+                self.open_connections += 1
         if busy:
             try:  # never wait on this client: the answer fits in the socket's buffer, or it is dropped
                 request.setblocking(False)
@@ -290,22 +322,18 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request(request, client_address)
         except BaseException:  # no thread started (out of threads): the slot is not held
-            self._release(client)
+            self._release()
             raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release(str(client_address[0]))
+            self._release()
 
-    def _release(self, client: str) -> None:
+    def _release(self) -> None:
         with self._slots:
-            left = self._open.get(client, 0) - 1
-            if left > 0:
-                self._open[client] = left
-            else:
-                self._open.pop(client, None)
+            self.open_connections -= 1
 
 
 class _IPv6Server(_Server):
