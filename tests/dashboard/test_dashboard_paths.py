@@ -499,7 +499,17 @@ def test_an_artifact_root_that_cannot_be_one_is_refused_in_one_line(tmp_path, ro
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_a_silent_connection_is_closed_and_the_server_answers_others(tmp_path, monkeypatch):
+@pytest.fixture
+def live_dashboard(tmp_path):
+    """A dashboard over an empty store, serving in the background: (server, port)."""
+    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
+    server = serve_in_background(repo)
+    yield server, server.server_address[1]
+    server.shutdown()
+    repo.close()
+
+
+def test_a_silent_connection_is_closed_and_the_server_answers_others(live_dashboard, monkeypatch):
     """Review: a client that opened a connection and sent half a request (slowloris) held a server thread
     for ever. A connection silent for IDLE_TIMEOUT_S (shortened here) is closed, quietly."""
     import socket
@@ -507,19 +517,13 @@ def test_a_silent_connection_is_closed_and_the_server_answers_others(tmp_path, m
     from autotune.dashboard import server as dashboard_server
 
     monkeypatch.setattr(dashboard_server._Handler, "timeout", 0.5)
-    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
-    server = serve_in_background(repo)
-    port = server.server_address[1]
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
-            slow.sendall(b"GET / HTTP/1.1\r\nHost: local")  # never finished
-            assert _get(f"http://127.0.0.1:{port}/")[0] == 200  # others are answered meanwhile
-            began = time.monotonic()
-            assert slow.recv(1024) == b""  # closed by the server, without an answer
-            assert time.monotonic() - began < 5
-    finally:
-        server.shutdown()
-        repo.close()
+    server, port = live_dashboard
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+        slow.sendall(b"GET / HTTP/1.1\r\nHost: local")  # never finished
+        assert _get(f"http://127.0.0.1:{port}/")[0] == 200  # others are answered meanwhile
+        began = time.monotonic()
+        assert slow.recv(1024) == b""  # closed by the server, without an answer
+        assert time.monotonic() - began < 5
 
 
 def _wait_for(condition, seconds: float = 10.0) -> bool:
@@ -529,7 +533,7 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
     return condition()
 
 
-def test_connections_over_the_cap_are_answered_503_at_once_and_a_freed_slot_serves_again(tmp_path, monkeypatch):
+def test_connections_over_the_cap_are_answered_503_at_once_and_a_freed_slot_serves_again(live_dashboard, monkeypatch):
     """Review: each connection held a thread for up to the idle timeout, however many a client opened. Over
     MAX_CONNECTIONS a connection gets 503 without a thread; a slot frees when its connection ends."""
     import socket
@@ -537,30 +541,24 @@ def test_connections_over_the_cap_are_answered_503_at_once_and_a_freed_slot_serv
     from autotune.dashboard import server as dashboard_server
 
     monkeypatch.setattr(dashboard_server, "MAX_CONNECTIONS", 2)
-    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
-    server = serve_in_background(repo)
-    port = server.server_address[1]
-    try:
-        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
-        for connection in silent:  # a request begun and never finished: each holds its slot
-            connection.sendall(b"GET / HTTP/1.1\r\nHost: local")
-        assert _wait_for(lambda: server.open_connections == 2)
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
-            began = time.monotonic()
-            answer = third.recv(4096)
-            assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 5" in answer and answer.endswith(b"retry later\n")
-            assert time.monotonic() - began < 5  # at once, not after the idle timeout
-        silent.pop().close()
-        assert _wait_for(lambda: server.open_connections == 1)
-        assert _get(f"http://127.0.0.1:{port}/")[0] == 200
-        silent.pop().close()
-        assert _wait_for(lambda: server.open_connections == 0)  # every slot given back
-    finally:
-        server.shutdown()
-        repo.close()
+    server, port = live_dashboard
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    for connection in silent:  # a request begun and never finished: each holds its slot
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: local")
+    assert _wait_for(lambda: server.open_connections == 2)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
+        began = time.monotonic()
+        answer = third.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 5" in answer and answer.endswith(b"retry later\n")
+        assert time.monotonic() - began < 5  # at once, not after the idle timeout
+    silent.pop().close()
+    assert _wait_for(lambda: server.open_connections == 1)
+    assert _get(f"http://127.0.0.1:{port}/")[0] == 200
+    silent.pop().close()
+    assert _wait_for(lambda: server.open_connections == 0)  # every slot given back
 
 
-def test_a_request_trickled_a_line_at_a_time_is_cut_at_the_head_deadline(tmp_path, monkeypatch):
+def test_a_request_trickled_a_line_at_a_time_is_cut_at_the_head_deadline(live_dashboard, monkeypatch):
     """Review: the idle timeout bounds each read only, so a client sending one header line just inside it
     held its thread (and a connection slot) for ever. The request's line and headers must all arrive within
     REQUEST_HEAD_DEADLINE_S (shortened here); a whole request is answered as before."""
@@ -570,30 +568,24 @@ def test_a_request_trickled_a_line_at_a_time_is_cut_at_the_head_deadline(tmp_pat
 
     monkeypatch.setattr(dashboard_server, "REQUEST_HEAD_DEADLINE_S", 1.0)
     monkeypatch.setattr(dashboard_server._Handler, "timeout", 0.6)
-    repo = Repository.open(f"sqlite:///{tmp_path / 'd.db'}")
-    server = serve_in_background(repo)
-    port = server.server_address[1]
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:
-            trickle.sendall(b"GET / HTTP/1.1\r\n")
-            began, closed = time.monotonic(), False
-            trickle.setblocking(False)
-            for n in range(20):  # a header line every 0.3 s: each read well inside the idle timeout
-                time.sleep(0.3)
-                try:
-                    closed = trickle.recv(1024) == b""  # the server hung up (no answer to a half request)
-                except BlockingIOError:  # still open
-                    trickle.sendall(b"X-Slow-%d: 1\r\n" % n)
-                except OSError:  # reset
-                    closed = True
-                if closed:
-                    break
-            assert closed and time.monotonic() - began < 4
-        assert _wait_for(lambda: server.open_connections == 0)
-        assert _get(f"http://127.0.0.1:{port}/")[0] == 200
-    finally:
-        server.shutdown()
-        repo.close()
+    server, port = live_dashboard
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:
+        trickle.sendall(b"GET / HTTP/1.1\r\n")
+        began, closed = time.monotonic(), False
+        trickle.setblocking(False)
+        for n in range(20):  # a header line every 0.3 s: each read well inside the idle timeout
+            time.sleep(0.3)
+            try:
+                closed = trickle.recv(1024) == b""  # the server hung up (no answer to a half request)
+            except BlockingIOError:  # still open
+                trickle.sendall(b"X-Slow-%d: 1\r\n" % n)
+            except OSError:  # reset
+                closed = True
+            if closed:
+                break
+        assert closed and time.monotonic() - began < 4
+    assert _wait_for(lambda: server.open_connections == 0)
+    assert _get(f"http://127.0.0.1:{port}/")[0] == 200
 
 
 def test_an_artifact_root_that_does_not_exist_yet_is_a_warning(tmp_path):
