@@ -47,7 +47,7 @@ STREAM_CHUNK_BYTES = 64 * 1024
 ARTIFACT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; sandbox; frame-ancestors 'none'"
 READ_METHODS = "GET, HEAD"
 IDLE_TIMEOUT_S = 60.0
-# a request's line and headers must all arrive within this many seconds of the connection's first read:
+# a request's line and headers must all arrive within this many seconds of its thread taking the connection up:
 # the idle timeout bounds each read only, so a client sending one header line a minute held its thread
 # (and, with the cap below, its slot) for ever (review). The dashboard reads nothing after the headers.
 REQUEST_HEAD_DEADLINE_S = 10.0
