@@ -134,11 +134,19 @@ def wide_console():
     return _Console(width=150)
 
 
-def open_repo(args: argparse.Namespace, read_only: bool = False):
-    """The store of --storage; `read_only` commands never create one (they say there is none)."""
+def open_repo(args: argparse.Namespace, read_only: bool = False, writes: bool = False):
+    """The store of --storage; `read_only` commands never create one (they say there is none). `writes`: a
+    command that needs an existing store and writes to it (resume, import-log): a read-only SQLite file is
+    one line before anything starts (a new store is checked so by Repository.open itself)."""
     from autotune.storage import Repository
+    from autotune.storage._engine import require_writable_sqlite
 
-    return open_store(args, lambda url: Repository.open(url, create=not read_only))
+    def opener(url: str):
+        if writes:
+            require_writable_sqlite(url)
+        return Repository.open(url, create=not read_only)
+
+    return open_store(args, opener)
 
 
 def open_store(args: argparse.Namespace, opener):
@@ -321,7 +329,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     check_reachable(_ray_address(args))
     _check_metrics_port(args.metrics_port)
-    repo = open_repo(args, read_only=True)  # resuming needs a store that exists
+    repo = open_repo(args, read_only=True, writes=True)  # resuming needs a store that exists
     study = repo.get_study(args.study)
     counts = repo.counts(study.id)
     if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:

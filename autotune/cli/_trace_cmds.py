@@ -72,7 +72,7 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     from autotune.megatron.logparse import read_lines
 
     path = require_file(args.log, "log file")
-    repo = open_repo(args, read_only=True)  # the study must exist already
+    repo = open_repo(args, read_only=True, writes=True)  # the study must exist already
     study = repo.get_study(args.study)
     # a knob the user left out is the recipe's (as `estimate` and `check` fill it), not LayoutConfig's own
     # default: ep=1 without the distributed optimizer is no layout a Bridge recipe runs (review)

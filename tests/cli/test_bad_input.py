@@ -516,3 +516,46 @@ def test_numbers_reach_no_int_in_another_form(args, stdin):
     result = run_cli(*args, stdin=stdin) if stdin else run_cli(*args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def read_only_store(tmp_path):
+    """A store holding one study that has not run, made read-only: by its mode for a user, by the immutable
+    attribute for root (whom no mode stops). Skips where neither holds (a file system without attributes)."""
+    import subprocess
+
+    from autotune.controller.session import create_study
+    from autotune.space import load_space, make_workload
+    from autotune.storage import Repository
+
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    repo = Repository.open(url)
+    space = load_space("qwen3_30b")
+    create_study(repo, name="waiting", space=space, workload=make_workload(space, gpus=16), budget=2,
+                 sampler="auto", backend="simulate", backend_options={}, seed=0)
+    repo.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}  # the store and what WAL left beside it
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+    elif subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a file read-only for root here (no chattr, or a file system without attributes)")
+    try:
+        yield url, path, before
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        path.chmod(0o644)
+
+
+@pytest.mark.parametrize("command", [[*START, "--study", "new"], ["resume", "waiting"]])
+def test_a_read_only_store_file_is_one_line_before_anything_starts(read_only_store, command):
+    """Review: `start` on an existing store file that cannot be written got as far as Optuna's first INSERT
+    (three chained tracebacks, exit 1, after a local Ray had started, -wal and -shm left beside it); `resume`
+    likewise. Now one line naming the file, exit 2, and nothing written or added beside the store."""
+    url, path, before = read_only_store
+    result = run_cli(*command, "--storage", url, env=ENV, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == f"autotune {command[0]}: error: cannot write the store {path}: store.db is read-only"
+    assert "Ray" not in result.stdout + result.stderr
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
