@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from autotune._numbers import is_positive_finite
 from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
@@ -83,6 +84,8 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
                                 estimate(workload, layout).peak_mem_gib)
     if problem:
         raise ConfigError(f"{name}: impossible figures in the log ({problem}); nothing imported")
+    if status == "completed":
+        _refuse_a_run_held_already(repo, study, layout, every_step, name)
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False,
                          backend=study.backend)
     reason = "out_of_memory" if status == "oom" else None
@@ -98,6 +101,21 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
         notes.append(f"the study's other runs are {METRICS_SOURCES[study.backend]}, not measured: this measured run "
                      "is compared with them as if alike, and its spread enters the study's run-to-run noise")
     return trial, notes
+
+
+def _refuse_a_run_held_already(repo: Repository, study: Study, layout: LayoutConfig, every_step: list[float],
+                               name: str) -> None:
+    """ConfigError when the study holds a completed run of this layout with the very same iteration times: the
+    same log (or the log of a run the study made itself) imported again. Counted as another run it would
+    narrow the study's run-to-run noise, and every ± on the leaderboard, with a repeat that is no measurement
+    (review: eight imports of one log took the noise from 3% to 1.6%). Two real runs never print the same
+    times for every iteration."""
+    steps = [float(t) for t in every_step if is_positive_finite(t)]
+    for trial in repo.trials(study.id):
+        if trial.status == "completed" and trial.config_key == layout.key() and trial.step_times_s == steps:
+            raise ConfigError(f"{name}: the study holds this run already (trial {trial.number}: the same layout and "
+                              f"the same {len(steps)} iteration times); imported again it would count as a second "
+                              "measurement; nothing imported")
 
 
 def refresh_pooled_cache(repo: Repository, study: Study) -> None:

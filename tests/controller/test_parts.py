@@ -397,12 +397,18 @@ print("sklearn" in sys.modules, "alembic" in sys.modules)  # nor Alembic: the st
     import autotune.controller.recommend as rec
     from autotune.cli import main
 
+    from autotune.megatron.logparse import parse_log
+
     def broken(_trials):
         raise RuntimeError("the GP could not be fitted")
 
     before = len(repo.trials(study.id))
     monkeypatch.setattr(rec, "pooled_cache_entry", broken)
-    assert main(["import-log", "--study", "c", str(log), *flags, "--storage", url]) == 0
+    another = tmp_path / "another-run.log"  # another run's log: the same log again is refused as held already
+    another.write_text(log.read_text().replace(f"(ms): {1000 * summary.best.step_time_s:.1f} |\n",
+                                               f"(ms): {1000 * summary.best.step_time_s + 7:.1f} |\n"))
+    assert parse_log(another.read_text()).iterations != parse_log(log.read_text()).iterations
+    assert main(["import-log", "--study", "c", str(another), *flags, "--storage", url]) == 0
     assert len(repo.trials(study.id)) == before + 1
     assert "imported as trial" in capsys.readouterr().out
     repo.close()

@@ -491,7 +491,8 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     # stored in this package's count, and the user is told (it was replaced silently before)
     zero = tmp_path / "zero-tflops.log"
     zero.write_text(LOG.replace("(TFLOP/s/GPU): 200.0", "(TFLOP/s/GPU): 0.0").replace("(TFLOP/s/GPU): 204.0",
-                                                                                     "(TFLOP/s/GPU): 0.0"))
+                                                                                     "(TFLOP/s/GPU): 0.0")
+                    .replace("(ms): 29900.0", "(ms): 29950.0"))  # another run: its own iteration times
     replaced = cli("import-log", str(zero), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
                    "--storage", url)
     assert replaced.returncode == 0, replaced.stderr
@@ -499,6 +500,14 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     assert len(note) == 2 and "the log's 0 TFLOP/s/GPU disagrees with its iteration time" in note[0]
     board = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
     assert board["summary"]["dispatched"] == 1  # the imported run is outside the budget
+    # review: the same log imported again counted as a second run and narrowed every ± on the leaderboard
+    again = cli("import-log", str(log), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                "--storage", url)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"holds this run already (trial {trial['number']}: the same layout and the same 3 iteration times)" \
+        in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)["summary"] == \
+        board["summary"]  # nothing stored
     oom_log = tmp_path / "oom.log"
     oom_log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
     oom = json.loads(cli("import-log", str(oom_log), "--study", "imp", "--ep", "16", "--dist-opt", "--storage", url,
