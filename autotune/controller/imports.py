@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from autotune._numbers import is_positive_finite
 from autotune.backends.validation import METRIC_KEYS, impossible_result
 from autotune.config import LayoutConfig
 from autotune.controller._optuna import OptunaStudy
@@ -21,6 +20,7 @@ from autotune.errors import ConfigError, IllegalLayoutError
 from autotune.megatron.logparse import TooManyIterations, parse_log
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial, TrialNumbering
+from autotune.storage.repository import stored_step_times
 
 
 def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str | Iterable[str], source: str,
@@ -110,7 +110,7 @@ def _refuse_a_run_held_already(repo: Repository, study: Study, layout: LayoutCon
     narrow the study's run-to-run noise, and every ± on the leaderboard, with a repeat that is no measurement
     (review: eight imports of one log took the noise from 3% to 1.6%). Two real runs never print the same
     times for every iteration."""
-    steps = [float(t) for t in every_step if is_positive_finite(t)]
+    steps = stored_step_times(every_step)  # as add_imported will store them
     for trial in repo.trials(study.id):
         if trial.status == "completed" and trial.config_key == layout.key() and trial.step_times_s == steps:
             raise ConfigError(f"{name}: the study holds this run already (trial {trial.number}: the same layout and "

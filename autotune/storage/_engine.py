@@ -95,7 +95,7 @@ def prepare_sqlite_file(url: str, create: bool) -> None:
         raise StorageError(f"cannot create the folder of the store {path}: {exc.strerror}") from None
     if path.exists() and not path.is_file():
         raise StorageError(f"cannot use the store {path}: it is not a file")
-    require_writable_sqlite(str(url))
+    _require_writable(path)
 
 
 def require_writable_sqlite(url: str) -> None:
@@ -103,8 +103,11 @@ def require_writable_sqlite(url: str) -> None:
     -shm companions must be writable, said in one line before anything starts (review: a read-only file got
     as far as Optuna's first INSERT, three chained tracebacks after a local Ray had started)."""
     path = sqlite_path(normalize_url(url))
-    if path is None:
-        return
+    if path is not None:
+        _require_writable(path)
+
+
+def _require_writable(path: Path) -> None:
     if not os.access(path.parent, os.W_OK):  # SQLite makes its -wal and -shm files there
         raise StorageError(f"cannot write the store {path}: no write permission in {path.parent}")
     for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):

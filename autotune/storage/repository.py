@@ -146,6 +146,12 @@ def _trial(row: TrialRow) -> Trial:
     return Trial(**values)
 
 
+
+def stored_step_times(step_times_s) -> list[float]:
+    """The step times a trial keeps: the plausible ones (finite, > 0), as floats; what its read side
+    (_records) accepts, and what an import compares a log's times with."""
+    return [float(t) for t in step_times_s if is_positive_finite(t)]
+
 class Repository:
     """autotune's tables in one database (SQLite file or PostgreSQL)."""
 
@@ -362,7 +368,7 @@ class Repository:
         values = {k: metrics.get(k) for k in METRIC_FIELDS}
         return self._insert_trial(study_id, number, config=config, config_key=config_key, dispatched=True, status=status,
                                   optuna_trial_number=optuna_trial_number, origin=TrialOrigin.IMPORTED.value,
-                                  step_times_s=[float(t) for t in step_times_s if is_positive_finite(t)],
+                                  step_times_s=stored_step_times(step_times_s),
                                   artifacts={"log": source}, finished_at=utcnow(),
                                   reason="out_of_memory" if status == "oom" else None, **values)
 
@@ -425,7 +431,7 @@ class Repository:
             # a failed, pruned or timed-out run's step times reach here as the launcher reported them
             # (only completed and OOM results are validated whole): keep the plausible ones, so the store
             # holds nothing its read side (_records) would refuse
-            values["step_times_s"] = [float(t) for t in step_times_s if is_positive_finite(t)]
+            values["step_times_s"] = stored_step_times(step_times_s)
         with self.session() as s:
             if artifacts:  # merge: keep what earlier attempts recorded (e.g. the messages of lost attempts)
                 current = s.scalar(select(TrialRow.artifacts).where(TrialRow.study_id == study_id,
