@@ -103,7 +103,7 @@ def require_writable_sqlite(url: str) -> None:
     -shm companions must be writable, said in one line before anything starts (review: a read-only file got
     as far as Optuna's first INSERT, three chained tracebacks after a local Ray had started)."""
     path = sqlite_path(normalize_url(url))
-    if path is not None:
+    if path is not None and path.exists():  # a store that is not there: Repository.open says so, in its words
         _require_writable(path)
 
 

@@ -326,10 +326,15 @@ def test_bad_space_yaml_is_one_line_exit_2(store, tmp_path, old, new, needle):
     assert not os.path.exists("PWNED")
 
 
-@pytest.mark.parametrize("command", ["status", "leaderboard", "show", "export"])
+@pytest.mark.parametrize("command", ["status", "leaderboard", "show", "export", "resume", "import-log"])
 def test_read_only_commands_never_create_a_store(tmp_path, command):
+    """Nor do the commands that write to a store that must exist; a missing one is said to be missing
+    (review: resume and import-log said "no write permission" in the folder that was not there)."""
     target = tmp_path / "missing" / "deeper" / "x.db"
-    extra = {"status": [], "leaderboard": ["demo"], "show": ["demo", "1"], "export": ["demo", "--format", "json"]}
+    log = tmp_path / "run.log"
+    log.write_text("")
+    extra = {"status": [], "leaderboard": ["demo"], "show": ["demo", "1"], "export": ["demo", "--format", "json"],
+             "resume": ["demo"], "import-log": [str(log), "--study", "demo"]}
     result = run_cli(command, *extra[command], "--storage", f"sqlite:///{target}", env=ENV)
     _assert_one_line_error(result, "no autotune store")
     assert not (tmp_path / "missing").exists()
