@@ -17,7 +17,10 @@ def run_cli(*args: str, stdin: str | None = None, env: dict | None = None, timeo
     """Run the real `autotune` command in a subprocess; returns the CompletedProcess."""
     # a developer's exported $COLUMNS would narrow piped tables in tests that expect the default width
     full_env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], input=stdin, capture_output=True,
+    # no stdin given: an empty one (not pytest's, which a CI runner may leave a pipe with data: `check` refuses
+    # knob flags and stdin text together)
+    stdin_kwargs = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+    return subprocess.run([sys.executable, "-m", "autotune", *args], **stdin_kwargs, capture_output=True,
                           text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 

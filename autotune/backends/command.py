@@ -35,7 +35,7 @@ from autotune.backends._process import (KILL_GRACE_S, check_command, die_with_pa
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import check_workdir, trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
-from autotune.backends.validation import json_object, parse_result
+from autotune.backends.validation import FlawedObject, json_object, parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -129,6 +129,8 @@ class CommandBackend(Backend):
                 continue
             lines.append(line)
             value = json_object(line)
+            if isinstance(value, FlawedObject):  # a key twice: which step_time_s? (a result line's is refused)
+                continue
             if value is not None and "step" in value and "status" not in value:
                 try:
                     step, seconds = int(value["step"]), float(value["step_time_s"])

@@ -40,7 +40,7 @@ from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends._process import KILL_GRACE_S, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
-from autotune.backends.validation import json_object, parse_result
+from autotune.backends.validation import FlawedObject, json_object, parse_result
 from autotune.errors import ConfigError
 from autotune.megatron.logparse import parse_log
 
@@ -313,6 +313,8 @@ def _step_line(line: str) -> tuple[int, float] | None:
     if not line.startswith(STEP_MARKER):
         return None
     value = json_object(line[len(STEP_MARKER):])
+    if isinstance(value, FlawedObject):  # a key twice: which step_time_s is meant?
+        return None
     try:
         step, seconds = int(value["step"]), float(value["step_time_s"])
     except (TypeError, KeyError, ValueError, OverflowError):

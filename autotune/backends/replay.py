@@ -25,14 +25,31 @@ ANSWERED_NOTHING = ("pruned", "timeout", "lost", "cancelled")  # statuses replay
 RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "error")
 
 
+# pandas reads a compressed CSV by its suffix
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zst", ".csv.zip")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def table_kind(path: Path) -> str | None:
+    """'csv' or 'parquet' by the file's name; None for a name that promises neither."""
+    name = path.name.lower()
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "csv" if name.endswith(CSV_SUFFIXES) else None
+
+
 def read_table(path: str | Path):
     import pandas as pd
 
     from autotune._paths import require_file
 
     path = require_file(path, "--replay file")
+    kind = table_kind(path)
+    if kind is None:  # found by a new-user pass: a .json table was read as CSV and "lacked column 'tp'"
+        raise ConfigError(f"--replay file {path}: a replay table is CSV ({', '.join(CSV_SUFFIXES)}) or Parquet "
+                          f"({', '.join(PARQUET_SUFFIXES)}), not {''.join(path.suffixes[-2:]) or 'a file without a suffix'}")
     try:
-        frame = pd.read_parquet(path) if path.suffix in (".parquet", ".pq") else pd.read_csv(path)
+        frame = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)
     except Exception as exc:  # pandas raises many types for a malformed file
         first = (str(exc).strip().splitlines() or [""])[0][:200]  # pandas messages span lines: one line only
         raise ConfigError(f"--replay file {path} cannot be read: {exc.__class__.__name__}: {first}") from None

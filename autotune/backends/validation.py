@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from autotune._json import loads_flagged
 from autotune._numbers import MEASURED_TERMS, is_number, is_positive_finite, measured_terms
 from autotune.backends.base import TrialOutcome, TrialSpec, TrialStatus
 from autotune.catalog import OOM_MEMORY_FACTOR
@@ -48,14 +49,26 @@ TFLOPS_BASIS_FACTOR = 2.0
 MIN_PREDICTED_PEAK_SHARE = 0.1
 
 
+class FlawedObject(dict):
+    """A JSON object that parsed but holds what no honest launcher writes (a key given twice: which one
+    counts?; an integer of thousands of digits): as a result it makes an invalid result, never a guess."""
+
+    def __init__(self, value: dict[str, Any], problem: str):
+        super().__init__(value)
+        self.problem = problem
+
+
 def json_object(text: str | None) -> dict[str, Any] | None:
-    """The JSON object a launcher wrote on one line or in one file; None for anything else (not JSON, not an
-    object, empty, or 100,000 nested brackets: RecursionError)."""
+    """The JSON object a launcher wrote on one line or in one file (a FlawedObject when it holds a key twice
+    or an absurd integer); None for anything else (not JSON, not an object, empty, or 100,000 nested
+    brackets: RecursionError)."""
     try:
-        value = json.loads(text) if text else None
+        value, problem = loads_flagged(text) if text else (None, None)
     except (ValueError, RecursionError):
         return None
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    return FlawedObject(value, problem) if problem else value
 
 
 def _failed(spec: TrialSpec, times: list[float], wall_s: float, message: str) -> TrialOutcome:
@@ -72,6 +85,8 @@ def _as_text(value: Any) -> str | None:
 
 
 def _type_problem(result: dict[str, Any]) -> str | None:
+    if isinstance(result, FlawedObject):
+        return result.problem
     for key in (*METRIC_KEYS, "wall_time_s"):
         value = result.get(key)
         if value is not None and not is_number(value):
@@ -100,9 +115,9 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
         return _failed(spec, times, wall_s, problem)
     step_time = result.get("step_time_s")
     if status == "completed" and step_time is None:
-        if len(times) <= spec.warmup_steps:
-            return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall_s,
-                                error="result says completed but has no step_time_s")
+        if len(times) <= spec.warmup_steps:  # a throughput alone is no measurement of this run's step
+            return _failed(spec, times, wall_s, "the result says completed but has no step_time_s (nor "
+                                                "step lines past the warm-up to take it from)")
         measured = times[spec.warmup_steps:]
         step_time = sum(measured) / len(measured)
     wall = _float(result.get("wall_time_s"))

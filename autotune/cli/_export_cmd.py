@@ -7,6 +7,8 @@ import contextlib
 import sys
 from pathlib import Path
 
+from autotune.backends.replay import PARQUET_SUFFIXES
+
 
 def register(sub) -> None:
     from autotune.cli._checks import trial_number
@@ -77,7 +79,6 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 # What a file name's ending promises, for the endings that name one of export's formats: a file whose
 # name promises another format than the one written would mislead whoever opens it next (a replay
 # table that is JSON, a recipe module that is YAML).
-PARQUET_SUFFIXES = (".parquet", ".pq")
 SUFFIX_FORMATS = {**{suffix: ("table", "a Parquet table") for suffix in PARQUET_SUFFIXES},
                   ".csv": ("table", "a CSV table"), ".json": ("json", "JSON"), ".yaml": ("yaml", "YAML"),
                   ".yml": ("yaml", "YAML"), ".py": ("recipe", "a Python module")}

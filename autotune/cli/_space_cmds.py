@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from autotune._json import loads_flagged
 from autotune.cli._options import (add_fix_option, add_knob_flags, add_workload_options, knob_flags,
                                    load_space_and_workload, workload_summary)
 from autotune.errors import ConfigError
@@ -119,12 +120,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     flags = knob_flags(args)
     if flags:
+        if _stdin_has_text():  # found by a new-user pass: the piped layouts were silently not checked
+            raise ConfigError("give the layout to check as knob flags or as JSON lines on stdin, not both")
         given = [flags]
     else:
         given = [_given(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
         if not given:  # found by review: an empty stdin printed nothing and exited 0, as if all were checked
-            from autotune.errors import ConfigError
-
             raise ConfigError("no layout to check: give one JSON object per line on stdin (echo '{\"tp\": 2}' | "
                               "autotune check ...) or knob flags (--tp 2 --ep 8)")
     for values in given:
@@ -136,39 +137,46 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stdin_has_text() -> bool:
+    """Whether stdin holds bytes already written (a file, or a pipe with data in it), found without reading it
+    (stdin stays as it was) and without waiting for a writer: a terminal or an empty pipe is taken as empty."""
+    import fcntl
+    import os
+    import stat
+    import struct
+    import termios
+
+    try:
+        fd = sys.stdin.fileno()
+        if os.isatty(fd):
+            return False
+        mode = os.fstat(fd)
+        if stat.S_ISREG(mode.st_mode):
+            return mode.st_size > os.lseek(fd, 0, os.SEEK_CUR)
+        if stat.S_ISFIFO(mode.st_mode) or stat.S_ISSOCK(mode.st_mode):
+            return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+    except (AttributeError, OSError, ValueError):  # no stdin, a closed one, or one that is no real file
+        pass
+    return False
+
+
 def _given(number: int, line: str) -> dict:
     """The knobs a stdin line gives, checked (a bad line is one error naming its number)."""
     config = _parse_line(number, line)  # checks every key and value
-    return {name: getattr(config, name) for name in json.loads(line, object_pairs_hook=_unique_keys)}
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list) -> dict:
-    """A JSON object whose keys are all different (json keeps the last of a repeated key silently)."""
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(repr(key)[:60])
-        out[key] = value
-    return out
+    return {name: getattr(config, name) for name in loads_flagged(line)[0]}
 
 
 def _parse_line(number: int, line: str):
     from autotune.config import LayoutConfig
 
     try:
-        value = json.loads(line, object_pairs_hook=_unique_keys)
+        value, problem = loads_flagged(line)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"stdin line {number} is not JSON ({exc.msg})") from None
-    except _DuplicateKey as exc:
-        raise ConfigError(f"stdin line {number} gives {exc} twice: which one is meant?") from None
-    except ValueError as exc:  # an integer of more than 4,300 digits
-        raise ConfigError(f"stdin line {number} is not usable JSON ({str(exc)[:80]})") from None
     except RecursionError:
         raise ConfigError(f"stdin line {number} nests too deeply") from None
+    if problem:  # a key twice: which value is meant?
+        raise ConfigError(f"stdin line {number} is not usable JSON: {problem}")
     try:
         return LayoutConfig.from_mapping(value)
     except ConfigError as exc:

@@ -86,6 +86,7 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
         raise ConfigError(f"{name}: impossible figures in the log ({problem}); nothing imported")
     if status == "completed":
         _refuse_a_run_held_already(repo, study, layout, every_step, name)
+    notes.extend(_other_outcomes_of_the_layout(repo, study, layout, status))
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False,
                          backend=study.backend)
     reason = "out_of_memory" if status == "oom" else None
@@ -116,6 +117,23 @@ def _refuse_a_run_held_already(repo: Repository, study: Study, layout: LayoutCon
             raise ConfigError(f"{name}: the study holds this run already (trial {trial.number}: the same layout and "
                               f"the same {len(steps)} iteration times); imported again it would count as a second "
                               "measurement; nothing imported")
+
+
+def _other_outcomes_of_the_layout(repo: Repository, study: Study, layout: LayoutConfig, status: str) -> list[str]:
+    """A note when the study holds runs of this layout that ended the other way (found by a new-user pass: an OOM
+    log of a layout that had completed was stored without a word). Both are kept, since a layout near the limit
+    can do either (fragmentation, another node's driver); but the user should know the store now says both."""
+    other = "oom" if status == "completed" else "completed"
+    numbers = [t.number for t in repo.trials(study.id) if t.status == other and t.config_key == layout.key()]
+    if not numbers:
+        return []
+    shown_numbers = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+    if status == "oom":
+        return [f"the study holds {len(numbers)} completed run(s) of this layout (trial {shown_numbers}); this "
+                "out-of-memory run is stored beside them: the layout is no longer recommended as safe (it ran out of "
+                "memory in one of its runs)"]
+    return [f"the study holds {len(numbers)} out-of-memory run(s) of this layout (trial {shown_numbers}); this "
+            "completed run is stored beside them, and the layout stays one that is not recommended as safe"]
 
 
 def refresh_pooled_cache(repo: Repository, study: Study) -> None:

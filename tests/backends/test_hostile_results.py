@@ -94,6 +94,16 @@ RESULTS = [
      '"measured_terms_s": {"compute": 20, "exposed_communication": 15}}', "completed", None),
     ("terms-plausible", '{"status": "completed", "step_time_s": 30.0, '
      '"measured_terms_s": {"compute": 24.0, "exposed_communication": 3.5}}', "completed", None),
+    # found by a new-user pass: json keeps the last of a key given twice (which one did the launcher mean?), and
+    # an integer of 4,301 digits raised in json and read as "no result JSON line"; a throughput with no step time
+    # is no measurement of this run's step either: each an invalid result, said so
+    ("status-twice", '{"status": "oom", "status": "completed", "step_time_s": 30.0}', "failed", "'status' is given twice"),
+    ("terms-key-twice", '{"status": "completed", "step_time_s": 30.0, '
+     '"measured_terms_s": {"compute": 1, "compute": 2}}', "failed", "'compute' is given twice"),
+    ("4301-digit-step", '{"status": "completed", "step_time_s": ' + "9" * 4301 + "}", "failed",
+     "an integer of 4301 digits"),
+    ("throughput-without-step", '{"status": "completed", "tokens_per_s_per_gpu": 2000}', "failed",
+     "has no step_time_s"),
     ("plausible", json.dumps(GOOD), "completed", None),
     ("plausible-oom", '{"status": "oom", "peak_mem_gib": 81.0, "error": "CUDA out of memory"}', "oom", "memory"),
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,8 +102,13 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "predicted to fit"),  # was an empty study, `finished`, exit 0 (review)
     ("command-workdir-name-too-long", [*START, "--backend", "command", "--command", "true", "--workdir",
                                        "/tmp/" + "x" * 300, "--storage", "{url}"], "--workdir"),  # was a traceback
-    ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
+    ("replay-not-a-table", [*START, "--backend", "replay", "--replay", "{garbage_csv}", "--storage", "{url}"],
      "cannot be read"),  # pandas' multi-line parser error stays one line
+    # found by a new-user pass: a .json table was read as CSV and "lacked column 'tp'"
+    ("replay-json-table", [*START, "--backend", "replay", "--replay", "{json_table}", "--storage", "{url}"],
+     "a replay table is CSV (.csv, .csv.gz"),
+    ("replay-no-suffix", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
+     "not a file without a suffix"),
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("nsys-rank-beyond-the-trial", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,99999"],
      "ranks 0..15"),
@@ -238,7 +245,11 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     list_parquet = folder / "list-cell.parquet"
     pd.DataFrame({"tp": [[1, 2]], "pp": [1], "ep": [8], "status": ["completed"], "step_time_s": [30.0]}).to_parquet(
         list_parquet)
-    values = {"url": url, "tmp": str(folder), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
+    garbage_csv = folder / "garbage.csv"
+    garbage_csv.write_text(Path("/etc/passwd").read_text())
+    json_table = folder / "table.json"
+    json_table.write_text('[{"tp": 1, "pp": 1, "ep": 8, "status": "completed", "step_time_s": 30.0}]')
+    values = {"url": url, "tmp": str(folder), "garbage_csv": str(garbage_csv), "json_table": str(json_table), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
               "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "log_inf": str(infinite),
               "log_exponent": str(exponent), "log_one": str(one), "log_alloc": str(alloc),
               "log_one_twice": str(one_twice), "log_negative_memory": str(negative_memory),
@@ -399,13 +410,28 @@ def test_a_ray_address_where_something_else_listens_fails_in_bounded_time(store)
 @pytest.mark.parametrize("stdin,needle", [
     ('{"tp": ' + "9" * 4301 + "}\n", "not usable JSON"),
     ("[" * 100_000 + "\n", "nests too deeply"),
-    ('{"tp": 2, "tp": 4}\n', "gives 'tp' twice"),  # json would keep the last one silently
+    ('{"tp": 2, "tp": 4}\n', "key 'tp' is given twice"),  # json would keep the last one silently
     ("", "no layout to check"),  # found by review: nothing printed, exit 0
     ("\n  \n", "no layout to check"),
 ], ids=["4301-digit-integer", "100k-nested-brackets", "repeated-key", "empty-stdin", "blank-lines"])
 def test_check_refuses_pathological_json(stdin, needle):
     result = run_cli("check", "--model", "qwen3_30b", stdin=stdin)
     _assert_one_line_error(result, needle)
+
+
+def test_check_refuses_knob_flags_and_stdin_together(tmp_path):
+    """Found by a new-user pass: with knob flags given, the layouts piped on stdin were silently not checked."""
+    _assert_one_line_error(run_cli("check", "--model", "qwen3_30b", "--tp", "2", stdin='{"tp": 4}\n'), "not both")
+    table = tmp_path / "layouts.jsonl"  # a file on stdin too (`< layouts.jsonl`), found by its size, not read
+    table.write_text('{"tp": 4}\n')
+    with table.open() as handle:
+        result = subprocess.run([sys.executable, "-m", "autotune", "check", "--model", "qwen3_30b", "--tp", "2"],
+                                stdin=handle, capture_output=True, text=True, timeout=120)
+    _assert_one_line_error(result, "not both")
+    # flags alone, with an empty stdin (a terminal, /dev/null, an empty pipe): checked as before
+    for stdin in (None, ""):
+        result = run_cli("check", "--model", "qwen3_30b", "--gpus", "16", "--tp", "2", stdin=stdin)
+        assert result.returncode == 0 and json.loads(result.stdout)["config"]["tp"] == 2, result.stderr
 
 
 def _trace(path, strings: list[tuple], kernels: list[tuple]):

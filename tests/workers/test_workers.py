@@ -551,6 +551,13 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
     assert "more than 2 iteration lines" in err and len(err.splitlines()) == 1
     after = json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)
     assert after == before
+    # found by a new-user pass: an OOM log of a layout the study had seen complete was stored without a word
+    monkeypatch.undo()
+    both = json.loads(cli("import-log", str(oom_log), "--study", "imp", "--tp", "2", "--ep", "8", "--sp",
+                          "--dist-opt", "--storage", url, "--json").stdout)
+    assert both["status"] == "oom" and any(
+        f"holds 2 completed run(s) of this layout (trial {trial['number']}, " in note
+        and "no longer recommended as safe" in note for note in both["notes"]), both["notes"]
 
 
 def test_the_worker_builds_the_model_from_the_studys_space_text():
