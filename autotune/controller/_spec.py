@@ -3,6 +3,7 @@ protocol's input) and the model's prediction stored beside the measurement."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from autotune.backends import TrialSpec
@@ -12,7 +13,7 @@ from autotune.controller.state import SearchState
 from autotune.cost import estimate
 from autotune.megatron import benchmark_only
 from autotune.megatron.overrides import layout_overrides
-from autotune.space import SearchSpace
+from autotune.space import RECIPE_PACKAGES_ENV, SearchSpace
 from autotune.storage import Study
 
 
@@ -25,6 +26,11 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
         # the file a worker image of another autotune version, or an edited file, holds now
         backend_options["space_document"] = space.document
         backend_options["space_source"] = space.source
+    allowed = os.environ.get(RECIPE_PACKAGES_ENV)
+    if allowed and isinstance(backend_options.get("env") or {}, dict):
+        # the GPU worker reads the space text again (space_from_document), on a node whose environment is not the
+        # one of whoever started autotune: it gets the recipe packages they allowed, as of this dispatch
+        backend_options["env"] = {RECIPE_PACKAGES_ENV: allowed, **(backend_options.get("env") or {})}
     if w.cluster.network_gbps is not None:
         # the study's own figure (stored with it), not whatever the space file says when the worker reads it
         backend_options["network_gbps"] = w.cluster.network_gbps

@@ -576,6 +576,40 @@ def test_the_worker_builds_the_model_from_the_studys_space_text():
     assert "model.moe_token_dispatcher_type=alltoall" in overrides  # read from the stored text's MoE model
 
 
+def test_a_team_recipe_the_runner_allowed_reaches_the_worker_and_no_other(tmp_path, monkeypatch):
+    """The GPU worker reads the study's space text again with its node's environment: the recipe packages whoever
+    started autotune allowed (AUTOTUNE_RECIPE_PACKAGES) travel in the trial's launch environment; without them the
+    worker refuses a recipe outside megatron.bridge.recipes, as the controller does."""
+    from autotune.config import LayoutConfig
+    from autotune.controller._spec import trial_spec
+    from autotune.controller.options import StudyOptions
+    from autotune.errors import ConfigError
+    from autotune.space import load_space, make_workload, space_dir
+    from autotune.storage import Repository
+    from autotune.controller.session import create_study
+    from workers.result import spec_model
+
+    text = (space_dir() / "qwen3_30b.yaml").read_text().replace(
+        "target: megatron.bridge.recipes.qwen.h100.qwen3_moe:", "target: team.recipes.moe:", 1)
+    path = tmp_path / "team_qwen.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", "team.recipes")
+    space = load_space(str(path))
+    workload = make_workload(space, gpus=16)
+    repo = Repository.open(f"sqlite:///{tmp_path / 'team.db'}")
+    study = create_study(repo, name="team", space=space, workload=workload, budget=1, sampler="auto",
+                         backend="megatron", backend_options={"env": {"NCCL_DEBUG": "WARN"}}, seed=0)
+    spec = trial_spec(study, space, workload, StudyOptions(), 1, 1, LayoutConfig()).to_dict()
+    repo.close()
+    env = spec["backend_options"]["env"]
+    assert env == {"AUTOTUNE_RECIPE_PACKAGES": "team.recipes", "NCCL_DEBUG": "WARN"}  # the user's own env kept
+    monkeypatch.delenv("AUTOTUNE_RECIPE_PACKAGES")
+    with pytest.raises(ConfigError, match="recipe.target"):  # a node without it
+        spec_model(spec)
+    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", env["AUTOTUNE_RECIPE_PACKAGES"])  # as the launch sets it
+    assert spec_model(spec).recipe_target.startswith("team.recipes.moe:")
+
+
 ENDLESS = ("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n) "
            "SELECT i AS start, i + 1 AS end, 0 AS deviceId, 1 AS shortName FROM n")
 
