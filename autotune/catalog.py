@@ -7,6 +7,7 @@ look-ups. Numbers are read from the Bridge providers and HF configs (see shared/
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +189,39 @@ class ModelSpec:
             "exportable": self.exportable,
             "recipe_note": self.recipe_note,
         }
+
+
+# A space file is data, and yet its recipe target and pipeline layout function are imported and called on every GPU
+# node of every trial the megatron backend runs (workers/launcher.build_config): a shared file naming `os:abort`, or
+# a module that does harm on import, would run there. So to be run they must live in Megatron-Bridge's recipes, or in
+# a package that whoever runs autotune names in this variable (comma-separated, e.g. a team's own recipes), never
+# the file. Reading, showing and exporting a stored study import nothing and are not limited.
+RECIPE_PACKAGES = ("megatron.bridge.recipes",)
+RECIPE_PACKAGES_ENV = "AUTOTUNE_RECIPE_PACKAGES"
+
+
+def allowed_recipe_packages() -> tuple[str, ...]:
+    """Megatron-Bridge's recipes and the packages RECIPE_PACKAGES_ENV names; ConfigError for an entry that is no
+    dotted Python name (`team recipes` or `team.recipes:` would never match, silently)."""
+    extra = tuple(p.strip() for p in os.environ.get(RECIPE_PACKAGES_ENV, "").split(",") if p.strip())
+    for package in extra:
+        if not all(part.isascii() and part.isidentifier() for part in package.split(".")):
+            raise ConfigError(f"{RECIPE_PACKAGES_ENV} names {package[:80]!r}, which is no package name "
+                              "(comma-separated dotted names: team.recipes,other.recipes)")
+    return RECIPE_PACKAGES + extra
+
+
+def require_runnable_recipe(model: ModelSpec) -> None:
+    """ConfigError unless `model`'s recipe target and pipeline layout function lie in allowed_recipe_packages():
+    checked where they are run (a study of a backend that runs the recipe starting or resuming, the GPU worker)."""
+    allowed = allowed_recipe_packages()
+    for key, target in (("recipe.target", model.recipe_target), ("pipeline.layout_function",
+                                                                 model.pipeline_layout_function)):
+        module = target.partition(":")[0]
+        if target and not any(module == p or module.startswith(p + ".") for p in allowed):
+            raise ConfigError(f"{model.name}'s {key} {target[:80]!r} is outside {', '.join(allowed)}: refusing to "
+                              f"import and call it on the GPU nodes (whoever runs autotune may allow its package: "
+                              f"{RECIPE_PACKAGES_ENV}=package)")
 
 
 def require_exportable(model: ModelSpec, action: str) -> None:

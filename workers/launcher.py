@@ -63,9 +63,9 @@ def build_config(spec: dict[str, Any], extra_overrides: list[str]):
     from transformers import AutoConfig
 
     from autotune.megatron.hf_config import hf_config
-    from workers.result import spec_model
+    from workers.result import runnable_model
 
-    model = spec_model(spec)
+    model = runnable_model(spec)
     fields = hf_config(model)
     hf = AutoConfig.for_model(fields.pop("model_type"), **fields)
 

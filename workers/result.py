@@ -33,6 +33,17 @@ def spec_model(spec: dict[str, Any]):
     return space_from_document(options.get("space_document"), str(options.get("space_source") or spec["model"])).model
 
 
+def runnable_model(spec: dict[str, Any]):
+    """spec_model, refused (ConfigError) when its recipe lies outside the packages allowed to run
+    (catalog.require_runnable_recipe; the controller forwards AUTOTUNE_RECIPE_PACKAGES in the launch
+    environment): a spec file on a node is data, and this worker imports and calls what it names."""
+    from autotune.catalog import require_runnable_recipe
+
+    model = spec_model(spec)
+    require_runnable_recipe(model)
+    return model
+
+
 def rank_result_path(result: str | os.PathLike, rank: int) -> Path:
     result = Path(result)
     return result.with_name(f"{result.stem}.rank{rank}{result.suffix}")

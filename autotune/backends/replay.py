@@ -47,12 +47,18 @@ def read_table(path: str | Path):
     kind = table_kind(path)
     if kind is None:  # found by a new-user pass: a .json table was read as CSV and "lacked column 'tp'"
         raise ConfigError(f"--replay file {path}: a replay table is CSV ({', '.join(CSV_SUFFIXES)}) or Parquet "
-                          f"({', '.join(PARQUET_SUFFIXES)}), not {''.join(path.suffixes[-2:]) or 'a file without a suffix'}")
+                          f"({', '.join(PARQUET_SUFFIXES)}), not {path.suffix or 'a file without a suffix'}")
     try:
         frame = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)
     except Exception as exc:  # pandas raises many types for a malformed file
         first = (str(exc).strip().splitlines() or [""])[0][:200]  # pandas messages span lines: one line only
         raise ConfigError(f"--replay file {path} cannot be read: {exc.__class__.__name__}: {first}") from None
+    if kind == "csv":
+        # pandas renames a second `status` column `status.1` and reads the first: which one did the table mean?
+        header = [str(name) for name in pd.read_csv(path, header=None, nrows=1).iloc[0].tolist()]
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise ConfigError(f"--replay file {path}: column {twice[0][:40]!r} is given twice")
     missing = [c for c in ("tp", "pp", "status") if c not in frame.columns]
     if missing:
         raise ConfigError(f"--replay file {path} lacks column {missing[0]!r}")

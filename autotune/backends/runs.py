@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import TrialOutcome, TrialSpec
+from autotune._json import loads_flagged
 from autotune.backends.validation import outcome_from_record
 
 DEFAULT_WORKDIR = "/tmp/autotune-runs"
@@ -131,7 +132,9 @@ def _harvested(path: Path, study: str, trial: int, config: dict[str, Any]) -> Tr
             raw = handle.read(MAX_OUTCOME_BYTES + 1)
         if len(raw) > MAX_OUTCOME_BYTES:
             return None
-        data = json.loads(raw.decode("utf-8", errors="replace"))
+        data, problem = loads_flagged(raw.decode("utf-8", errors="replace"))
+        if problem:  # a key twice (which status?): no backend wrote it
+            return None
         spec, outcome = data["spec"], outcome_from_record(data["outcome"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested brackets
         return None  # no outcome, or one that is not a backend's record: the trial runs again

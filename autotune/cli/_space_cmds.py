@@ -120,11 +120,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     flags = knob_flags(args)
     if flags:
-        if _stdin_has_text():  # found by a new-user pass: the piped layouts were silently not checked
-            raise ConfigError("give the layout to check as knob flags or as JSON lines on stdin, not both")
+        if _stdin_has_text():  # found by a new-user pass: piped layouts were not checked, without a word. Said,
+            # not refused: in a shell loop (`while read m; do autotune check --tp 2 ...; done < f`) stdin is the loop's
+            print("autotune check: note: stdin holds text that is not read: the knob flags give the layout to check "
+                  "(leave them out to check one JSON layout per stdin line)", file=sys.stderr)
         given = [flags]
     else:
-        given = [_given(number, line) for number, line in enumerate(sys.stdin, 1) if line.strip()]
+        lines = sys.stdin if sys.stdin is not None else []  # a closed stdin (`<&-`) is an empty one
+        given = [_given(number, line) for number, line in enumerate(lines, 1) if line.strip()]
         if not given:  # found by review: an empty stdin printed nothing and exited 0, as if all were checked
             raise ConfigError("no layout to check: give one JSON object per line on stdin (echo '{\"tp\": 2}' | "
                               "autotune check ...) or knob flags (--tp 2 --ep 8)")
@@ -139,7 +142,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _stdin_has_text() -> bool:
     """Whether stdin holds bytes already written (a file, or a pipe with data in it), found without reading it
-    (stdin stays as it was) and without waiting for a writer: a terminal or an empty pipe is taken as empty."""
+    (stdin stays as it was, for a shell loop's next `read`) and without waiting for a writer: a terminal, an empty
+    pipe or a writer not yet done is taken as empty."""
     import fcntl
     import os
     import stat

@@ -7,13 +7,14 @@ import os
 from typing import Any
 
 from autotune.backends import TrialSpec
+from autotune.catalog import RECIPE_PACKAGES_ENV
 from autotune.config import LayoutConfig, Workload
 from autotune.controller.options import StudyOptions
 from autotune.controller.state import SearchState
 from autotune.cost import estimate
 from autotune.megatron import benchmark_only
 from autotune.megatron.overrides import layout_overrides
-from autotune.space import RECIPE_PACKAGES_ENV, SearchSpace
+from autotune.space import SearchSpace
 from autotune.storage import Study
 
 

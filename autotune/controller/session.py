@@ -99,9 +99,10 @@ def check_study_inputs(space: SearchSpace, workload: Workload, budget: int, samp
     check_backend(backend, backend_options)
     backend_class(backend).check_for_workload(backend_options, workload)
     if backend_class(backend).runs_the_recipe:
-        from autotune.catalog import require_exportable
+        from autotune.catalog import require_exportable, require_runnable_recipe
 
         require_exportable(workload.model, f"run the {backend} backend on")
+        require_runnable_recipe(workload.model)
     configs = check_space_not_empty(space, workload)  # enumerated once, for every check
     check_some_layout_fits(workload, configs)
     answerable = backend_class(backend).answerable_layouts(backend_options)
@@ -209,6 +210,10 @@ def build_controller(repo: Repository, study: Study, *, ray_address: str | None 
     """The study's controller. `dispatcher`: "inprocess", a started dispatcher (start_ray_dispatcher), or
     None for a RayDispatcher started here."""
     space, workload = study_space_and_workload(study)
+    if backend_class(study.backend).runs_the_recipe:  # resumed: the recipe packages allowed now
+        from autotune.catalog import require_runnable_recipe
+
+        require_runnable_recipe(workload.model)
     if dispatcher == "inprocess":
         from autotune.dispatch._inprocess import InProcessDispatcher
 

@@ -29,12 +29,6 @@ from autotune.space.legality import POLICY_NAMES
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 SPACE_DIR_ENV = "AUTOTUNE_SEARCH_SPACES"
-# A space file is data, and yet its recipe target and pipeline layout function are imported and called on every GPU
-# node of every trial (workers/launcher.build_config): a shared file naming `os:abort` or a module that does harm on
-# import would run it there. So they must live in Megatron-Bridge's recipes, or in a package the person running
-# autotune names in this variable (comma-separated module prefixes, e.g. a team's own recipes), never by the file.
-RECIPE_PACKAGES = ("megatron.bridge.recipes",)
-RECIPE_PACKAGES_ENV = "AUTOTUNE_RECIPE_PACKAGES"
 HF_EXTRA_NODES = 1000  # values in `hf.extra`, nested ones included
 HF_EXTRA_DEPTH = 6  # levels of lists and mappings inside `hf.extra` (quantization_config nests 4)
 # A space is walked in full when a study starts (every combination of the layout knobs' lists is checked
@@ -251,18 +245,6 @@ class _Reader:
             raise self.fail(key, f"must be {form}, got {text!r}")
         return text
 
-    def recipe_callable(self, value: Any, key: str) -> str:
-        """A `package.module:function` inside RECIPE_PACKAGES or a package named in RECIPE_PACKAGES_ENV."""
-        text = self.python_name(value, key, with_function=True)
-        module = text.partition(":")[0]
-        allowed = RECIPE_PACKAGES + tuple(p.strip() for p in os.environ.get(RECIPE_PACKAGES_ENV, "").split(",")
-                                          if p.strip())
-        if not any(module == p or module.startswith(p + ".") for p in allowed):
-            raise self.fail(key, f"must be a function in {' or '.join(allowed)}, got {text[:80]!r} (it is imported and "
-                                 f"called on every GPU node; to allow another package, whoever runs autotune sets "
-                                 f"{RECIPE_PACKAGES_ENV}=package)")
-        return text
-
     def identifier(self, value: Any, key: str) -> str:
         """An ASCII identifier: the model name becomes part of a function name in exported recipes."""
         text = self.typed(value, key, str)
@@ -274,7 +256,7 @@ class _Reader:
         recipe = self.mapping(doc["recipe"], "recipe", ("function", "target", "exportable", "note"),
                               ("function", "target"))
         self.python_name(recipe["function"], "recipe.function", with_function=False)
-        self.recipe_callable(recipe["target"], "recipe.target")
+        self.python_name(recipe["target"], "recipe.target", with_function=True)
         hf = self.mapping(doc["hf"], "hf", ("model_type", "architecture", "extra"), ("model_type", "architecture"))
         pipeline = self.mapping(doc["pipeline"], "pipeline",
                                 ("account_for_embedding", "account_for_loss", "layouts", "layout_function"))
@@ -297,7 +279,7 @@ class _Reader:
             account_for_loss_in_pipeline_split=bool(pipeline.get("account_for_loss", False)),
             pipeline_layouts=layouts,
             hf_extra=self.hf_extra({} if hf.get("extra") is None else hf["extra"]),
-            pipeline_layout_function=(self.recipe_callable(pipeline["layout_function"], "pipeline.layout_function")
+            pipeline_layout_function=(self.python_name(pipeline["layout_function"], "pipeline.layout_function", True)
                                       if pipeline.get("layout_function") else ""),
         ))
 

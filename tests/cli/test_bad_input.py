@@ -106,14 +106,22 @@ CASES = [  # (id, argv with placeholders, words of the error)
      "cannot be read"),  # pandas' multi-line parser error stays one line
     # found by a new-user pass: a .json table was read as CSV and "lacked column 'tp'"
     ("replay-json-table", [*START, "--backend", "replay", "--replay", "{json_table}", "--storage", "{url}"],
-     "a replay table is CSV (.csv, .csv.gz"),
+     "a replay table is CSV (.csv, .csv.gz"),  # and says which suffix it got:
+    ("replay-two-dots", [*START, "--backend", "replay", "--replay", "{two_dots}", "--storage", "{url}"],
+     "(.parquet, .pq), not .json"),
     ("replay-no-suffix", [*START, "--backend", "replay", "--replay", "/etc/passwd", "--storage", "{url}"],
      "not a file without a suffix"),
+    # review: pandas renamed a second `status` column `status.1` and replayed the first
+    ("replay-column-twice", [*START, "--backend", "replay", "--replay", "{status_twice}", "--storage", "{url}"],
+     "column 'status' is given twice"),
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
     ("nsys-rank-beyond-the-trial", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,99999"],
      "ranks 0..15"),
     ("gpus-per-node-1e9", ["estimate", "--model", "qwen3_30b", "--gpus-per-node", "1000000000"],
      "--gpus-per-node must be in 1..72"),
+    # found by a new-user pass: every GPU node imports and calls a space file's recipe target
+    ("recipe-outside-bridge", ["start", "--model", "qwen3_30b", "--space", "{abort_space}", "--backend", "megatron",
+                               "--dry-run"], "recipe.target 'os:abort' is outside megatron.bridge.recipes"),
     ("dry-run-workdir-unwritable", [*START, "--backend", "megatron", "--dry-run", "--workdir", "/proc/no/such"],
      "--workdir"),  # where the trial specs go: refused before anything runs
     ("estimate-huge-dispatcher-sms", ["estimate", "--model", "qwen3_30b", "--ep", "16", "--dispatcher-sms",
@@ -249,7 +257,16 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
     garbage_csv.write_text(Path("/etc/passwd").read_text())
     json_table = folder / "table.json"
     json_table.write_text('[{"tp": 1, "pp": 1, "ep": 8, "status": "completed", "step_time_s": 30.0}]')
-    values = {"url": url, "tmp": str(folder), "garbage_csv": str(garbage_csv), "json_table": str(json_table), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
+    status_twice = folder / "status-twice.csv"
+    status_twice.write_text("tp,pp,ep,status,step_time_s,status\n1,1,16,completed,30.0,oom\n")
+    two_dots = folder / "run.v2.json"
+    two_dots.write_text(json_table.read_text())
+    abort_space = folder / "abort.yaml"
+    abort_space.write_text((space_dir() / "qwen3_30b.yaml").read_text().replace(
+        "target: megatron.bridge.recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config",
+        "target: os:abort", 1))
+    values = {"url": url, "tmp": str(folder), "garbage_csv": str(garbage_csv), "abort_space": str(abort_space),
+              "status_twice": str(status_twice), "two_dots": str(two_dots), "json_table": str(json_table), "log0": _log(folder, "0.0"), "log_tiny": _log(folder, "0.000001"),
               "log_dots": _log(folder, "1.2.3"), "log_warmup": str(warmup), "log_inf": str(infinite),
               "log_exponent": str(exponent), "log_one": str(one), "log_alloc": str(alloc),
               "log_one_twice": str(one_twice), "log_negative_memory": str(negative_memory),
@@ -419,19 +436,26 @@ def test_check_refuses_pathological_json(stdin, needle):
     _assert_one_line_error(result, needle)
 
 
-def test_check_refuses_knob_flags_and_stdin_together(tmp_path):
-    """Found by a new-user pass: with knob flags given, the layouts piped on stdin were silently not checked."""
-    _assert_one_line_error(run_cli("check", "--model", "qwen3_30b", "--tp", "2", stdin='{"tp": 4}\n'), "not both")
-    table = tmp_path / "layouts.jsonl"  # a file on stdin too (`< layouts.jsonl`), found by its size, not read
-    table.write_text('{"tp": 4}\n')
-    with table.open() as handle:
-        result = subprocess.run([sys.executable, "-m", "autotune", "check", "--model", "qwen3_30b", "--tp", "2"],
-                                stdin=handle, capture_output=True, text=True, timeout=120)
-    _assert_one_line_error(result, "not both")
-    # flags alone, with an empty stdin (a terminal, /dev/null, an empty pipe): checked as before
-    for stdin in (None, ""):
+def test_check_says_when_stdin_is_not_read_because_knob_flags_were_given(tmp_path):
+    """Found by a new-user pass: with knob flags given, layouts piped on stdin were not checked, without a word.
+    Said on stderr, not refused (review): in a shell loop reading a file, stdin is the loop's, and it is left
+    unread for the loop's next line."""
+    note = "stdin holds text that is not read: the knob flags give the layout to check"
+    piped = run_cli("check", "--model", "qwen3_30b", "--gpus", "16", "--tp", "2", stdin='{"tp": 4}\n')
+    assert piped.returncode == 0 and json.loads(piped.stdout)["config"]["tp"] == 2 and note in piped.stderr
+    models = tmp_path / "models.txt"
+    models.write_text("qwen3_30b\nqwen3_8b\n")
+    loop = subprocess.run(["bash", "-c", f"while read -r m; do {sys.executable} -m autotune check --model $m --gpus 16 "
+                                         "--tp 2 | head -c 40; echo; done"], stdin=models.open(), capture_output=True,
+                          text=True, timeout=120)
+    assert loop.returncode == 0 and loop.stdout.count('{"config"') == 2, (loop.stdout, loop.stderr)  # both lines
+    assert loop.stderr.count(note) == 1  # the first run saw the loop's second line waiting
+    for stdin in (None, ""):  # flags alone, with no stdin text: no note
         result = run_cli("check", "--model", "qwen3_30b", "--gpus", "16", "--tp", "2", stdin=stdin)
-        assert result.returncode == 0 and json.loads(result.stdout)["config"]["tp"] == 2, result.stderr
+        assert result.returncode == 0 and json.loads(result.stdout)["config"]["tp"] == 2 and not result.stderr
+    closed = subprocess.run(["bash", "-c", f"{sys.executable} -m autotune check --model qwen3_30b <&-"],
+                            capture_output=True, text=True, timeout=120)
+    _assert_one_line_error(closed, "no layout to check")  # a closed stdin was a traceback
 
 
 def _trace(path, strings: list[tuple], kernels: list[tuple]):

@@ -55,30 +55,6 @@ def test_malformed_file_names_file_and_key(tmp_path, old, new, key):
     assert f"'{key}'" in str(info.value)
 
 
-@pytest.mark.parametrize("target", ["os:abort", "builtins:exec", "megatron.bridge.recipesx.evil:f", "antigravity:x"])
-def test_a_recipe_outside_bridges_recipes_is_refused_unless_the_runner_allows_it(tmp_path, monkeypatch, target):
-    """Found by a new-user pass: recipe.target took any importable function, and the GPU worker imports and calls
-    it on every node. A shared space file must not choose what runs there: only whoever runs autotune can widen
-    the packages (AUTOTUNE_RECIPE_PACKAGES), and the pipeline layout function is held to the same rule."""
-    old = "  target: megatron.bridge.recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
-    path = _write_variant(tmp_path, old, f"  target: {target}")
-    monkeypatch.delenv("AUTOTUNE_RECIPE_PACKAGES", raising=False)
-    with pytest.raises(ConfigError, match=r"'recipe.target': must be a function in megatron.bridge.recipes, "
-                                          r".*AUTOTUNE_RECIPE_PACKAGES"):
-        load_space(str(path))
-    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", f" team.recipes , {target.partition(':')[0]}")
-    assert load_space(str(path)).model.recipe_target == target
-    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", "team.recipes")
-    team = tmp_path / "team.yaml"
-    team.write_text(path.read_text().replace(f"  target: {target}", "  target: team.recipes.moe:my_config"))
-    assert load_space(str(team)).model.recipe_target == "team.recipes.moe:my_config"
-    layout = (space_dir() / "deepseek_v3.yaml").read_text().replace(
-        "layout_function: megatron.bridge.recipes.deepseek.deepseek_v3:", "layout_function: os.path:")
-    (tmp_path / "ds.yaml").write_text(layout)
-    with pytest.raises(ConfigError, match="'pipeline.layout_function': must be a function in"):
-        load_space(str(tmp_path / "ds.yaml"))
-
-
 @pytest.mark.parametrize("value", ["0", "-32"])
 def test_a_layer_count_below_one_reads_the_same_bound(tmp_path, value):
     """Review: `num_layers: -32` was told "must be >= 0", and then 0 "must be >= 1"."""

@@ -576,38 +576,58 @@ def test_the_worker_builds_the_model_from_the_studys_space_text():
     assert "model.moe_token_dispatcher_type=alltoall" in overrides  # read from the stored text's MoE model
 
 
-def test_a_team_recipe_the_runner_allowed_reaches_the_worker_and_no_other(tmp_path, monkeypatch):
-    """The GPU worker reads the study's space text again with its node's environment: the recipe packages whoever
-    started autotune allowed (AUTOTUNE_RECIPE_PACKAGES) travel in the trial's launch environment; without them the
-    worker refuses a recipe outside megatron.bridge.recipes, as the controller does."""
+def test_a_recipe_is_run_only_from_the_packages_whoever_runs_autotune_allowed(tmp_path, monkeypatch):
+    """Found by a new-user pass: a space file's recipe.target could name any importable function, and the GPU
+    worker imports and calls it on every node. Running it (starting or resuming a study of the megatron backend,
+    the worker itself) needs megatron.bridge.recipes or a package in AUTOTUNE_RECIPE_PACKAGES, which the
+    controller forwards in the launch environment; reading and exporting a stored study are not limited (review)."""
     from autotune.config import LayoutConfig
     from autotune.controller._spec import trial_spec
     from autotune.controller.options import StudyOptions
+    from autotune.controller.session import build_controller, create_study
     from autotune.errors import ConfigError
-    from autotune.space import load_space, make_workload, space_dir
+    from autotune.space import load_space, make_workload, space_dir, study_space_and_workload
     from autotune.storage import Repository
-    from autotune.controller.session import create_study
-    from workers.result import spec_model
+    from workers.result import runnable_model
 
     text = (space_dir() / "qwen3_30b.yaml").read_text().replace(
         "target: megatron.bridge.recipes.qwen.h100.qwen3_moe:", "target: team.recipes.moe:", 1)
     path = tmp_path / "team_qwen.yaml"
     path.write_text(text)
-    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", "team.recipes")
-    space = load_space(str(path))
+    space = load_space(str(path))  # a space file is read whatever its recipe (nothing imported)
     workload = make_workload(space, gpus=16)
     repo = Repository.open(f"sqlite:///{tmp_path / 'team.db'}")
-    study = create_study(repo, name="team", space=space, workload=workload, budget=1, sampler="auto",
-                         backend="megatron", backend_options={"env": {"NCCL_DEBUG": "WARN"}}, seed=0)
+    make = dict(space=space, workload=workload, budget=1, sampler="auto", backend="megatron", seed=0,
+                backend_options={"env": {"NCCL_DEBUG": "WARN"}})
+    monkeypatch.delenv("AUTOTUNE_RECIPE_PACKAGES", raising=False)
+    with pytest.raises(ConfigError, match=r"qwen3_30b's recipe.target 'team.recipes.moe:.*' is outside "
+                                          r"megatron.bridge.recipes: .*AUTOTUNE_RECIPE_PACKAGES=package"):
+        create_study(repo, name="team", **make)
+    for bad in ("team recipes", "team.recipes:x"):  # would never match, silently
+        monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", bad)
+        with pytest.raises(ConfigError, match="no package name"):
+            create_study(repo, name="team", **make)
+    assert repo.list_studies() == []  # nothing stored by a refusal
+    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", " other.pkg , team.recipes")
+    study = create_study(repo, name="team", **make)
+    simulated = create_study(repo, name="sim", **{**make, "backend": "simulate", "backend_options": {}})
     spec = trial_spec(study, space, workload, StudyOptions(), 1, 1, LayoutConfig()).to_dict()
-    repo.close()
     env = spec["backend_options"]["env"]
-    assert env == {"AUTOTUNE_RECIPE_PACKAGES": "team.recipes", "NCCL_DEBUG": "WARN"}  # the user's own env kept
+    assert env == {"AUTOTUNE_RECIPE_PACKAGES": " other.pkg , team.recipes", "NCCL_DEBUG": "WARN"}
+    mine = trial_spec(study.__class__(**{**study.__dict__, "backend_options": {"env": {
+        "AUTOTUNE_RECIPE_PACKAGES": "mine"}}}), space, workload, StudyOptions(), 1, 1, LayoutConfig()).to_dict()
+    assert mine["backend_options"]["env"] == {"AUTOTUNE_RECIPE_PACKAGES": "mine"}  # a user's explicit env wins
     monkeypatch.delenv("AUTOTUNE_RECIPE_PACKAGES")
-    with pytest.raises(ConfigError, match="recipe.target"):  # a node without it
-        spec_model(spec)
+    with pytest.raises(ConfigError, match="recipe.target"):  # a GPU node without the variable
+        runnable_model(spec)
+    with pytest.raises(ConfigError, match="recipe.target"):  # resumed by someone who did not allow it
+        build_controller(repo, study, dispatcher="inprocess")
+    build_controller(repo, simulated, dispatcher="inprocess")  # the simulate backend imports no recipe
+    # reading a stored study (show, leaderboard, export) imports nothing and is not limited
+    assert study_space_and_workload(repo.get_study("team"))[0].model.recipe_target.startswith("team.recipes.moe:")
     monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", env["AUTOTUNE_RECIPE_PACKAGES"])  # as the launch sets it
-    assert spec_model(spec).recipe_target.startswith("team.recipes.moe:")
+    assert runnable_model(spec).recipe_target.startswith("team.recipes.moe:")
+    repo.close()
 
 
 ENDLESS = ("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n) "
