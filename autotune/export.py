@@ -59,6 +59,34 @@ def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:
     return pick.trial
 
 
+def layout_figure(repo: Repository, study: Study, trial: Trial) -> dict[str, Any] | None:
+    """The exported layout's throughput as `start`, `status`, `leaderboard` and `show` give it: the mean of its
+    screening runs (stragglers left out) with that mean's standard error, and which runs (found by a new-user pass:
+    export quoted the chosen trial's own run, 8,923, where every other command said 8,776 +-177, the mean of two).
+    None for a trial whose layout has no screening run (an imported log alone, a validation run)."""
+    from autotune.controller.recommend import layout_results
+
+    pick = recommendation(repo, study)
+    noise = pick.noise if pick else None
+    group = next((r for r in layout_results(repo.trials(study.id, dispatched_only=True))
+                  if r.trials[0].config_key == trial.config_key), None)
+    if group is None:
+        return None
+    mean = group.mean_tokens_per_s_per_gpu
+    return {"mean_tokens_per_s_per_gpu": mean, "runs": group.runs, "trials": [t.number for t in group.counted],
+            "mean_se_tokens_per_s_per_gpu": noise.mean_se(mean, group.counted_runs) if noise else None}
+
+
+def figure_text(trial: Trial, figure: dict[str, Any] | None) -> str:
+    """`8,776 +-177 tokens/s/GPU, the mean of trials 1, 9`, or the trial's own run without a figure."""
+    if figure is None:
+        return f"{trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
+    se = figure["mean_se_tokens_per_s_per_gpu"]
+    text = f"{figure['mean_tokens_per_s_per_gpu']:,.0f}" + (f" ±{se:,.0f}" if se else "") + " tokens/s/GPU"
+    counted = figure["trials"]
+    return text + (f", the mean of trials {', '.join(map(str, counted))}" if len(counted) > 1 else "")
+
+
 def risk_warning(repo: Repository, study: Study) -> str | None:
     """One line when the recommendation passed over faster layouts that ran at risk (inside the memory margin,
     or out of memory in one of their runs), or is itself at risk."""
@@ -79,6 +107,28 @@ def risk_warning(repo: Repository, study: Study) -> str | None:
             f"exported {exported} ({pick.best.mean_tokens_per_s_per_gpu:,.0f}, estimated "
             f"{pick.best.estimate_tokens_per_s_per_gpu:,.0f}). "
             f"Export it with --trial {fastest.trial.number} to take the risk.")
+
+
+def chosen_trial_risk(repo: Repository, study: Study, trial: Trial) -> str | None:
+    """One line when a trial the user chose (`--trial N`) is of a layout the study would not recommend as safe
+    (found by a new-user pass: a layout peaking inside the margin went out without a word)."""
+    pick = recommendation(repo, study)
+    if pick is None:
+        return None
+    result = next((r for r in (pick.best, *pick.risky) if r.trial.config_key == trial.config_key), None)
+    if result is None or (result is pick.best and pick.safe):
+        oomed = trial.config_key in pick.oomed
+        from autotune.catalog import get_gpu
+
+        limit_gib = get_gpu(study.workload["gpu"]).memory_gib - pick.headroom_gib
+        margin = trial.peak_mem_gib is not None and trial.peak_mem_gib > limit_gib
+        if not (oomed or margin):
+            return None
+        why = ("ran out of memory in one of its runs" if oomed else
+               f"peaked at {trial.peak_mem_gib:.1f} GiB, inside the {pick.headroom_gib:g} GiB memory margin")
+    else:
+        why = pick.risk(result)
+    return f"note: trial {trial.number}'s layout is at risk: it {why}; the study recommends trial {pick.trial.number}"
 
 
 def _checked(study: Study, trial: Trial):
@@ -108,7 +158,7 @@ def metrics_note(study: Study, trial: Trial) -> tuple[str, str]:
     return source, "an imported log" if trial.origin == "imported" else f"a {study.backend} backend run"
 
 
-def provenance(study: Study, trial: Trial, workload) -> dict[str, Any]:
+def provenance(study: Study, trial: Trial, workload, figure: dict[str, Any] | None = None) -> dict[str, Any]:
     source, note = metrics_note(study, trial)
     return {
         "study": study.name, "trial": trial.number, "model": study.model, "autotune_version": __version__,
@@ -118,7 +168,8 @@ def provenance(study: Study, trial: Trial, workload) -> dict[str, Any]:
         "global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length,
         "precision": workload.precision, "backend": study.backend, "recipe_target": workload.model.recipe_target,
         "metrics_source": source, "metrics_note": note,  # measured, simulated or replayed: see metrics_note
-        "metrics": {k: getattr(trial, k) for k in METRICS},
+        "metrics": {k: getattr(trial, k) for k in METRICS},  # this trial's own run
+        "layout_mean": figure,  # what the study judges the layout by (layout_figure): all its screening runs
     }
 
 
@@ -148,7 +199,7 @@ def recipe_import(model) -> tuple[str, str]:
 
 
 def render_recipe(study: Study, trial: Trial, benchmark: dict[str, bool] | None = None,
-                  recommended: bool = True) -> str:
+                  recommended: bool = True, figure: dict[str, Any] | None = None) -> str:
     """The recipe module. Names written as code are checked identifiers; every other value is a repr() literal.
     `recommended`: the trial is the study's recommendation (False: one the user chose with --trial)."""
     from autotune.megatron import benchmark_only
@@ -158,7 +209,7 @@ def render_recipe(study: Study, trial: Trial, benchmark: dict[str, bool] | None 
     fields = layout_fields(layout, workload)
     # benchmark-only settings, only when the user insisted (--allow-benchmark-settings)
     fields.update({benchmark_only.SETTINGS[k][0]: v for k, v in (benchmark or {}).items()})
-    info = provenance(study, trial, workload)
+    info = provenance(study, trial, workload, figure)
     function = _python_name(f"{model.name}_autotuned_config", "the model name")
     module, recipe = recipe_import(model)
     for path in fields:
@@ -168,7 +219,7 @@ def render_recipe(study: Study, trial: Trial, benchmark: dict[str, bool] | None 
     what = "the layout a tuning study recommends" if recommended else f"the layout of trial {trial.number} of a tuning study"
     lines = [
         f"# Generated by autotune {__version__}: {what} "
-        f"({source} {trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; see AUTOTUNE_PROVENANCE).",
+        f"({source} {figure_text(trial, figure)}; see AUTOTUNE_PROVENANCE).",
         "# Re-export rather than edit the tuned values by hand (`autotune export STUDY --format recipe`).",
         f'"""Megatron-Bridge recipe with {what.replace("a tuning study recommends", "an autotune study recommends")} '
         '(see AUTOTUNE_PROVENANCE)."""',
@@ -197,7 +248,8 @@ def render_recipe(study: Study, trial: Trial, benchmark: dict[str, bool] | None 
     return "\n".join(lines)
 
 
-def render_overrides(study: Study, trial: Trial, benchmark: dict[str, bool] | None = None) -> str:
+def render_overrides(study: Study, trial: Trial, benchmark: dict[str, bool] | None = None,
+                     figure: dict[str, Any] | None = None) -> str:
     from autotune.megatron import benchmark_only
 
     space, workload, layout = _checked(study, trial)
@@ -206,7 +258,7 @@ def render_overrides(study: Study, trial: Trial, benchmark: dict[str, bool] | No
     source, note = metrics_note(study, trial)
     header = [
         f"# autotune study {json.dumps(study.name)} trial {trial.number}: {layout.short()}",
-        f"# {source} {trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU on {workload.cluster.gpus}x "
+        f"# {source} {figure_text(trial, figure)} on {workload.cluster.gpus}x "
         f"{workload.cluster.gpu.name} ({note})",
         f"# run on each of the {nodes} node(s), NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0:",
         "# " + torchrun_command(workload, recipe_import(space.model)[1], overrides),
@@ -214,9 +266,9 @@ def render_overrides(study: Study, trial: Trial, benchmark: dict[str, bool] | No
     return "\n".join(header + overrides) + "\n"
 
 
-def document(study: Study, trial: Trial) -> dict[str, Any]:
+def document(study: Study, trial: Trial, figure: dict[str, Any] | None = None) -> dict[str, Any]:
     space, workload, layout = _checked(study, trial)
-    return {**provenance(study, trial, workload), "recipe_function": recipe_import(space.model)[1],
+    return {**provenance(study, trial, workload, figure), "recipe_function": recipe_import(space.model)[1],
             "config": layout.to_dict(), "overrides": layout_overrides(layout, workload),
             "predicted": trial.predicted}
 
@@ -273,12 +325,14 @@ def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = 
         from autotune.catalog import require_exportable
 
         require_exportable(study_space_and_workload(study)[0].model, f"export --format {fmt} for")
+    figure = layout_figure(repo, study, trial)
     if fmt == "recipe":
         pick = recommendation(repo, study)
-        return render_recipe(study, trial, settings, recommended=bool(pick) and pick.trial.number == trial.number)
+        return render_recipe(study, trial, settings, recommended=bool(pick) and pick.trial.number == trial.number,
+                             figure=figure)
     if fmt == "overrides":
-        return render_overrides(study, trial, settings)
-    data = document(study, trial)
+        return render_overrides(study, trial, settings, figure)
+    data = document(study, trial, figure)
     if settings:
         data["benchmark_only_settings"] = settings
     if fmt == "json":

@@ -581,6 +581,13 @@ def legend(board: Board) -> str:
     else:
         why = s.get("baseline_not_run", "")
         parts.append("vs recipe: empty, the recipe's own layout was not run" + (f" ({why})" if why else ""))
+    # found by a new-user pass: the table's first rows may be layouts the study does not recommend (faster, but
+    # inside the memory margin, or out of memory in a run), and only the JSON summary said which it recommends
+    if s.get("best_trial") is not None:
+        risk = best_risk_note(s)
+        parts.append(f"recommended: trial {s['best_trial']}" + (f" ({risk})" if risk else ""))
+    if s.get("risky_faster_trials"):
+        parts.append(f"faster but at risk, so not recommended: {risky_note(s)}")
     return "; ".join(parts)
 
 

@@ -235,7 +235,7 @@ def test_export_cli_writes_a_file(cli, tmp_path):
     # it says what it wrote: the path, the format, which trial and why, and what the numbers are
     said = result.stdout.strip()
     assert said.startswith(f"wrote {out}: a recipe module building on qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config")
-    assert "trial 1 of study 'ex' (the study's recommendation): simulated 8,000 tokens/s/GPU" in said
+    assert "trial 1 of study 'ex' (the study's recommendation): simulated 8,000 ±240 tokens/s/GPU" in said
     table = cli("export", "ex", "--format", "table", "-o", str(tmp_path / "t.csv"), "--storage", repo.url)
     assert table.stdout.strip() == f"wrote {tmp_path / 't.csv'}: a replay table of 1 trial(s) (completed, OOM and " \
                                    "failed) of study 'ex'"
@@ -349,7 +349,9 @@ def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_
     assert json.loads(result.stdout)["trial"] == 1
     assert f"trial {trial.number} simulated 8,900" in result.stderr and "--trial 2" in result.stderr  # a simulate study
     chosen = cli("export", "ex", "--format", "json", "--trial", "2", "--storage", url)
-    assert json.loads(chosen.stdout)["trial"] == 2 and "margin" not in chosen.stderr
+    # exported, and said to be at risk (a new-user pass: it went out without a word)
+    assert json.loads(chosen.stdout)["trial"] == 2 and "note: trial 2's layout is at risk: it peaked at 79.0 GiB, " \
+        "inside the 3.2 GiB memory margin; the study recommends trial 1" in " ".join(chosen.stderr.split())
     assert "but peaked at 79.0 GiB, inside the 3.2 GiB memory margin; exported the safe trial 1" in \
         " ".join(result.stderr.split())
     # review: a layout at risk only because one of its runs ran out of memory (no peak measured) crashed the
@@ -460,12 +462,14 @@ def test_the_numbers_are_called_what_they_are(tmp_path, backend, options, source
     """`measured` only for runs: a simulate study's numbers are simulated, a replay study's replayed."""
     repo, study, _ = _study_with_trial(tmp_path, FULL, backend=backend, backend_options=options)
     header = [line for line in export.render(repo, study, "overrides").splitlines() if line.startswith("#")]
-    assert header[1].startswith(f"# {source} 8,000 tokens/s/GPU on 16x h100 (") and note in header[1]
+    # with the ± the leaderboard gives (one run: the run-to-run sd, here the assumed 3%); replay repeats exactly
+    figure = "8,000 tokens/s/GPU" if backend == "replay" else "8,000 ±240 tokens/s/GPU"
+    assert header[1].startswith(f"# {source} {figure} on 16x h100 (") and note in header[1]
     document = json.loads(export.render(repo, study, "json"))
     assert document["metrics_source"] == source and note in document["metrics_note"]
     assert "measured" not in document
     recipe = export.render(repo, study, "recipe")
-    assert f"({source} 8,000 tokens/s/GPU;" in recipe.splitlines()[0]
+    assert f"({source} {figure};" in recipe.splitlines()[0]
     if source != "measured":
         assert "measured" not in recipe and "measured" not in "\n".join(header)
 
@@ -587,3 +591,44 @@ def test_a_replay_table_refuses_a_hand_edited_illegal_row_as_the_other_formats_d
     for fmt in ("table", "json"):
         with pytest.raises(IllegalLayoutError, match="heads_divisible_by_tp"):
             export.render(repo, study, fmt)
+
+
+def test_export_quotes_the_layouts_mean_as_every_other_command_does(tmp_path):
+    """Found by a new-user pass: the summary, status, leaderboard and show gave the winner as 8,776 +-177 (the mean
+    of its two runs), export as 8,923 (the chosen trial's own run) in its message, the recipe's header and the
+    provenance. Now every format carries the layout's mean, its standard error and which runs it counts."""
+    from autotune.storage import Repository
+    from tests.conftest import run_cli
+
+    url = f"sqlite:///{tmp_path / 'mean.db'}"
+    env = {"RAY_AUTH_MODE": "disabled", "HOME": str(tmp_path)}
+    started = run_cli("start", "--model", "qwen3_30b", "--budget", "12", "--noise", "0.05", "--seed", "4",
+                      "--study", "v4", "--storage", url, "--sim-seconds", "0", env=env, timeout=300)
+    assert started.returncode == 0, started.stderr
+    summary = json.loads(run_cli("leaderboard", "v4", "--storage", url, "--format", "json", env=env).stdout)["summary"]
+    winner = json.loads(run_cli("export", "v4", "--format", "json", "--storage", url, env=env).stdout)
+    assert winner["trial"] == summary["best_trial"]
+    assert winner["layout_mean"]["mean_tokens_per_s_per_gpu"] == pytest.approx(summary["best_tokens_per_s_per_gpu"])
+    assert winner["layout_mean"]["mean_se_tokens_per_s_per_gpu"] == \
+        pytest.approx(summary["best_tokens_per_s_per_gpu_se"])
+    repo = Repository.open(url)
+    runs: dict[str, list[int]] = {}
+    for t in repo.trials(repo.get_study("v4").id, dispatched_only=True):
+        if t.status == "completed" and t.origin == "study":
+            runs.setdefault(t.config_key, []).append(t.number)
+    repo.close()
+    number = next(numbers for numbers in runs.values() if len(numbers) > 1)[-1]  # a layout remeasured
+    shown = json.loads(run_cli("show", "v4", str(number), "--json", "--storage", url, env=env).stdout)
+    exported = run_cli("export", "v4", "--trial", str(number), "--format", "json", "--storage", url, env=env)
+    data = json.loads(exported.stdout)
+    mean = data["layout_mean"]
+    assert len(mean["trials"]) > 1 and number in mean["trials"]
+    assert mean["mean_tokens_per_s_per_gpu"] == pytest.approx(shown["layout_mean_tokens_per_s_per_gpu"])
+    assert mean["mean_se_tokens_per_s_per_gpu"] == pytest.approx(shown["layout_mean_se"])
+    assert data["metrics"]["tokens_per_s_per_gpu"] == pytest.approx(shown["tokens_per_s_per_gpu"])  # its own run
+    said = f"{mean['mean_tokens_per_s_per_gpu']:,.0f} ±{mean['mean_se_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, " \
+           f"the mean of trials {', '.join(map(str, mean['trials']))}"
+    assert said in exported.stderr
+    for fmt in ("recipe", "overrides"):
+        assert said in run_cli("export", "v4", "--trial", str(number), "--format", fmt, "--storage", url,
+                               env=env).stdout

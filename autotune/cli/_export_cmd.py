@@ -58,6 +58,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             text = export.render(repo, study, args.format, args.trial, args.allow_benchmark_settings)
             # everything the note needs is read before the file is written
             what = _what(repo, study, args)
+            if args.trial is not None:
+                warning = export.chosen_trial_risk(repo, study, export.choose_trial(repo, study, args.trial))
+                if warning:
+                    print(warning, file=sys.stderr)
             if args.trial is None:
                 warning = export.risk_warning(repo, study)
                 if warning:
@@ -253,4 +257,4 @@ def _what(repo, study, args: argparse.Namespace) -> str:
             "overrides": f"run_recipe.py overrides for {recipe} and the torchrun line", "yaml": "a YAML document",
             "json": "a JSON document"}[args.format]
     return (f"{kind}, trial {trial.number} of study {study.name!r} ({why}): {source} "
-            f"{trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU ({note})")
+            f"{export.figure_text(trial, export.layout_figure(repo, study, trial))} ({note})")

@@ -202,6 +202,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     backend_options = backend_class(args.backend).options_from_cli(args)  # each backend reads its own flags
     _check_headroom(args.memory_headroom_gib, workload)
+    if args.memory_headroom_gib is not None:
+        args.memory_headroom_gib += 0.0  # -0 is 0 (it printed "keeps the -0 GiB headroom")
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
                "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib,
@@ -273,7 +275,8 @@ def _check_headroom(headroom_gib: float | None, workload) -> None:
 
     limit = workload.cluster.gpu.memory_gib
     if headroom_gib is not None and not (math.isfinite(headroom_gib) and 0 <= headroom_gib < limit):
-        raise ConfigError(f"--memory-headroom-gib must be between 0 and the GPU's {limit:g} GiB, got {headroom_gib}")
+        raise ConfigError(f"--memory-headroom-gib must be at least 0 and below the GPU's {limit:g} GiB (a margin of "
+                          f"all of it leaves no layout), got {headroom_gib:g}")
 
 
 def _check_metrics_port(port: int | None) -> None:
