@@ -42,9 +42,13 @@ def recommendation(repo: Repository, study: Study):
     return study_recommendation(repo.trials(study.id, dispatched_only=True), study)
 
 
-def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:
+_UNSET: Any = object()  # `pick` not given: the function asks the store
+
+
+def choose_trial(repo: Repository, study: Study, number: int | None, pick: Any = _UNSET) -> Trial:
     """The requested trial (it must have completed), or the study's recommendation (not merely the
-    fastest run: a lucky noisy run, or one that ran inside the memory margin, is not the winner)."""
+    fastest run: a lucky noisy run, or one that ran inside the memory margin, is not the winner).
+    `pick`: the study's recommendation when the caller has it (it pools every run: worth computing once)."""
     if number is not None:
         trial = repo.trial(study.id, number)
         if trial.status != "completed":
@@ -53,28 +57,23 @@ def choose_trial(repo: Repository, study: Study, number: int | None) -> Trial:
             raise StudyError(f"trial {number} of {study.name!r} completed without a measured throughput "
                              "(a record autotune does not write): nothing to export")
         return trial
-    pick = recommendation(repo, study)
+    pick = recommendation(repo, study) if pick is _UNSET else pick
     if pick is None:
         raise StudyError(f"study {study.name!r} has no completed trial to export")
     return pick.trial
 
 
-def layout_figure(repo: Repository, study: Study, trial: Trial) -> dict[str, Any] | None:
+def layout_figure(pick: Any, trial: Trial) -> dict[str, Any] | None:
     """The exported layout's throughput as `start`, `status`, `leaderboard` and `show` give it: the mean of its
     screening runs (stragglers left out) with that mean's standard error, and which runs (found by a new-user pass:
     export quoted the chosen trial's own run, 8,923, where every other command said 8,776 +-177, the mean of two).
-    None for a trial whose layout has no screening run (an imported log alone, a validation run)."""
-    from autotune.controller.recommend import layout_results
-
-    pick = recommendation(repo, study)
-    noise = pick.noise if pick else None
-    group = next((r for r in layout_results(repo.trials(study.id, dispatched_only=True))
-                  if r.trials[0].config_key == trial.config_key), None)
+    None for a trial whose layout has no screening run (an imported log alone, a validation run).
+    `pick`: the study's recommendation (recommendation()), which groups the runs."""
+    group = pick.layout_of(trial.config_key) if pick is not None else None
     if group is None:
         return None
-    mean = group.mean_tokens_per_s_per_gpu
-    return {"mean_tokens_per_s_per_gpu": mean, "runs": group.runs, "trials": [t.number for t in group.counted],
-            "mean_se_tokens_per_s_per_gpu": noise.mean_se(mean, group.counted_runs) if noise else None}
+    return {"mean_tokens_per_s_per_gpu": group.mean_tokens_per_s_per_gpu, "runs": group.runs,
+            "trials": [t.number for t in group.counted], "mean_se_tokens_per_s_per_gpu": pick.mean_se(group)}
 
 
 def figure_text(trial: Trial, figure: dict[str, Any] | None) -> str:
@@ -87,10 +86,9 @@ def figure_text(trial: Trial, figure: dict[str, Any] | None) -> str:
     return text + (f", the mean of trials {', '.join(map(str, counted))}" if len(counted) > 1 else "")
 
 
-def risk_warning(repo: Repository, study: Study) -> str | None:
-    """One line when the recommendation passed over faster layouts that ran at risk (inside the memory margin,
-    or out of memory in one of their runs), or is itself at risk."""
-    pick = recommendation(repo, study)
+def risk_warning(study: Study, pick: Any) -> str | None:
+    """One line when the recommendation `pick` passed over faster layouts that ran at risk (inside the memory
+    margin, or out of memory in one of their runs), or is itself at risk."""
     if pick is None:
         return None
     if not pick.risky:
@@ -109,25 +107,12 @@ def risk_warning(repo: Repository, study: Study) -> str | None:
             f"Export it with --trial {fastest.trial.number} to take the risk.")
 
 
-def chosen_trial_risk(repo: Repository, study: Study, trial: Trial) -> str | None:
+def chosen_trial_risk(pick: Any, trial: Trial) -> str | None:
     """One line when a trial the user chose (`--trial N`) is of a layout the study would not recommend as safe
     (found by a new-user pass: a layout peaking inside the margin went out without a word)."""
-    pick = recommendation(repo, study)
-    if pick is None:
+    why = pick.trial_risk(trial) if pick is not None else None
+    if why is None:
         return None
-    result = next((r for r in (pick.best, *pick.risky) if r.trial.config_key == trial.config_key), None)
-    if result is None or (result is pick.best and pick.safe):
-        oomed = trial.config_key in pick.oomed
-        from autotune.catalog import get_gpu
-
-        limit_gib = get_gpu(study.workload["gpu"]).memory_gib - pick.headroom_gib
-        margin = trial.peak_mem_gib is not None and trial.peak_mem_gib > limit_gib
-        if not (oomed or margin):
-            return None
-        why = ("ran out of memory in one of its runs" if oomed else
-               f"peaked at {trial.peak_mem_gib:.1f} GiB, inside the {pick.headroom_gib:g} GiB memory margin")
-    else:
-        why = pick.risk(result)
     return f"note: trial {trial.number}'s layout is at risk: it {why}; the study recommends trial {pick.trial.number}"
 
 
@@ -316,18 +301,19 @@ def benchmark_settings(study: Study, allow: bool) -> dict[str, bool]:
 
 
 def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = None,
-           allow_benchmark_settings: bool = False) -> str:
+           allow_benchmark_settings: bool = False, pick: Any = _UNSET) -> str:
+    """The export as text; `pick`: the study's recommendation when the caller has it."""
     settings = benchmark_settings(study, allow_benchmark_settings)
     if fmt == "table":
         return table_frame(repo, study, settings).to_csv(index=False)
-    trial = choose_trial(repo, study, trial_number)
+    pick = recommendation(repo, study) if pick is _UNSET else pick
+    trial = choose_trial(repo, study, trial_number, pick)
     if fmt in ("recipe", "overrides"):
         from autotune.catalog import require_exportable
 
         require_exportable(study_space_and_workload(study)[0].model, f"export --format {fmt} for")
-    figure = layout_figure(repo, study, trial)
+    figure = layout_figure(pick, trial)
     if fmt == "recipe":
-        pick = recommendation(repo, study)
         return render_recipe(study, trial, settings, recommended=bool(pick) and pick.trial.number == trial.number,
                              figure=figure)
     if fmt == "overrides":

@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
-from autotune.controller.recommend import VALIDATION, RunNoise, layout_results, study_recommendation
+from autotune.controller.recommend import VALIDATION, RunNoise, study_recommendation
 from autotune.storage import Repository, Study, Trial
 
 # new columns go last: a script reading the CSV by position keeps working
@@ -244,9 +244,9 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
     noise = pick.noise if pick else None
     # grouped as the recommendation groups them: screening runs (the study's and imported ones) together,
     # the longer validation runs apart
-    group = next((r for r in layout_results(dispatched, validation=trial.origin == VALIDATION)
-                  if r.trials[0].config_key == trial.config_key), None)
+    group = pick.layout_of(trial.config_key, validation=trial.origin == VALIDATION) if pick else None
     runs = sorted(group.trials, key=lambda t: t.number) if group else []
+    validated = pick.layout_of(trial.config_key, validation=True) if pick and trial.origin != VALIDATION else None
     mean = group.mean_tokens_per_s_per_gpu if len(runs) > 1 else None
     predicted = checked_prediction(trial.predicted)
     view: dict[str, Any] = {
@@ -256,7 +256,11 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
                          "straggler": t.number in group.stragglers} for t in runs]
         if len(runs) > 1 else [],
         "layout_mean_tokens_per_s_per_gpu": mean,
-        "layout_mean_se": noise.mean_se(mean, group.counted_runs) if mean and noise else None,
+        "layout_mean_se": pick.mean_se(group) if mean else None,
+        # the layout's longer --validate-steps runs beside a screening run (found by a new-user pass: `show`
+        # of the winner's screening run never said it had been validated)
+        "layout_validation_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu}
+                                   for t in sorted(validated.trials, key=lambda t: t.number)] if validated else [],
         "predicted": predicted,
         "stopped": _stopped(trial, study.status),  # dispatched, but the study's interruption cancelled it
     }
@@ -299,8 +303,18 @@ def prediction_text(view: dict[str, Any], source: str = "measured") -> str:
 
 
 def layout_runs_text(view: dict[str, Any]) -> str:
-    """`ran 3 times: trials 4 (8,640), 17 (8,702), 31 (8,674); mean 8,672 ±93 (the ± is its standard error)`, '' for one run."""
-    runs = view["layout_runs"]
+    """`ran 3 times: trials 4 (8,640), 17 (8,702), 31 (8,674); mean 8,672 ±93 (the ± is its standard error)`, and
+    the layout's validation runs beside a screening run; '' for a single run of a layout never validated."""
+    text = _screening_runs_text(view["layout_runs"], view)
+    validated = view.get("layout_validation_runs") or []
+    if validated:
+        listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f})" for r in validated)
+        text += ("; " if text else "") + (f"validated in longer runs (--validate-steps, reported apart from the "
+                                          f"screening runs): trial{'s' if len(validated) > 1 else ''} {listed}")
+    return text
+
+
+def _screening_runs_text(runs: list[dict[str, Any]], view: dict[str, Any]) -> str:
     if not runs:
         return ""
     listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f}"
@@ -413,9 +427,15 @@ def validation_note(summary: dict[str, Any]) -> str:
     # screening's order (the recommended layout is then not the one with the best screening figure)
     if first.get("recommended") and second.get("screening_tokens_per_s_per_gpu") and \
             first.get("screening_tokens_per_s_per_gpu"):
-        verdict = ("; the validation runs reversed the screening's order" if
-                   second["screening_tokens_per_s_per_gpu"] > first["screening_tokens_per_s_per_gpu"]
-                   else "; the validation runs kept the screening's order")
+        kept = second["screening_tokens_per_s_per_gpu"] <= first["screening_tokens_per_s_per_gpu"]
+        verdict = "; the validation runs " + ("kept" if kept else "reversed") + " the screening's order"
+        # the runner-up is validated only when the screening cannot tell the two apart: "reversed" alone read as
+        # a verdict on a 1 tokens/s gap (found by a new-user pass); say how far apart the screening had them
+        gap = abs(second["screening_tokens_per_s_per_gpu"] / first["screening_tokens_per_s_per_gpu"] - 1)
+        noise = summary.get("run_noise_rel_sd")
+        within = noise is not None and gap <= 2 * noise * math.sqrt(2)  # two single runs' difference, 2 sd
+        apart = f"{100 * gap:.1f}%" if gap >= 0.001 else "under 0.1%"
+        verdict += f" (its figures {apart} apart" + (", within its noise" if within else "") + ")"
     return "validation (--validate-steps, outside the budget): " + "; ".join(parts) + verdict
 
 

@@ -365,6 +365,29 @@ def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_
     assert "but ran out of memory in one of its runs; exported the safe trial 1" in " ".join(oom.stderr.split())
 
 
+def test_one_export_pools_the_runs_once(tmp_path, monkeypatch, capsys):
+    """The recommendation fits the pooled estimate over every run; an export asked for it up to six times
+    (the trial, its figure, the recipe header, two notes, the message). It is computed once and passed on."""
+    from autotune.cli import main
+    from autotune.controller import recommend
+
+    repo, study, _ = _study_with_trial(tmp_path, FULL)
+    other = LayoutConfig.from_mapping({**FULL, "mbs": 1})
+    trial = repo.claim_dispatch(study.id, other.to_dict(), other.key(), 1, "c", 2)
+    repo.finish_trial(study.id, trial.number, "completed",  # faster, inside the margin: both notes have work
+                      metrics={"step_time_s": 27.0, "tokens_per_s_per_gpu": 8900.0, "tflops_per_gpu": 204.0,
+                               "mfu": 0.207, "peak_mem_gib": 79.0})
+    calls = []
+    real = recommend.study_recommendation
+    monkeypatch.setattr(recommend, "study_recommendation", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for extra in ((), ("--trial", str(trial.number))):
+        calls.clear()
+        assert main(["export", "ex", "--format", "recipe", "--storage", str(repo.engine.url), *extra]) == 0
+        assert len(calls) == 1, extra
+    err = " ".join(capsys.readouterr().err.split())
+    assert "exported the safe trial 1" in err and f"note: trial {trial.number}'s layout is at risk" in err
+
+
 # --- the exported recipe builds exactly the function the trials ran, for every model of the catalog ---
 
 class _Config(types.SimpleNamespace):

@@ -55,15 +55,17 @@ def cmd_export(args: argparse.Namespace) -> int:
                 _write(args.output, frame.to_csv(index=False))
             what = f"a replay table of {len(frame)} trial(s) (completed, OOM and failed) of study {study.name!r}"
         else:
-            text = export.render(repo, study, args.format, args.trial, args.allow_benchmark_settings)
+            pick = export.recommendation(repo, study)  # pools every run: once for the export and its notes
+            trial = export.choose_trial(repo, study, args.trial, pick)
+            text = export.render(repo, study, args.format, args.trial, args.allow_benchmark_settings, pick)
             # everything the note needs is read before the file is written
-            what = _what(repo, study, args)
+            what = _what(study, args, trial, pick)
             if args.trial is not None:
-                warning = export.chosen_trial_risk(repo, study, export.choose_trial(repo, study, args.trial))
+                warning = export.chosen_trial_risk(pick, trial)
                 if warning:
                     print(warning, file=sys.stderr)
             if args.trial is None:
-                warning = export.risk_warning(repo, study)
+                warning = export.risk_warning(study, pick)
                 if warning:
                     print(warning, file=sys.stderr)
                 if study.status != "finished":  # found by review: a mid-study recommendation went out unmarked
@@ -244,12 +246,11 @@ def _umask() -> int:
     return mask
 
 
-def _what(repo, study, args: argparse.Namespace) -> str:
+def _what(study, args: argparse.Namespace, trial, pick) -> str:
     """Which trial went out in which format, and what its numbers are (measured, simulated, replayed)."""
     from autotune import export
     from autotune.space import study_space_and_workload
 
-    trial = export.choose_trial(repo, study, args.trial)
     source, note = export.metrics_note(study, trial)
     why = f"--trial {args.trial}" if args.trial is not None else "the study's recommendation"
     recipe = export.recipe_import(study_space_and_workload(study)[0].model)[1]
@@ -257,4 +258,4 @@ def _what(repo, study, args: argparse.Namespace) -> str:
             "overrides": f"run_recipe.py overrides for {recipe} and the torchrun line", "yaml": "a YAML document",
             "json": "a JSON document"}[args.format]
     return (f"{kind}, trial {trial.number} of study {study.name!r} ({why}): {source} "
-            f"{export.figure_text(trial, export.layout_figure(repo, study, trial))} ({note})")
+            f"{export.figure_text(trial, export.layout_figure(pick, trial))} ({note})")

@@ -165,12 +165,8 @@ def _stdin_has_text() -> bool:
 
 
 def _given(number: int, line: str) -> dict:
-    """The knobs a stdin line gives, checked (a bad line is one error naming its number)."""
-    config = _parse_line(number, line)  # checks every key and value
-    return {name: getattr(config, name) for name in loads_flagged(line)[0]}
-
-
-def _parse_line(number: int, line: str):
+    """The knobs a stdin line gives, checked (a bad line is one error naming its number): only those it names,
+    so that the others are filled from the recipe, not from LayoutConfig's defaults."""
     from autotune.config import LayoutConfig
 
     try:
@@ -182,6 +178,7 @@ def _parse_line(number: int, line: str):
     if problem:  # a key twice: which value is meant?
         raise ConfigError(f"stdin line {number} is not usable JSON: {problem}")
     try:
-        return LayoutConfig.from_mapping(value)
+        config = LayoutConfig.from_mapping(value)  # checks every key and value
+        return {name: getattr(config, name) for name in value}
     except ConfigError as exc:
         raise ConfigError(f"stdin line {number}: {exc}") from None

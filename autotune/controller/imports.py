@@ -84,9 +84,10 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
                                 estimate(workload, layout).peak_mem_gib)
     if problem:
         raise ConfigError(f"{name}: impossible figures in the log ({problem}); nothing imported")
+    runs = [t for t in repo.trials(study.id) if t.config_key == layout.key()]  # the layout's runs, read once
     if status == "completed":
-        _refuse_a_run_held_already(repo, study, layout, every_step, name)
-    notes.extend(_other_outcomes_of_the_layout(repo, study, layout, status))
+        _refuse_a_run_held_already(runs, every_step, name)
+    notes.extend(_other_outcomes_of_the_layout(runs, status))
     optuna = OptunaStudy(repo.url, study.optuna_study_name, space, study.sampler, None, create=False,
                          backend=study.backend)
     reason = "out_of_memory" if status == "oom" else None
@@ -104,27 +105,26 @@ def import_log(repo: Repository, study: Study, layout: LayoutConfig, text: str |
     return trial, notes
 
 
-def _refuse_a_run_held_already(repo: Repository, study: Study, layout: LayoutConfig, every_step: list[float],
-                               name: str) -> None:
-    """ConfigError when the study holds a completed run of this layout with the very same iteration times: the
+def _refuse_a_run_held_already(runs: list[Trial], every_step: list[float], name: str) -> None:
+    """ConfigError when the study holds (in `runs`, the layout's trials) a completed run of this layout with the very same iteration times: the
     same log (or the log of a run the study made itself) imported again. Counted as another run it would
     narrow the study's run-to-run noise, and every ± on the leaderboard, with a repeat that is no measurement
     (review: eight imports of one log took the noise from 3% to 1.6%). Two real runs never print the same
     times for every iteration."""
     steps = stored_step_times(every_step)  # as add_imported will store them
-    for trial in repo.trials(study.id):
-        if trial.status == "completed" and trial.config_key == layout.key() and trial.step_times_s == steps:
+    for trial in runs:
+        if trial.status == "completed" and trial.step_times_s == steps:
             raise ConfigError(f"{name}: the study holds this run already (trial {trial.number}: the same layout and "
                               f"the same {len(steps)} iteration times); imported again it would count as a second "
                               "measurement; nothing imported")
 
 
-def _other_outcomes_of_the_layout(repo: Repository, study: Study, layout: LayoutConfig, status: str) -> list[str]:
-    """A note when the study holds runs of this layout that ended the other way (found by a new-user pass: an OOM
+def _other_outcomes_of_the_layout(runs: list[Trial], status: str) -> list[str]:
+    """A note when the study holds runs of this layout (`runs`, its trials) that ended the other way (found by a new-user pass: an OOM
     log of a layout that had completed was stored without a word). Both are kept, since a layout near the limit
     can do either (fragmentation, another node's driver); but the user should know the store now says both."""
     other = "oom" if status == "completed" else "completed"
-    numbers = [t.number for t in repo.trials(study.id) if t.status == other and t.config_key == layout.key()]
+    numbers = [t.number for t in runs if t.status == other]
     if not numbers:
         return []
     shown_numbers = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")

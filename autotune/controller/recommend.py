@@ -147,6 +147,32 @@ class Recommendation:
     # layouts with an OOM among their runs (a re-measurement, a longer validation run): never safe
     oomed: frozenset[str] = frozenset()
     safe: bool = True  # False: no layout kept the headroom, and `best` is the best of the rest, at risk
+    layouts: tuple[LayoutResult, ...] = ()  # every layout's screening runs, best estimate first
+    memory_gib: float | None = None  # the GPU's memory, of which the headroom is kept
+
+    def layout_of(self, config_key: str, validation: bool = False) -> LayoutResult | None:
+        """The runs of one layout as the recommendation grouped them: its screening runs (the study's and
+        imported ones), or (`validation`) its longer validation runs; None when it has none."""
+        if validation:
+            return self.validation.get(config_key)
+        return next((r for r in self.layouts if r.trial.config_key == config_key), None)
+
+    def mean_se(self, result: LayoutResult) -> float | None:
+        """The standard error of a layout's mean, tokens/s/GPU (None where runs repeat exactly)."""
+        return self.noise.mean_se(result.mean_tokens_per_s_per_gpu, result.counted_runs) if self.noise else None
+
+    def trial_risk(self, trial: "Trial") -> str | None:
+        """Why the layout of a trial that ran is not one the study recommends as safe, or None: an OOM in
+        one of its runs, or a peak inside the margin (a run outside the screening: its own peak)."""
+        result = self.layout_of(trial.config_key)
+        if result is not None and result is self.best and self.safe:
+            return None
+        if trial.config_key in self.oomed:
+            return self.risk(result or LayoutResult((trial,), 0.0, trial.peak_mem_gib))
+        peak = result.peak_mem_gib if result is not None else trial.peak_mem_gib
+        if peak is None or self.memory_gib is None or peak <= self.memory_gib - self.headroom_gib:
+            return None
+        return self.risk(result or LayoutResult((trial,), 0.0, peak))
 
     def risk(self, result: LayoutResult) -> str:
         """Why a layout that ran is not safe: an OOM in one of its runs, or its peak inside the margin."""
@@ -407,7 +433,8 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
         best = next((r for r in results if r.trial.config_key not in oomed), results[0])
         risky = tuple(r for r in results if r is not best and r.estimate_tokens_per_s_per_gpu
                       > best.estimate_tokens_per_s_per_gpu)
-        return Recommendation(best, risky, headroom_gib, None, validated, noise, oomed, safe=False)
+        return Recommendation(best, risky, headroom_gib, None, validated, noise, oomed, safe=False,
+                              layouts=tuple(results), memory_gib=memory_limit_gib)
     contenders = [r for r in safe[:2] if r.trial.config_key in validated]
     if len(contenders) == 2 and validated[contenders[1].trial.config_key].mean_tokens_per_s_per_gpu > \
             validated[contenders[0].trial.config_key].mean_tokens_per_s_per_gpu:
@@ -415,7 +442,8 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     best = safe[0]
     risky = tuple(r for r in results if r.estimate_tokens_per_s_per_gpu > best.estimate_tokens_per_s_per_gpu
                   and r not in safe)
-    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated, noise, oomed)
+    return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated, noise, oomed,
+                          layouts=tuple(results), memory_gib=memory_limit_gib)
 
 
 def validation_choices(pick: Recommendation | None, noise_log_std: float) -> list[LayoutResult]:

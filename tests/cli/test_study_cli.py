@@ -146,6 +146,10 @@ def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained
     assert shown.returncode == 0 and "leave unexplained: +-" in " ".join(shown.stdout.split())
     words = " ".join(shown.stdout.split())  # a simulate study's runs are not called measured
     assert "simulated runs" in words and "peak memory: simulated / predicted" in words and "measured" not in words
+    # the run-to-run noise it names is the leaderboard's, not only the fit's assumed floor (a new-user pass)
+    board = json.loads(cli("leaderboard", "demo", "--format", "json", "--storage", url).stdout)["summary"]
+    assert fitted["run_noise_rel_sd"] == pytest.approx(board["run_noise_rel_sd"])
+    assert f"noise at +-{board['run_noise_rel_sd']:.1%}, the leaderboard's ±" in words
 
 
 def test_show_never_passes_a_launchers_control_characters_to_the_terminal(cli, finished_study, tmp_path):

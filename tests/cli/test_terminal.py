@@ -126,6 +126,8 @@ def test_names_stay_whole_in_models_compare_and_status(store, columns):
         assert LONG in shown and "polish-1" in shown, shown
         assert "…" not in shown
         assert all(len(line) <= columns for line in shown.splitlines())
+        if argv == ["status"] and columns == 120:  # a column "done" counted pruned and failed runs
+            assert "completed: 6" in shown and "done" not in shown, shown  # one record per row at this width
 
 
 def test_names_stay_whole_through_a_pipe_with_columns_80(store):

@@ -467,6 +467,14 @@ def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen1
     by_key = {LayoutConfig.from_mapping(e["config"]).key(): e for e in entries}
     for t in validation:
         assert by_key[t.config_key]["tokens_per_s_per_gpu"] == pytest.approx(t.tokens_per_s_per_gpu)
+    # `show` of a screening run of a validated layout names its validation runs (it did not)
+    screening = next(t for t in trials if t.origin != "validation" and t.config_key == validation[0].config_key)
+    view = leaderboard.trial_view(repo, repo.get_study("v"), screening)
+    same = sorted(t.number for t in validation if t.config_key == screening.config_key)
+    assert [r["trial"] for r in view["layout_validation_runs"]] == same
+    assert "validated in longer runs (--validate-steps, reported apart from the screening runs): trial" \
+        in leaderboard.layout_runs_text(view)
+    assert leaderboard.trial_view(repo, repo.get_study("v"), validation[0])["layout_validation_runs"] == []
     repo.close()
 
 
