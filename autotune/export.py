@@ -67,13 +67,18 @@ def layout_figure(pick: Any, trial: Trial) -> dict[str, Any] | None:
     """The exported layout's throughput as `start`, `status`, `leaderboard` and `show` give it: the mean of its
     screening runs (stragglers left out) with that mean's standard error, and which runs (found by a new-user pass:
     export quoted the chosen trial's own run, 8,923, where every other command said 8,776 +-177, the mean of two).
-    None for a trial whose layout has no screening run (an imported log alone, a validation run).
+    A validation run's figure is the mean of its layout's validation runs, which are reported apart (found by
+    review: it quoted the screening runs' mean as the validation run's). None without a recommendation.
     `pick`: the study's recommendation (recommendation()), which groups the runs."""
-    group = pick.layout_of(trial.config_key) if pick is not None else None
+    from autotune.controller.recommend import VALIDATION
+
+    validation = trial.origin == VALIDATION
+    group = pick.layout_of(trial.config_key, validation=validation) if pick is not None else None
     if group is None:
         return None
     return {"mean_tokens_per_s_per_gpu": group.mean_tokens_per_s_per_gpu, "runs": group.runs,
-            "trials": [t.number for t in group.counted], "mean_se_tokens_per_s_per_gpu": pick.mean_se(group)}
+            "trials": [t.number for t in group.counted], "mean_se_tokens_per_s_per_gpu": pick.mean_se(group),
+            "of": "validation runs" if validation else "screening runs"}
 
 
 def figure_text(trial: Trial, figure: dict[str, Any] | None) -> str:
@@ -83,7 +88,8 @@ def figure_text(trial: Trial, figure: dict[str, Any] | None) -> str:
     se = figure["mean_se_tokens_per_s_per_gpu"]
     text = f"{figure['mean_tokens_per_s_per_gpu']:,.0f}" + (f" ±{se:,.0f}" if se else "") + " tokens/s/GPU"
     counted = figure["trials"]
-    return text + (f", the mean of trials {', '.join(map(str, counted))}" if len(counted) > 1 else "")
+    kind = "validation runs" if figure.get("of") == "validation runs" else "trials"
+    return text + (f", the mean of {kind} {', '.join(map(str, counted))}" if len(counted) > 1 else "")
 
 
 def risk_warning(study: Study, pick: Any) -> str | None:
@@ -113,6 +119,10 @@ def chosen_trial_risk(pick: Any, trial: Trial) -> str | None:
     why = pick.trial_risk(trial) if pick is not None else None
     if why is None:
         return None
+    if trial.config_key == pick.trial.config_key and not pick.safe:  # it is the recommendation (found by review:
+        # "...; the study recommends trial 1" of trial 1 itself)
+        return (f"note: trial {trial.number}'s layout is at risk: it {why}; it is the study's recommendation all the "
+                f"same: no layout kept the {pick.headroom_gib:g} GiB memory margin")
     return f"note: trial {trial.number}'s layout is at risk: it {why}; the study recommends trial {pick.trial.number}"
 
 
@@ -140,6 +150,8 @@ def metrics_note(study: Study, trial: Trial) -> tuple[str, str]:
     if source == "replayed":
         table = json.dumps(str((study.backend_options or {}).get("replay", "?")))  # quoted: it may hold any text
         return source, f"looked up in the replay table {table}: runs made outside this study"
+    if trial.origin == "validation":
+        return source, f"a longer validation run (--validate-steps) of the {study.backend} backend"
     return source, "an imported log" if trial.origin == "imported" else f"a {study.backend} backend run"
 
 

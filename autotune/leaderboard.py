@@ -175,7 +175,8 @@ def _validation_runs(pick: Any, study: Study, dispatched: list[Trial]) -> list[d
              and t.config_key not in pick.validation]
     unfinished = [{"trials": [t.number], "config": t.config, "status": t.status,
                    "recommended": t.config_key == pick.best.trial.config_key, "tokens_per_s_per_gpu": None,
-                   "measured_steps": None, "screening_tokens_per_s_per_gpu": None} for t in ended]
+                   "measured_steps": None, "screening_tokens_per_s_per_gpu": None,
+                   "screening_estimate_tokens_per_s_per_gpu": None} for t in ended]
     warmup = study.options.get("warmup_steps", 0) if isinstance(study.options, dict) else 0
     warmup = warmup if isinstance(warmup, int) and warmup >= 0 else 0
     screening = {r.trial.config_key: r for r in (pick.best, pick.runner_up) if r is not None}
@@ -191,6 +192,8 @@ def _validation_runs(pick: Any, study: Study, dispatched: list[Trial]) -> list[d
             "measured_steps": steps if steps > 0 else None,
             # the screening runs' mean, the figure the summary's best line shows beside it
             "screening_tokens_per_s_per_gpu": screened.mean_tokens_per_s_per_gpu if screened else None,
+            # what the screening ranked it by (recommend.recommend): its runs pooled with similar layouts'
+            "screening_estimate_tokens_per_s_per_gpu": screened.estimate_tokens_per_s_per_gpu if screened else None,
         })
     return sorted(entries + unfinished, key=lambda e: not e["recommended"])
 
@@ -246,7 +249,13 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
     # the longer validation runs apart
     group = pick.layout_of(trial.config_key, validation=trial.origin == VALIDATION) if pick else None
     runs = sorted(group.trials, key=lambda t: t.number) if group else []
-    validated = pick.layout_of(trial.config_key, validation=True) if pick and trial.origin != VALIDATION else None
+    # the layout's runs of the other kind: its validation runs (any ending) beside a screening run, its screening
+    # runs beside a validation run (found by review: neither pointed to the other)
+    validating = trial.origin == VALIDATION
+    others = sorted((t for t in dispatched if (t.origin == VALIDATION) != validating and t.config_key == trial.config_key
+                     and t.status != "rejected" and (not validating or (t.status == "completed"
+                                                                           and t.tokens_per_s_per_gpu))),
+                    key=lambda t: t.number)
     mean = group.mean_tokens_per_s_per_gpu if len(runs) > 1 else None
     predicted = checked_prediction(trial.predicted)
     view: dict[str, Any] = {
@@ -259,8 +268,10 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
         "layout_mean_se": pick.mean_se(group) if mean else None,
         # the layout's longer --validate-steps runs beside a screening run (found by a new-user pass: `show`
         # of the winner's screening run never said it had been validated)
-        "layout_validation_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu}
-                                   for t in sorted(validated.trials, key=lambda t: t.number)] if validated else [],
+        "layout_validation_runs": [] if validating else [
+            {"trial": t.number, "status": t.status, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu} for t in others],
+        "layout_screening_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu}
+                                  for t in others] if validating else [],
         "predicted": predicted,
         "stopped": _stopped(trial, study.status),  # dispatched, but the study's interruption cancelled it
     }
@@ -308,9 +319,19 @@ def layout_runs_text(view: dict[str, Any]) -> str:
     text = _screening_runs_text(view["layout_runs"], view)
     validated = view.get("layout_validation_runs") or []
     if validated:
-        listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f})" for r in validated)
+        listed = ", ".join(f"{r['trial']} (" + (f"{r['tokens_per_s_per_gpu']:,.0f}" if r["status"] == "completed" and
+                                                r["tokens_per_s_per_gpu"] else
+                                                "running" if r["status"] == "dispatched" else
+                                                ENDED_OTHERWISE.get(r["status"], str(r["status"]))) + ")"
+                           for r in validated)
         text += ("; " if text else "") + (f"validated in longer runs (--validate-steps, reported apart from the "
                                           f"screening runs): trial{'s' if len(validated) > 1 else ''} {listed}")
+    screened = view.get("layout_screening_runs") or []
+    if screened:
+        listed = ", ".join(f"{r['trial']} ({r['tokens_per_s_per_gpu']:,.0f})" for r in screened)
+        text += ("; " if text else "") + (f"a longer validation run (--validate-steps) of a layout whose screening "
+                                          f"run{'s' if len(screened) > 1 else ''} measured: trial"
+                                          f"{'s' if len(screened) > 1 else ''} {listed}")
     return text
 
 
@@ -386,9 +407,12 @@ def with_sd(value: float | None, sd: float | None, spec: str = ",.0f") -> str:
     return _fmt(value, spec) + (f" ±{shown}" if shown.strip("0.,") else "")
 
 
-def best_with_se(summary: dict[str, Any]) -> str:
-    """The recommendation's throughput ± its standard error (`8,860 ±165`), '' before any run completed."""
-    return with_sd(summary["best_tokens_per_s_per_gpu"], summary.get("best_tokens_per_s_per_gpu_se"))
+def best_with_se(summary: dict[str, Any], flag_risk: bool = True) -> str:
+    """The recommendation's throughput ± its standard error (`8,860 ±165`), '' before any run completed;
+    `8,778 ±263 at risk` when no layout kept the memory headroom (found by review: `status` and `compare` gave an
+    at-risk recommendation unmarked), unless the caller says why beside it (`flag_risk` False)."""
+    shown = with_sd(summary["best_tokens_per_s_per_gpu"], summary.get("best_tokens_per_s_per_gpu_se"))
+    return shown + (" at risk" if flag_risk and shown and summary.get("best_risk") else "")
 
 
 ENDED_OTHERWISE = {"oom": "ran out of memory", "failed": "failed", "timeout": "timed out", "lost": "was lost",
@@ -427,15 +451,18 @@ def validation_note(summary: dict[str, Any]) -> str:
     # screening's order (the recommended layout is then not the one with the best screening figure)
     if first.get("recommended") and second.get("screening_tokens_per_s_per_gpu") and \
             first.get("screening_tokens_per_s_per_gpu"):
-        kept = second["screening_tokens_per_s_per_gpu"] <= first["screening_tokens_per_s_per_gpu"]
+        # the screening ranked them by their estimates (the means where an older record has none)
+        def ranked(entry: dict[str, Any]) -> float:
+            return entry.get("screening_estimate_tokens_per_s_per_gpu") or entry["screening_tokens_per_s_per_gpu"]
+
+        kept = ranked(second) <= ranked(first)
         verdict = "; the validation runs " + ("kept" if kept else "reversed") + " the screening's order"
-        # the runner-up is validated only when the screening cannot tell the two apart: "reversed" alone read as
-        # a verdict on a 1 tokens/s gap (found by a new-user pass); say how far apart the screening had them
+        # "reversed" alone read as a verdict on a 1 tokens/s gap (found by a new-user pass): say how far apart the
+        # screening had them (the runner-up is validated when the pooled estimates are within the noise:
+        # recommend.validation_choices; these are the plain means the line quotes)
         gap = abs(second["screening_tokens_per_s_per_gpu"] / first["screening_tokens_per_s_per_gpu"] - 1)
-        noise = summary.get("run_noise_rel_sd")
-        within = noise is not None and gap <= 2 * noise * math.sqrt(2)  # two single runs' difference, 2 sd
         apart = f"{100 * gap:.1f}%" if gap >= 0.001 else "under 0.1%"
-        verdict += f" (its figures {apart} apart" + (", within its noise" if within else "") + ")"
+        verdict += f" (the screening figures {apart} apart)"
     return "validation (--validate-steps, outside the budget): " + "; ".join(parts) + verdict
 
 

@@ -388,6 +388,62 @@ def test_one_export_pools_the_runs_once(tmp_path, monkeypatch, capsys):
     assert "exported the safe trial 1" in err and f"note: trial {trial.number}'s layout is at risk" in err
 
 
+def test_a_chosen_trial_is_at_risk_by_its_own_peak_or_its_layouts_and_a_validation_run_quotes_its_own_figure(
+        tmp_path, cli):
+    """Review of the shared risk rule: a validation run peaking inside the margin went out without a word (the
+    layout's screening runs kept it), a note quoted a peak that was another run's without naming it, the at-risk
+    recommendation was told to "recommend" itself, and a validation run was quoted at its screening runs' mean."""
+    from autotune import leaderboard
+    from autotune.storage import TrialOrigin
+
+    repo, study, safe = _study_with_trial(tmp_path, FULL)  # trial 1: 8,000 tokens/s at 70.5 GiB (limit 76.4)
+    url = str(repo.engine.url)
+
+    def run(layout, peak, tokens=8000.0, origin=TrialOrigin.STUDY, key=None):
+        trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 4, predicted={},
+                                    dispatch_key=key or layout.key(), origin=origin)
+        repo.finish_trial(study.id, trial.number, "completed", step_times_s=[30.0] * 12,
+                          metrics={"step_time_s": 30.0, "tokens_per_s_per_gpu": tokens, "peak_mem_gib": peak})
+        return trial.number
+
+    validation = run(safe, 78.5, 7900.0, TrialOrigin.VALIDATION, f"{safe.key()}#validation")
+    chosen = cli("export", "ex", "--format", "json", "--trial", str(validation), "--storage", url)
+    assert chosen.returncode == 0, chosen.stderr
+    words = " ".join(chosen.stderr.split())
+    assert f"note: trial {validation}'s layout is at risk: it peaked at 78.5 GiB, inside the 3.2 GiB memory " \
+        "margin" in words
+    # its own figure, called a validation run, not the screening runs' 8,000
+    assert "simulated 7,900 ±" in words and json.loads(chosen.stdout)["layout_mean"]["trials"] == [validation]
+    # show: each kind of run names the other
+    view = leaderboard.trial_view(repo, study, repo.trial(study.id, validation))
+    assert [r["trial"] for r in view["layout_screening_runs"]] == [1] and view["layout_validation_runs"] == []
+    assert leaderboard.trial_view(repo, study, repo.trial(study.id, 1))["layout_validation_runs"] == \
+        [{"trial": validation, "status": "completed", "tokens_per_s_per_gpu": 7900.0}]
+    # a layout judged by its other screening run's peak: named with that run
+    other = LayoutConfig.from_mapping({**FULL, "mbs": 1})
+    low, high = run(other, 70.0, 7000.0), run(other, 77.0, 7100.0, key=f"{other.key()}#again")
+    words = " ".join(cli("export", "ex", "--format", "json", "--trial", str(low), "--storage", url).stderr.split())
+    assert f"it peaked at 77.0 GiB in its run of trial {high}, inside the 3.2 GiB memory margin; the study " \
+        "recommends trial 1" in words
+    # nothing keeps the margin: the recommendation is at risk, and said to be the recommendation
+    with repo.engine.begin() as c:
+        c.exec_driver_sql("UPDATE autotune_trials SET peak_mem_gib = 79.0")
+    words = " ".join(cli("export", "ex", "--format", "json", "--trial", "1", "--storage", url).stderr.split())
+    assert "note: trial 1's layout is at risk: it peaked at 79.0 GiB, inside the 3.2 GiB memory margin; it is " \
+        "the study's recommendation all the same: no layout kept the 3.2 GiB memory margin" in words
+    status = cli("status", "--storage", url, "--json")
+    assert json.loads(status.stdout)[0]["best_risk"]
+    assert " at risk" in cli("status", "--storage", url).stdout  # flagged where no note stands beside it
+    assert " at risk" in cli("compare", "ex", "--storage", url).stdout
+    # a validation run that ran out of memory is named under the layout's screening runs too
+    oom = repo.claim_dispatch(study.id, other.to_dict(), other.key(), None, "c", 4, predicted={},
+                              dispatch_key=f"{other.key()}#validation", origin=TrialOrigin.VALIDATION)
+    repo.finish_trial(study.id, oom.number, "oom", reason="out_of_memory", metrics={"peak_mem_gib": 81.0})
+    text = leaderboard.layout_runs_text(leaderboard.trial_view(repo, study, repo.trial(study.id, low)))
+    assert f"validated in longer runs (--validate-steps, reported apart from the screening runs): trial {oom.number} " \
+        "(ran out of memory)" in text
+
+
 # --- the exported recipe builds exactly the function the trials ran, for every model of the catalog ---
 
 class _Config(types.SimpleNamespace):

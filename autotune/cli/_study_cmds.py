@@ -453,7 +453,7 @@ def _print_final(board, summary) -> None:
     elif s["best_peak_mem_gib"]:
         peak += f" (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
-                  f"{leaderboard.best_with_se(s)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
+                  f"{leaderboard.best_with_se(s, flag_risk=False)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
     if s.get("validation_runs"):
         console.print(leaderboard.validation_note(s), markup=False)
     if s["risky_faster_trials"]:
@@ -635,14 +635,19 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 def _show_calibration(repo, study, as_json: bool) -> int:
     from autotune.controller.physics import STEP_NOISE_GRID_LOG_STD, STEP_NOISE_LOG_STD, fit_from_trials
 
-    from autotune.controller.recommend import study_recommendation
+    from autotune.controller.recommend import backend_repeats_exactly, layout_results, run_noise
 
     trials = repo.trials(study.id, dispatched_only=True)
     calibration = fit_from_trials(trials)
-    pick = study_recommendation(trials, study)
     # the run-to-run noise the leaderboard's ± comes from (found by a new-user pass: this page said 3% where the
-    # leaderboard said 2.6%, the fit's assumed floor beside the study's own figure); None where runs repeat exactly
-    calibration["run_noise_rel_sd"] = pick.noise.log_std if pick and pick.noise else None
+    # leaderboard said 2.6%, the fit's assumed floor beside the study's own figure), and how many layouts that ran
+    # more than once it rests on (0: the assumption alone); none where runs repeat exactly or none completed.
+    # Computed as the recommendation computes it, without the recommendation (its memory headroom and pooling)
+    results = layout_results(trials)
+    noise = run_noise(results) if results and not backend_repeats_exactly(study.backend) else None
+    calibration["run_noise_rel_sd"] = noise.log_std if noise else None
+    calibration["run_noise_repeated_layouts"] = noise.repeated_layouts if noise else 0
+    calibration["run_noise_stragglers"] = list(noise.stragglers) if noise else []
     if as_json:
         print(json.dumps(calibration, indent=2))
         return 0
@@ -664,8 +669,10 @@ def _show_calibration(repo, study, as_json: bool) -> int:
     unexplained = calibration["unexplained_step_time_log_sd"]
     if unexplained is not None:
         at_cap = unexplained >= max(STEP_NOISE_GRID_LOG_STD)  # the largest level the fit tries: at least that
-        noise = calibration["run_noise_rel_sd"]
-        measured = f"; the study's repeated runs put that noise at +-{noise:.1%}, the leaderboard's ±" if noise else ""
+        from autotune.leaderboard import noise_note
+
+        shown = noise_note(calibration).removeprefix("±: ")  # `one run-to-run sd (2.6%, from 1 layout run ...)`
+        measured = f"; the leaderboard's ± is {shown}" if shown else ""
         console.print(f"step time the terms leave unexplained: {'>=' if at_cap else '+-'}{unexplained:.0%} "
                       f"(1 sd, chosen by the fit, which assumes at least +-{STEP_NOISE_LOG_STD:.0%} of run-to-run "
                       f"noise{measured}; more than the noise means effects of no term, which the search's GP learns "

@@ -162,17 +162,24 @@ class Recommendation:
         return self.noise.mean_se(result.mean_tokens_per_s_per_gpu, result.counted_runs) if self.noise else None
 
     def trial_risk(self, trial: "Trial") -> str | None:
-        """Why the layout of a trial that ran is not one the study recommends as safe, or None: an OOM in
-        one of its runs, or a peak inside the margin (a run outside the screening: its own peak)."""
-        result = self.layout_of(trial.config_key)
-        if result is not None and result is self.best and self.safe:
-            return None
+        """Why a trial that ran is of a layout the study does not recommend as safe, or None: an OOM in one of
+        its layout's runs, its own peak inside the margin (a longer validation run can peak above the screening
+        runs), or another screening run of its layout peaking there (the layout's peak is what the
+        recommendation judges; named with its trial, since it is not the trial's own)."""
         if trial.config_key in self.oomed:
-            return self.risk(result or LayoutResult((trial,), 0.0, trial.peak_mem_gib))
-        peak = result.peak_mem_gib if result is not None else trial.peak_mem_gib
-        if peak is None or self.memory_gib is None or peak <= self.memory_gib - self.headroom_gib:
+            return "ran out of memory in one of its runs"
+        limit = None if self.memory_gib is None else self.memory_gib - self.headroom_gib
+        if limit is None:
             return None
-        return self.risk(result or LayoutResult((trial,), 0.0, peak))
+        margin = f"inside the {self.headroom_gib:g} GiB memory margin"
+        if trial.peak_mem_gib is not None and trial.peak_mem_gib > limit:
+            return f"peaked at {trial.peak_mem_gib:.1f} GiB, {margin}"
+        result = self.layout_of(trial.config_key)
+        peaks = [t for t in result.trials if t.peak_mem_gib is not None] if result is not None else []
+        top = max(peaks, key=lambda t: t.peak_mem_gib, default=None)
+        if top is not None and top.peak_mem_gib > limit:
+            return f"peaked at {top.peak_mem_gib:.1f} GiB in its run of trial {top.number}, {margin}"
+        return None
 
     def risk(self, result: LayoutResult) -> str:
         """Why a layout that ran is not safe: an OOM in one of its runs, or its peak inside the margin."""

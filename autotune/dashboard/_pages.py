@@ -242,7 +242,7 @@ class DashboardApp:
         runs = leaderboard.runs_note(s) or "one run"
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "
-                f"{escape(leaderboard.best_with_se(s))} "
+                f"{escape(leaderboard.best_with_se(s, flag_risk=False))} "
                 f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
                 f"{versus}{margin}</p>"
                 + (f"<p class='muted' id='validation'>{escape(leaderboard.validation_note(s))}</p>"

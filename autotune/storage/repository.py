@@ -472,8 +472,10 @@ class Repository:
     def trial(self, study_id: int, number: int) -> Trial:
         with self._read() as s:
             row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
-            if row is None:
-                raise StudyError(f"study has no trial {number}")
+            if row is None:  # named (found by review: "study has no trial 999" did not say which study)
+                name = s.scalar(select(StudyRow.name).where(StudyRow.id == study_id))
+                raise StudyError(f"study {name!r} has no trial {number}" if name is not None else
+                                 f"no study with id {study_id} (asked for its trial {number})")
             return _trial(row)
 
     def counts(self, study_id: int) -> dict[str, int]:

@@ -149,7 +149,11 @@ def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained
     # the run-to-run noise it names is the leaderboard's, not only the fit's assumed floor (a new-user pass)
     board = json.loads(cli("leaderboard", "demo", "--format", "json", "--storage", url).stdout)["summary"]
     assert fitted["run_noise_rel_sd"] == pytest.approx(board["run_noise_rel_sd"])
-    assert f"noise at +-{board['run_noise_rel_sd']:.1%}, the leaderboard's ±" in words
+    assert fitted["run_noise_repeated_layouts"] == board["run_noise_repeated_layouts"]
+    from autotune.leaderboard import noise_note
+
+    assert f"the leaderboard's ± is {noise_note(board).removeprefix('±: ')}" in words
+    assert ("assumed until a layout runs twice" in words) == (board["run_noise_repeated_layouts"] == 0)
 
 
 def test_show_never_passes_a_launchers_control_characters_to_the_terminal(cli, finished_study, tmp_path):
@@ -203,7 +207,7 @@ BAD_INPUTS = [
     (["start", "--model", "qwen3_30b", "--backend", "replay", "--replay", "/no/such.csv"], "does not exist"),
     (["start", "--model", "qwen3_30b", "--max-concurrent", "0"], "--max-concurrent must be > 0"),
     (["resume", "ghost"], "no study named"),
-    (["show", "demo", "999"], "no trial 999"),
+    (["show", "demo", "999"], "study 'demo' has no trial 999"),
 ]
 
 

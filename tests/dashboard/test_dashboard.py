@@ -628,7 +628,7 @@ def test_study_page_says_what_the_validation_runs_measured(repo):
 
 def test_the_validation_verdict_says_how_far_apart_the_screening_had_the_two():
     """A new-user pass: "the validation runs reversed the screening's order" over screening figures 1 tokens/s
-    apart read as a verdict. The line now says how far apart they were, and whether that is within the noise."""
+    apart read as a verdict. The line now says how far apart they were."""
     def entry(recommended, validated, screened, ep):
         return {"recommended": recommended, "trials": [9 if recommended else 10], "status": "completed",
                 "config": {"ep": ep}, "tokens_per_s_per_gpu": validated, "measured_steps": 50,
@@ -636,12 +636,12 @@ def test_the_validation_verdict_says_how_far_apart_the_screening_had_the_two():
 
     close = {"run_noise_rel_sd": 0.026, "validation_runs": [entry(True, 8800, 8760, 8), entry(False, 8700, 8761, 16)]}
     assert leaderboard.validation_note(close).endswith(
-        "; the validation runs reversed the screening's order (its figures under 0.1% apart, within its noise)")
+        "; the validation runs reversed the screening's order (the screening figures under 0.1% apart)")
     far = {"run_noise_rel_sd": 0.01, "validation_runs": [entry(True, 8800, 8760, 8), entry(False, 8700, 8000, 16)]}
     assert leaderboard.validation_note(far).endswith(
-        "; the validation runs kept the screening's order (its figures 8.7% apart)")
+        "; the validation runs kept the screening's order (the screening figures 8.7% apart)")
     exact = {"run_noise_rel_sd": None, "validation_runs": [entry(True, 8800, 8000, 8), entry(False, 8700, 8100, 16)]}
-    assert leaderboard.validation_note(exact).endswith("reversed the screening's order (its figures 1.2% apart)")
+    assert leaderboard.validation_note(exact).endswith("reversed the screening's order (the screening figures 1.2% apart)")
 
 
 def test_the_list_of_studies_says_which_are_simulated_and_which_replayed(repo):
