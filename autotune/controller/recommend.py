@@ -164,8 +164,8 @@ class Recommendation:
     def trial_risk(self, trial: "Trial") -> str | None:
         """Why a trial that ran is of a layout the study does not recommend as safe, or None: an OOM in one of
         its layout's runs, its own peak inside the margin (a longer validation run can peak above the screening
-        runs), or another screening run of its layout peaking there (the layout's peak is what the
-        recommendation judges; named with its trial, since it is not the trial's own)."""
+        runs), or another run of its layout (screening or validation) peaking there (the layout's peak is what
+        the recommendation judges; named with its trial, since it is not the trial's own)."""
         if trial.config_key in self.oomed:
             return "ran out of memory in one of its runs"
         limit = None if self.memory_gib is None else self.memory_gib - self.headroom_gib
