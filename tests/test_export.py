@@ -187,35 +187,58 @@ def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_
     from tests.backends.backend_suite import make_spec
 
     layout = LayoutConfig.from_mapping({"ep": 16})
-    header = "tp,pp,ep,status,step_time_s,tokens_per_s_per_gpu,peak_mem_gib\n"
+    # every layout knob is a column; the ones this test does not vary hold their defaults
+    rest = ("vpp,cp,etp,mbs,sp,dist_opt,recompute,recompute_method,recompute_num_layers", "1,1,1,1,False,False,none,,")
+    header = f"tp,pp,ep,status,step_time_s,tokens_per_s_per_gpu,peak_mem_gib,{rest[0]}\n"
+
+    def table(*rows: str) -> str:
+        return header + "".join(f"{row},{rest[1]}\n" for row in rows)
+
     path = tmp_path / "runs.csv"
-    # a layout run twice (a study's table holds re-measured layouts), far apart (10 s and 30 s); a layout that
+    # a layout run twice (a study's table holds re-measured layouts), apart (20 s and 30 s); a layout that
     # completed once and ran out of memory once (it does not fit reliably: replayed as the OOM); one that only
     # failed and ran out of memory; a status of an older export
-    tokens = {10.0: 26214.4, 30.0: 8738.13}  # qwen3_30b on 16 GPUs, GBS 1024 x 4096 tokens
-    path.write_text(header + f"1,1,16,completed,10.0,{tokens[10.0]},60\n1,1,16,completed,30.0,{tokens[30.0]},62\n"
-                    f"2,1,8,completed,10.0,{tokens[10.0]},70\n2,1,8,failed,,,\n2,1,8,oom,,,90\n4,1,4,pruned,,,\n")
+    tokens = {10.0: 26214.4, 20.0: 13107.2, 30.0: 8738.13}  # qwen3_30b on 16 GPUs, GBS 1024 x 4096 tokens
+    path.write_text(table(f"1,1,16,completed,20.0,{tokens[20.0]},60", f"1,1,16,completed,30.0,{tokens[30.0]},62",
+                          f"2,1,8,completed,10.0,{tokens[10.0]},70", "2,1,8,failed,,,", "2,1,8,oom,,,90",
+                          "4,1,4,pruned,,,"))
     index = table_index(read_table(path))
-    assert index[layout.key()]["step_time_s"] == pytest.approx(20.0)
-    assert index[layout.key()]["tokens_per_s_per_gpu"] == pytest.approx(13107.2, rel=1e-4)  # agrees with 20 s
+    assert index[layout.key()]["step_time_s"] == pytest.approx(25.0)
+    assert index[layout.key()]["tokens_per_s_per_gpu"] == pytest.approx(10485.76, rel=1e-4)  # agrees with 25 s
     assert index[layout.key()]["peak_mem_gib"] == 62
     assert index[LayoutConfig.from_mapping({"tp": 2, "ep": 8}).key()]["status"] == "oom"
     assert index[LayoutConfig.from_mapping({"tp": 4, "ep": 4}).key()]["status"] == "failed"
     outcome = create_backend("replay", {"replay": str(path)}).run(make_spec(config=layout.to_dict()), lambda r: None,
                                                                   threading.Event())
-    assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == pytest.approx(20.0)
+    assert outcome.status == TrialStatus.COMPLETED and outcome.step_time_s == pytest.approx(25.0)
     # what `start` says of it: two layouts have several rows, and both mix outcomes (review: said nothing)
     from autotune.backends.replay import repeated_rows
 
     assert repeated_rows(path) == (2, 1)
-    for bad, needle in [("1,1,16,exploded,30.0,8000,60", "row 2: status 'exploded'"),
-                        ("1,1,16,completed,nan,,60", "row 2: completed without"),
-                        ("1,1,16,completed,30.0,-5,60", "row 2: tokens_per_s_per_gpu = '-5'"),
-                        ("1,1,16,completed,30.0,inf,60", "row 2: tokens_per_s_per_gpu"),
-                        ("1,x,16,completed,30.0,8000,60", "row 2: not a layout")]:
-        path.write_text(header + bad + "\n")
+    for bad, needle in [(["1,1,16,exploded,30.0,8000,60"], "row 2: status 'exploded'"),
+                        (["1,1,16,,30.0,8000,60"], "row 2: the status is empty"),
+                        (["1,1,16,completed,nan,,60"], "row 2: completed without"),
+                        (["1,1,16,completed,30.0,-5,60"], "row 2: tokens_per_s_per_gpu = '-5'"),
+                        (["1,1,16,completed,30.0,inf,60"], "row 2: tokens_per_s_per_gpu"),
+                        (["1,x,16,completed,30.0,8000,60"], "row 2: not a layout"),
+                        # review: repeated rows a factor apart were averaged, an impossible figure hidden in the mean
+                        ([f"1,1,16,completed,10.0,{tokens[10.0]},60", f"1,1,16,completed,30.0,{tokens[30.0]},62"],
+                         "rows 2 and 3: the same layout with step_time_s 10 and 30, a factor 3 apart"),
+                        (["1,1,16,completed,1e-300,1e300,60", f"1,1,16,completed,30.6,{tokens[30.0]},62"],
+                         "rows 2 and 3: the same layout with step_time_s 1e-300 and 30.6")]:
+        path.write_text(table(*bad))
         with pytest.raises(ConfigError, match=needle.replace("(", "\\(")):
             table_index(read_table(path))
+    # review: a table without a layout knob's column replayed every row at that knob's default (EP 1)
+    path.write_text(f"tp,pp,status,step_time_s,{rest[0]}\n1,1,completed,30.0,{rest[1]}\n")
+    with pytest.raises(ConfigError, match="lacks column 'ep': a replay table names every layout knob"):
+        read_table(path)
+    path.write_bytes(header.encode() + b"1,1,16,completed,30.0,\xff,60," + rest[1].encode() + b"\n")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte b'\\xff' at offset"):
+        read_table(path)
+    path.write_text(header)
+    with pytest.raises(ConfigError, match="has no rows"):
+        read_table(path)
 
 
 def test_refuses_without_a_completed_trial(tmp_path):

@@ -18,10 +18,14 @@ from typing import Any
 from autotune.backends.base import Backend, Reporter, TrialOutcome, TrialSpec, TrialStatus
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import parse_result
-from autotune.config import ALL_KNOBS, LayoutConfig
+from autotune.config import ALL_KNOBS, KNOBS, LayoutConfig
 from autotune.errors import ConfigError
 
 ANSWERED_NOTHING = ("pruned", "timeout", "lost", "cancelled")  # statuses replayed as a failed run
+# Rows of one layout are repeated runs, replayed as one (_merged). Runs of one layout differ by a few percent,
+# a straggler by tens of percent; rows a factor of 2 apart measure different things (a typo, another layout,
+# an impossible figure that their mean would hide: found by review, 1e-300 s beside 30.6 s replayed as 15.3 s)
+REPEAT_SPREAD_MAX = 2.0
 RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "error")
 
 
@@ -50,6 +54,9 @@ def read_table(path: str | Path):
                           f"({', '.join(PARQUET_SUFFIXES)}), not {path.suffix or 'a file without a suffix'}")
     try:
         frame = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)
+    except UnicodeDecodeError as exc:  # Python's own words otherwise ("'utf-8' codec can't decode byte 0xff...")
+        raise ConfigError(f"--replay file {path} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at "
+                          f"offset {exc.start})") from None
     except Exception as exc:  # pandas raises many types for a malformed file
         first = (str(exc).strip().splitlines() or [""])[0][:200]  # pandas messages span lines: one line only
         raise ConfigError(f"--replay file {path} cannot be read: {exc.__class__.__name__}: {first}") from None
@@ -59,9 +66,16 @@ def read_table(path: str | Path):
         twice = sorted({name for name in header if header.count(name) > 1})
         if twice:
             raise ConfigError(f"--replay file {path}: column {twice[0][:40]!r} is given twice")
-    missing = [c for c in ("tp", "pp", "status") if c not in frame.columns]
+    # every layout knob is a column: a knob left out was read as LayoutConfig's default, so a table without its
+    # `ep` column replayed every row as EP 1, stored under layouts that never ran (found by review)
+    missing = [c for c in (*KNOBS, "status") if c not in frame.columns]
     if missing:
-        raise ConfigError(f"--replay file {path} lacks column {missing[0]!r}")
+        listed = ", ".join(repr(c) for c in missing)
+        raise ConfigError(f"--replay file {path} lacks column{'s' if len(missing) > 1 else ''} {listed}: a replay "
+                          f"table names every layout knob of its rows ({', '.join(KNOBS)}; an empty cell where a knob "
+                          "does not apply) and their status, as `autotune export STUDY --format table` writes it")
+    if frame.empty:
+        raise ConfigError(f"--replay file {path} has no rows: no layout to replay")
     return frame
 
 
@@ -96,8 +110,12 @@ def table_rows(frame) -> dict[str, list[dict[str, Any]]]:
     from autotune.backends.validation import METRIC_KEYS, RESULT_STATUSES
 
     groups: dict[str, list[dict[str, Any]]] = {}
+    lines: dict[str, list[int]] = {}  # the table's line of each row, per layout
     for number, row in enumerate(frame.to_dict(orient="records"), start=2):  # the CSV's line (header = 1)
         row = {k: _clean(v) for k, v in row.items()}
+        if row.get("status") is None or not str(row["status"]).strip():
+            raise ConfigError(f"--replay table, row {number}: the status is empty (must be one of "
+                              "completed, oom, failed)")
         status = str(row.get("status")).lower()
         if status in ANSWERED_NOTHING:  # tables exported before 2026-11-24 held these: no result to replay
             status = "failed"
@@ -118,7 +136,24 @@ def table_rows(frame) -> dict[str, list[dict[str, Any]]]:
             raise ConfigError(f"--replay table, row {number}: not a layout ({str(exc)[:120]})") from None
         groups.setdefault(config.key(), []).append({**{k: row.get(k) for k in RESULT_COLUMNS if k in row},
                                                     "status": status})
+        lines.setdefault(config.key(), []).append(number)
+    for key, rows in groups.items():
+        _check_repeats(rows, lines[key])
     return groups
+
+
+def _check_repeats(rows: list[dict[str, Any]], numbers: list[int]) -> None:
+    """ConfigError when a layout's completed rows disagree beyond what repeated runs do (REPEAT_SPREAD_MAX)."""
+    completed = [(n, r) for n, r in zip(numbers, rows) if r["status"] == "completed"]
+    for metric in ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"):
+        values = [(r[metric], n) for n, r in completed if r.get(metric) is not None]
+        if len(values) < 2:
+            continue
+        (low, low_row), (high, high_row) = min(values), max(values)
+        if high > REPEAT_SPREAD_MAX * low:
+            raise ConfigError(f"--replay table, rows {low_row} and {high_row}: the same layout with {metric} "
+                              f"{low:.4g} and {high:.4g}, a factor {high / low:.3g} apart; repeated runs differ by a "
+                              f"few percent, so one of them is not this layout's measurement (fix or remove it)")
 
 
 def table_groups(path: str | Path) -> dict[str, list[dict[str, Any]]]:

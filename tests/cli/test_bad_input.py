@@ -250,9 +250,11 @@ def _expand(args: list[str], url: str, folder) -> list[str]:
                                         "| mem-max-allocated-gigabytes: -5 | mem-max-reserved-gigabytes: -5\n")
     import pandas as pd
 
+    from autotune.config import LayoutConfig
+
     list_parquet = folder / "list-cell.parquet"
-    pd.DataFrame({"tp": [[1, 2]], "pp": [1], "ep": [8], "status": ["completed"], "step_time_s": [30.0]}).to_parquet(
-        list_parquet)
+    pd.DataFrame({**{k: [v] for k, v in LayoutConfig().to_dict().items()}, "tp": [[1, 2]], "ep": [8],
+                  "status": ["completed"], "step_time_s": [30.0]}).to_parquet(list_parquet)
     garbage_csv = folder / "garbage.csv"
     garbage_csv.write_text(Path("/etc/passwd").read_text())
     json_table = folder / "table.json"

@@ -984,12 +984,14 @@ def test_a_replay_tables_knob_variant_of_a_legal_layout_is_not_counted_foreign(t
     space = load_space("qwen3_30b")
     workload = make_workload(space)
     table = tmp_path / "t.csv"
-    table.write_text("tp,pp,ep,dist_opt,cuda_graph,status,step_time_s\n1,1,16,True,,completed,30\n"
-                     "1,1,16,True,full_iteration,completed,29\n3,1,16,True,,completed,30\n")
+    knobs = "vpp,cp,etp,mbs,sp,recompute,recompute_method,recompute_num_layers", "1,1,1,1,False,none,,"
+    table.write_text(f"tp,pp,ep,dist_opt,cuda_graph,status,step_time_s,{knobs[0]}\n1,1,16,True,,completed,30,{knobs[1]}\n"
+                     f"1,1,16,True,full_iteration,completed,29,{knobs[1]}\n3,1,16,True,,completed,30,{knobs[1]}\n")
     legal = len(enumerate_legal(space, workload).configs)
     assert replay_coverage(space, workload, str(table)) == (1, legal - 1, 1, 1)
     # second review: a variant row without its plain layout's row is no layout the search runs
-    table.write_text("tp,pp,ep,dist_opt,cuda_graph,status,step_time_s\n1,1,16,True,full_iteration,completed,29\n")
+    table.write_text(f"tp,pp,ep,dist_opt,cuda_graph,status,step_time_s,{knobs[0]}\n"
+                     f"1,1,16,True,full_iteration,completed,29,{knobs[1]}\n")
     assert replay_coverage(space, workload, str(table)) == (0, legal, 0, 1)
 
 
