@@ -111,12 +111,23 @@ def _refuse_a_run_held_already(runs: list[Trial], every_step: list[float], name:
     narrow the study's run-to-run noise, and every ± on the leaderboard, with a repeat that is no measurement
     (review: eight imports of one log took the noise from 3% to 1.6%). Two real runs never print the same
     times for every iteration."""
-    steps = stored_step_times(every_step)  # as add_imported will store them
+    steps = _one_copy(stored_step_times(every_step))  # as add_imported will store them
     for trial in runs:
-        if trial.status == "completed" and trial.step_times_s == steps:
+        if trial.status == "completed" and _one_copy(trial.step_times_s) == steps:
             raise ConfigError(f"{name}: the study holds this run already (trial {trial.number}: the same layout and "
                               f"the same {len(steps)} iteration times); imported again it would count as a second "
                               "measurement; nothing imported")
+
+
+def _one_copy(steps: list[float]) -> list[float]:
+    """`steps` without repeats of themselves: a log pasted twice into one file (its iteration lines 1..6, then
+    1..6 again with the same times) holds the run once (found by review: imported beside the log itself, it
+    counted as a second run). Logs of several ranks concatenated differ in their times and stay whole."""
+    n = len(steps)
+    for period in range(1, n // 2 + 1):
+        if n % period == 0 and steps == steps[:period] * (n // period):
+            return steps[:period]
+    return steps
 
 
 def _other_outcomes_of_the_layout(runs: list[Trial], status: str) -> list[str]:

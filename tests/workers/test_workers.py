@@ -508,6 +508,12 @@ def test_import_log_into_a_study(cli, tmp_path, monkeypatch, capsys):
         in again.stderr and len(again.stderr.strip().splitlines()) == 1
     assert json.loads(cli("leaderboard", "imp", "--storage", url, "--format", "json").stdout)["summary"] == \
         board["summary"]  # nothing stored
+    # review: the log pasted twice into one file (its iterations 1..3, then 1..3 again) is the same run too
+    twice = tmp_path / "twice.log"
+    twice.write_text(log.read_text() + log.read_text())
+    again = cli("import-log", str(twice), "--study", "imp", "--tp", "2", "--ep", "8", "--sp", "--dist-opt",
+                "--storage", url)
+    assert again.returncode == 2 and f"holds this run already (trial {trial['number']}" in again.stderr
     oom_log = tmp_path / "oom.log"
     oom_log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
     oom = json.loads(cli("import-log", str(oom_log), "--study", "imp", "--ep", "16", "--dist-opt", "--storage", url,
