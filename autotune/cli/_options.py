@@ -15,7 +15,9 @@ MAX_GPUS_PER_NODE = 72
 
 def add_workload_options(parser: argparse.ArgumentParser, model_required: bool = True) -> None:
     group = parser.add_argument_group("model and cluster (defaults come from the model's recipe)")
-    group.add_argument("--model", required=model_required, help="catalog name (see `autotune models`)")
+    group.add_argument("--model", required=model_required,
+                       help="catalog name (see `autotune models`), or the path of a search-space YAML file written "
+                            "like those in search_spaces/")
     group.add_argument("--space", help="a search-space YAML file to use instead of the model's own")
     group.add_argument("--gpus", type=positive("--gpus"), help="GPUs one trial uses (the world size)")
     # a bound on the flag, not on stored studies: the largest NVLink domain (NVL72) is a rack of 4-GPU nodes

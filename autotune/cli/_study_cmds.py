@@ -248,6 +248,17 @@ def cmd_start(args: argparse.Namespace) -> int:
     # slots made later (a node lost) get the options as stored, as a `resume` would; each trial's spec
     # carries them anyway (controller/_spec.py)
     dispatcher.backend_options = study.backend_options
+    try:
+        _start_header(args, study, space, workload, repo)
+    except KeyboardInterrupt:  # the replay coverage enumerates the legal set: seconds in which Ctrl-C may come
+        _interrupted_before_it_ran(repo, study)
+        dispatcher.shutdown()
+        raise
+    return _run(repo, study, args, dispatcher)
+
+
+def _start_header(args: argparse.Namespace, study, space, workload, repo) -> None:
+    """What `start` says of the study it created before it runs (and of a replay table, what it covers)."""
     if not args.json:
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
               f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
@@ -265,7 +276,6 @@ def cmd_start(args: argparse.Namespace) -> int:
                      "them from a layout the table also has)") if variants else ""
             print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "
                   f"{lacking} legal layouts; {foreign} of its layouts are not legal here{knobs}{merged}")
-    return _run(repo, study, args, dispatcher)
 
 
 def _check_headroom(headroom_gib: float | None, workload) -> None:
@@ -368,6 +378,17 @@ def _slots_wanted(max_concurrent: int | None, runs_left: int) -> int:
     return min(max_concurrent, runs_left) if max_concurrent else runs_left
 
 
+def _interrupted_before_it_ran(repo, study) -> None:
+    """Mark a study that was created but never started `interrupted` (resume continues either alike)."""
+    import contextlib
+
+    from autotune.storage import StudyStatus
+
+    with contextlib.suppress(Exception):  # the interruption is what the user must hear of, not this
+        if repo.get_study(study.name).status == StudyStatus.CREATED:
+            repo.set_study_status(study.id, StudyStatus.INTERRUPTED)
+
+
 def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     """Run the study to its end with the live view; `dispatcher`: one already started (start), or None
     to connect to Ray here (resume)."""
@@ -395,9 +416,13 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         # runs still to make: new ones and those left running by an interrupted or dead controller, which
         # the resumed one runs again (second review: resuming 4 stopped runs of 4 got one slot)
         left = study.budget - counts["dispatched"] + counts["running"]
-        controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
-                                      max_concurrent=_slots_wanted(args.max_concurrent, left), on_tick=view.tick,
-                                      dispatcher=dispatcher)
+        try:
+            controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
+                                          max_concurrent=_slots_wanted(args.max_concurrent, left),
+                                          on_tick=view.tick, dispatcher=dispatcher)
+        except KeyboardInterrupt:  # Ctrl-C before the first run: the study says so, not `created` (found by review)
+            _interrupted_before_it_ran(repo, study)
+            raise
         slots = getattr(controller.dispatcher, "capacity", 0)
         view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own

@@ -545,3 +545,25 @@ def test_a_launchers_own_flop_convention_is_kept_or_replaced_never_refused(preci
     outcome, metrics = outcomes.checked(TrialOutcome(0, TrialStatus.COMPLETED, step_time_s=step,
                                                      tflops_per_gpu=0.3 * tflops), w, config)
     assert outcome.status == TrialStatus.COMPLETED and metrics["tflops_per_gpu"] == tflops
+
+
+def test_ctrl_c_before_the_first_run_leaves_the_study_interrupted_not_created(tmp_path, qwen16, monkeypatch):
+    """Found by an adversarial pass: Ctrl-C while the controller was being built (the legal set, Ray) left the
+    study `created`, as if nobody had started it; it is `interrupted` now (and resume continues both alike)."""
+    from autotune.cli import main
+    from autotune.controller import session
+
+    space, workload, _ = qwen16
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    repo = Repository.open(url)
+    create_study(repo, name="c", space=space, workload=workload, budget=3, sampler="auto", backend="simulate",
+                 backend_options={"seconds_per_trial": 0.0}, seed=0)
+    assert repo.get_study("c").status == "created"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "build_controller", interrupted)
+    assert main(["resume", "c", "--storage", url]) == 130
+    assert repo.get_study("c").status == "interrupted" and repo.counts(repo.get_study("c").id)["dispatched"] == 0
+    repo.close()
