@@ -23,9 +23,10 @@ from autotune.errors import ConfigError
 
 ANSWERED_NOTHING = ("pruned", "timeout", "lost", "cancelled")  # statuses replayed as a failed run
 # Rows of one layout are repeated runs, replayed as one (_merged). Runs of one layout differ by a few percent,
-# a straggler by tens of percent; rows a factor of 2 apart measure different things (a typo, another layout,
-# an impossible figure that their mean would hide: found by review, 1e-300 s beside 30.6 s replayed as 15.3 s)
-REPEAT_SPREAD_MAX = 2.0
+# a straggler (a slow node) by up to a factor e, the farthest the study's run noise takes one to be
+# (surrogate.py); rows further apart measure different things (a typo, another layout, an impossible figure
+# that their mean would hide: found by review, 1e-300 s beside 30.6 s replayed as 15.3 s)
+REPEAT_SPREAD_MAX = math.e
 RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "error")
 
 
