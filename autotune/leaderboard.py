@@ -194,6 +194,11 @@ def _validation_runs(pick: Any, study: Study, dispatched: list[Trial]) -> list[d
             "screening_tokens_per_s_per_gpu": screened.mean_tokens_per_s_per_gpu if screened else None,
             # what the screening ranked it by (recommend.recommend): its runs pooled with similar layouts'
             "screening_estimate_tokens_per_s_per_gpu": screened.estimate_tokens_per_s_per_gpu if screened else None,
+            # the longer run's peak, and whether it is inside the memory margin (the recommendation judges the
+            # layout by its screening runs; the line says it: found by review, export --trial of such a run was silent)
+            "peak_mem_gib": result.peak_mem_gib, "headroom_gib": pick.headroom_gib,
+            "inside_margin": result.peak_mem_gib is not None and pick.memory_gib is not None
+            and result.peak_mem_gib > pick.memory_gib - pick.headroom_gib,
         })
     return sorted(entries + unfinished, key=lambda e: not e["recommended"])
 
@@ -444,7 +449,9 @@ def validation_note(summary: dict[str, Any]) -> str:
                              + (", so it is not recommended" if entry["status"] == "oom" else ""))
             continue
         parts.append(f"{who} {runs} (trial {trials}) {_fmt(entry['tokens_per_s_per_gpu'], ',.0f')}{steps}"
-                     + (f" (screening {_fmt(screened, ',.0f')})" if screened else ""))
+                     + (f" (screening {_fmt(screened, ',.0f')})" if screened else "")
+                     + (f", peaking at {entry['peak_mem_gib']:.1f} GiB, inside the {entry['headroom_gib']:g} GiB memory "
+                        "margin" if entry.get("inside_margin") else ""))
     verdict = ""
     first, second = (entries + [{}])[:2]
     # recommend.recommend orders the two contenders by their validation runs: say when that overturned the

@@ -23,10 +23,10 @@ from autotune.errors import ConfigError
 
 ANSWERED_NOTHING = ("pruned", "timeout", "lost", "cancelled")  # statuses replayed as a failed run
 # Rows of one layout are repeated runs, replayed as one (_merged). Runs of one layout differ by a few percent,
-# a straggler (a slow node) by up to a factor e, the farthest the study's run noise takes one to be
-# (surrogate.py); rows further apart measure different things (a typo, another layout, an impossible figure
-# that their mean would hide: found by review, 1e-300 s beside 30.6 s replayed as 15.3 s)
-REPEAT_SPREAD_MAX = math.e
+# a slow node's run by up to a few times (a study stores and exports such a run: review found a factor e refusing
+# a study's own table with a 3x straggler); rows a factor 10 apart measure different things (a typo, another
+# layout, an impossible figure their mean would hide: found by review, 1e-300 s beside 30.6 s replayed as 15.3 s)
+REPEAT_SPREAD_MAX = 10.0
 RESULT_COLUMNS = ("status", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "error")
 
 
@@ -56,8 +56,9 @@ def read_table(path: str | Path):
     try:
         frame = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)
     except UnicodeDecodeError as exc:  # Python's own words otherwise ("'utf-8' codec can't decode byte 0xff...")
-        raise ConfigError(f"--replay file {path} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at "
-                          f"offset {exc.start})") from None
+        # (no offset: pandas decodes field by field, so the error's offset is within a field, not the file)
+        raise ConfigError(f"--replay file {path} is not UTF-8 text (it holds the byte "
+                          f"{exc.object[exc.start:exc.start + 1]!r})") from None
     except Exception as exc:  # pandas raises many types for a malformed file
         first = (str(exc).strip().splitlines() or [""])[0][:200]  # pandas messages span lines: one line only
         raise ConfigError(f"--replay file {path} cannot be read: {exc.__class__.__name__}: {first}") from None
@@ -151,7 +152,7 @@ def _check_repeats(rows: list[dict[str, Any]], numbers: list[int]) -> None:
         if len(values) < 2:
             continue
         (low, low_row), (high, high_row) = min(values), max(values)
-        if high > REPEAT_SPREAD_MAX * low:
+        if high >= REPEAT_SPREAD_MAX * low:
             raise ConfigError(f"--replay table, rows {low_row} and {high_row}: the same layout with {metric} "
                               f"{low:.4g} and {high:.4g}, a factor {high / low:.3g} apart; repeated runs differ by a "
                               f"few percent, so one of them is not this layout's measurement (fix or remove it)")

@@ -608,8 +608,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                       # completed, not "done": a column "done" counted pruned and failed runs among them
                       # (found by a new-user pass), and the other ends are the leaderboard's to tell
                       f"{s['dispatched']}/{s['budget']}", str(s["completed"]), str(s["oom"]),
-                      (leaderboard.best_with_se(s)
-                       + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}")) if best else "",
+                      (leaderboard.best_with_se(s, flag_risk=False)
+                       + ("" if s["metrics_source"] == "measured" else f" {s['metrics_source']}")
+                       + (" at risk" if s.get("best_risk") else "")) if best else "",
                       f"{s['speedup_vs_baseline']:.2f}x" if s["speedup_vs_baseline"] else "")
     console = wide_console()
     console.print(table)

@@ -111,11 +111,12 @@ def _refuse_a_run_held_already(runs: list[Trial], every_step: list[float], name:
     narrow the study's run-to-run noise, and every ± on the leaderboard, with a repeat that is no measurement
     (review: eight imports of one log took the noise from 3% to 1.6%). Two real runs never print the same
     times for every iteration."""
-    steps = _one_copy(stored_step_times(every_step))  # as add_imported will store them
+    stored = stored_step_times(every_step)  # as add_imported will store them
+    steps = _one_copy(stored)
     for trial in runs:
         if trial.status == "completed" and _one_copy(trial.step_times_s) == steps:
             raise ConfigError(f"{name}: the study holds this run already (trial {trial.number}: the same layout and "
-                              f"the same {len(steps)} iteration times); imported again it would count as a second "
+                              f"the same {len(stored)} iteration times); imported again it would count as a second "
                               "measurement; nothing imported")
 
 

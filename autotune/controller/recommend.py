@@ -164,8 +164,8 @@ class Recommendation:
     def trial_risk(self, trial: "Trial") -> str | None:
         """Why a trial that ran is of a layout the study does not recommend as safe, or None: an OOM in one of
         its layout's runs, its own peak inside the margin (a longer validation run can peak above the screening
-        runs), or another run of its layout (screening or validation) peaking there (the layout's peak is what
-        the recommendation judges; named with its trial, since it is not the trial's own)."""
+        runs), or another screening run of its layout peaking there (the layout's peak is what the
+        recommendation judges; named with its trial, since it is not the trial's own)."""
         if trial.config_key in self.oomed:
             return "ran out of memory in one of its runs"
         limit = None if self.memory_gib is None else self.memory_gib - self.headroom_gib
@@ -174,8 +174,8 @@ class Recommendation:
         margin = f"inside the {self.headroom_gib:g} GiB memory margin"
         if trial.peak_mem_gib is not None and trial.peak_mem_gib > limit:
             return f"peaked at {trial.peak_mem_gib:.1f} GiB, {margin}"
-        groups = (self.layout_of(trial.config_key), self.layout_of(trial.config_key, validation=True))
-        peaks = [t for group in groups if group for t in group.trials if t.peak_mem_gib is not None]
+        result = self.layout_of(trial.config_key)
+        peaks = [t for t in result.trials if t.peak_mem_gib is not None] if result is not None else []
         top = max(peaks, key=lambda t: t.peak_mem_gib, default=None)
         if top is not None and top.peak_mem_gib > limit:
             return f"peaked at {top.peak_mem_gib:.1f} GiB in its run of trial {top.number}, {margin}"
@@ -430,10 +430,6 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
     if pooled_estimate:
         results = pooled(results, pooled_cache)
     validated = {r.trial.config_key: r for r in layout_results(trials, validation=True)}
-    # a layout's peak is the largest any of its runs measured, its longer validation runs' included: a run of
-    # more steps is the better measurement of memory, and one peaking inside the margin makes its layout unsafe
-    # (found by review: it was judged by its screening runs alone)
-    results = [_with_validation_peak(r, validated.get(r.trial.config_key)) for r in results]
     safe_limit = memory_limit_gib - headroom_gib
     # a layout that ran out of memory in any run (a re-measurement, a longer validation run) does not fit
     # reliably, whatever its completed runs peaked at: not recommended, shown as risky
@@ -455,13 +451,6 @@ def recommend(trials: Iterable["Trial"], memory_limit_gib: float, headroom_gib: 
                   and r not in safe)
     return Recommendation(best, risky, headroom_gib, safe[1] if len(safe) > 1 else None, validated, noise, oomed,
                           layouts=tuple(results), memory_gib=memory_limit_gib)
-
-
-def _with_validation_peak(result: LayoutResult, validation: LayoutResult | None) -> LayoutResult:
-    """`result` with the largest peak of its screening and validation runs."""
-    peaks = [p for p in (result.peak_mem_gib, validation.peak_mem_gib if validation else None) if p is not None]
-    peak = max(peaks, default=None)
-    return result if peak == result.peak_mem_gib else dataclasses.replace(result, peak_mem_gib=peak)
 
 
 def validation_choices(pick: Recommendation | None, noise_log_std: float) -> list[LayoutResult]:
