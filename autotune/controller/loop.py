@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 MAX_REJECTIONS_PER_DISPATCH = 2000
 MAX_ATTEMPTS = 2  # a lost trial is retried once
+# rounds of --validate-steps runs: a validation run that runs out of memory moves the recommendation, and the
+# layout recommended then is validated in the next round (each round one or two runs outside the budget)
+VALIDATION_ROUNDS = 3
 WATCHDOG_GRACE_S = 60.0  # a trial running this long past its timeout is cancelled by the controller
 
 
@@ -374,11 +377,22 @@ class Controller:
 
     def _validate(self, measured_steps: int) -> None:
         """Run the recommended layout (and the runner-up when the screening runs cannot tell them
-        apart) once more with `measured_steps` steps, outside the budget."""
-        trials = self.repo.trials(self.study.id, dispatched_only=True)
-        pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
-                         pooled_estimate=not backend_repeats_exactly(self.study.backend))
-        for result in validation_choices(pick, self.state.run_noise()):
+        apart) once more with `measured_steps` steps, outside the budget; again for the layout recommended
+        then when a validation run moved the recommendation (its longer run ran out of memory) to a layout no
+        validation ran, for at most VALIDATION_ROUNDS rounds (found by review: the study then recommended a
+        layout it had never validated, and a resumed study validated other layouts than an uninterrupted one)."""
+        for _ in range(VALIDATION_ROUNDS):
+            trials = self.repo.trials(self.study.id, dispatched_only=True)
+            pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
+                             pooled_estimate=not backend_repeats_exactly(self.study.backend))
+            todo = [r for r in validation_choices(pick, self.state.run_noise()) if not self.repo.is_dispatched(
+                self.study.id, f"{LayoutConfig.from_mapping(r.trial.config).key()}#validation")]
+            if not todo:
+                return
+            self._validate_round(todo, measured_steps)
+
+    def _validate_round(self, choices: list, measured_steps: int) -> None:
+        for result in choices:
             config = LayoutConfig.from_mapping(result.trial.config)
             dispatch_key = f"{config.key()}#validation"
             if self.repo.is_dispatched(self.study.id, dispatch_key):
