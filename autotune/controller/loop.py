@@ -329,7 +329,10 @@ class Controller:
                 if not possible_step(step.step_time_s, self.workload, int(run.trial.config.get("tp", 1))):
                     continue  # a launcher's NaN, negative or impossible step must not steer the pruner
                 run.steps.append(step.step_time_s)
-                if self.pruner.should_prune(run.steps, self.best_step_time_s):
+                # a validation run measures the recommendation, however slow beside the fastest run (which may be
+                # a layout that ran out of memory or peaked in the margin): never cut short (found by review)
+                if run.trial.origin != TrialOrigin.VALIDATION and \
+                        self.pruner.should_prune(run.steps, self.best_step_time_s):
                     self.dispatcher.cancel(number)
             if outcome is not None:
                 self._finish(run, outcome)
@@ -381,11 +384,20 @@ class Controller:
         then when a validation run moved the recommendation (its longer run ran out of memory) to a layout no
         validation ran, for at most VALIDATION_ROUNDS rounds (found by review: the study then recommended a
         layout it had never validated, and a resumed study validated other layouts than an uninterrupted one)."""
-        for _ in range(VALIDATION_ROUNDS):
+        for _ in range(2 * VALIDATION_ROUNDS):  # a bound the rule below keeps well within
+            raise_if_terminated()  # a SIGTERM a finalizer swallowed: not another round (found by review)
             trials = self.repo.trials(self.study.id, dispatched_only=True)
+            validations = [t for t in trials if t.origin == TrialOrigin.VALIDATION]
+            # rounds counted from the store, so a resumed controller (or another one) gets no fresh ones: after
+            # the first, a round follows an OOM only
+            if validations and sum(t.status == "oom" for t in validations) >= VALIDATION_ROUNDS:
+                return
             pick = recommend(trials, self.workload.cluster.gpu.memory_gib, self.headroom_gib,
                              pooled_estimate=not backend_repeats_exactly(self.study.backend))
-            todo = [r for r in validation_choices(pick, self.state.run_noise()) if not self.repo.is_dispatched(
+            # the screening runs' noise (the leaderboard's): the state's counts the validation runs as repeats,
+            # which moved a later round's runner-up rule without any OOM (found by review)
+            noise = pick.noise.log_std if pick is not None and pick.noise is not None else self.state.run_noise()
+            todo = [r for r in validation_choices(pick, noise) if not self.repo.is_dispatched(
                 self.study.id, f"{LayoutConfig.from_mapping(r.trial.config).key()}#validation")]
             if not todo:
                 return
