@@ -440,16 +440,22 @@ def test_import_log_refreshes_the_stored_pooling_only_of_a_study_no_controller_w
     repo.close()
 
 
-def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen16):
-    from autotune.controller.recommend import layout_results
+def _validated_study(tmp_path, qwen16, name: str, budget: int, run_noise: float, seed: int):
+    """(repo, study, summary) of a simulated study run to its end with 12-step validation runs."""
     from autotune.controller.session import build_controller
 
     space, workload, _ = qwen16
-    repo = Repository.open(f"sqlite:///{tmp_path / 'validate.db'}")
-    study = create_study(repo, name="v", space=space, workload=workload, budget=5, sampler="auto",
-                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.05}, seed=3,
-                         options={"validate_steps": 12})
-    summary = build_controller(repo, study, dispatcher="inprocess").run()
+    repo = Repository.open(f"sqlite:///{tmp_path / f'{name}.db'}")
+    study = create_study(repo, name=name, space=space, workload=workload, budget=budget, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": run_noise},
+                         seed=seed, options={"validate_steps": 12})
+    return repo, study, build_controller(repo, study, dispatcher="inprocess").run()
+
+
+def test_validate_steps_runs_the_winner_again_outside_the_budget(tmp_path, qwen16):
+    from autotune.controller.recommend import layout_results
+
+    repo, study, summary = _validated_study(tmp_path, qwen16, "v", budget=5, run_noise=0.05, seed=3)
     trials = repo.trials(study.id, dispatched_only=True)
     validation = [t for t in trials if t.origin == "validation"]
     assert summary.counts["dispatched"] == 5 and 1 <= summary.counts["validation"] == len(validation) <= 2
@@ -488,7 +494,6 @@ def test_a_validation_run_out_of_memory_moves_the_recommendation_to_a_layout_val
     and the next round's if the first had one), or every one."""
     from autotune.backends.simulate import SimulateBackend
     from autotune.controller.loop import VALIDATION_ROUNDS
-    from autotune.controller.session import build_controller
 
     real = SimulateBackend.run
     oomed: list[str] = []
@@ -500,12 +505,7 @@ def test_a_validation_run_out_of_memory_moves_the_recommendation_to_a_layout_val
         return real(self, spec, report, cancelled)
 
     monkeypatch.setattr(SimulateBackend, "run", validation_runs_out_of_memory)
-    space, workload, _ = qwen16
-    repo = Repository.open(f"sqlite:///{tmp_path / 'rounds.db'}")
-    study = create_study(repo, name="r", space=space, workload=workload, budget=6, sampler="auto",
-                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.0}, seed=5,
-                         options={"validate_steps": 12})
-    summary = build_controller(repo, study, dispatcher="inprocess").run()
+    repo, study, summary = _validated_study(tmp_path, qwen16, "r", budget=6, run_noise=0.0, seed=5)
     validation = [t for t in repo.trials(study.id, dispatched_only=True) if t.origin == "validation"]
     recommended = summary.recommendation.trial.config_key
     if out_of_memory == 2:
