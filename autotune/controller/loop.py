@@ -397,8 +397,8 @@ class Controller:
             # the screening runs' noise (the leaderboard's): the state's counts the validation runs as repeats,
             # which moved a later round's runner-up rule without any OOM (found by review)
             noise = pick.noise.log_std if pick is not None and pick.noise is not None else self.state.run_noise()
-            todo = [r for r in validation_choices(pick, noise) if not self.repo.is_dispatched(
-                self.study.id, f"{LayoutConfig.from_mapping(r.trial.config).key()}#validation")]
+            todo = [r for r in validation_choices(pick, noise)
+                    if not self.repo.is_dispatched(self.study.id, _validation_key(r))]
             if not todo:
                 return
             self._validate_round(todo, measured_steps)
@@ -406,9 +406,9 @@ class Controller:
     def _validate_round(self, choices: list, measured_steps: int) -> None:
         for result in choices:
             config = LayoutConfig.from_mapping(result.trial.config)
-            dispatch_key = f"{config.key()}#validation"
+            dispatch_key = _validation_key(result)
             if self.repo.is_dispatched(self.study.id, dispatch_key):
-                continue  # validated before this controller resumed
+                continue  # another controller validated it while this round's earlier run ran
             number = self.optuna.ask(config)
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
@@ -456,3 +456,8 @@ class Controller:
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
                                   self.controller_id)
             self._submit(dataclasses.replace(adopted, attempt=trial.attempt + 1), config)
+
+
+def _validation_key(result) -> str:
+    """The dispatch key of a layout's --validate-steps run: one per layout and study (claim_dispatch)."""
+    return f"{LayoutConfig.from_mapping(result.trial.config).key()}#validation"
