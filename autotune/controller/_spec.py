@@ -19,7 +19,9 @@ from autotune.storage import Study
 
 
 def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: StudyOptions, number: int,
-               attempt: int, config: LayoutConfig) -> TrialSpec:
+               attempt: int, config: LayoutConfig, validation: bool = False) -> TrialSpec:
+    """The spec of one run; `validation`: a --validate-steps run (options.validate_steps measured steps, and
+    the timeout scaled with the steps, see validation_timeout_s)."""
     w = workload
     backend_options = dict(study.backend_options)
     if space.document:
@@ -41,9 +43,22 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                      config=config.to_dict(),
                      overrides=layout_overrides(config, w) + benchmark_only.overrides(options.benchmark_settings),
                      attempt=attempt,
-                     timeout_s=float(options.trial_timeout_s), warmup_steps=int(options.warmup_steps),
-                     measured_steps=int(options.measured_steps), seed=int(options.seed or 0),
+                     timeout_s=validation_timeout_s(options) if validation else float(options.trial_timeout_s),
+                     warmup_steps=int(options.warmup_steps),
+                     measured_steps=int(options.validate_steps if validation else options.measured_steps),
+                     seed=int(options.seed or 0),
                      backend_options=backend_options)
+
+
+def validation_timeout_s(options: StudyOptions) -> float:
+    """A --validate-steps run's timeout: the screening's (--trial-timeout) scaled by the steps it runs,
+    warm-up included, against a screening run's, never below the screening's. It was the screening's
+    whatever the steps (found by review: with the default 3,600 s, 1,000 validation steps of a 20 s step
+    could only end as `timeout`). Proportional on purpose: the timeout covers the
+    start-up too, which a longer run does not repeat, so this errs long, as a timeout should."""
+    screening = max(1, int(options.warmup_steps) + int(options.measured_steps))
+    validation = int(options.warmup_steps) + int(options.validate_steps)
+    return float(options.trial_timeout_s) * max(1.0, validation / screening)
 
 
 def prediction(state: SearchState, workload: Workload, config: LayoutConfig) -> dict[str, Any]:

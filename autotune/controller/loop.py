@@ -176,7 +176,7 @@ class Controller:
                 stop_reason = "exhausted"
             if self.options.validate_steps > 0:
                 raise_if_terminated()  # not validation runs of a study a swallowed SIGTERM stopped
-                self._validate(self.options.validate_steps)
+                self._validate()
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # a broken pipe: the output the user read from (`autotune start | head`) is gone; the study
             # stops as after Ctrl-C, `resume` continues it (review: it was left `running`, a run stuck)
@@ -310,10 +310,10 @@ class Controller:
         outcomes.tell(self.optuna, optuna_number, trial.status, {}, rejection.message, [], self.workload,
                       self.pruner.warmup_steps, reason=rejection.reason, origin=trial.origin, strategy=note)
 
-    def _submit(self, trial: Trial, config: LayoutConfig, measured_steps: int = 0) -> None:
-        spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config)
-        if trial.origin == TrialOrigin.VALIDATION:  # also when a lost or adopted validation run goes again
-            spec = dataclasses.replace(spec, measured_steps=measured_steps or self.options.validate_steps)
+    def _submit(self, trial: Trial, config: LayoutConfig) -> None:
+        # a validation run's steps and timeout also when a lost or adopted validation run goes again
+        spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config,
+                          validation=trial.origin == TrialOrigin.VALIDATION)
         self.dispatcher.submit(spec)
         self.running[trial.number] = _Running(trial, spec)
 
@@ -378,14 +378,17 @@ class Controller:
 
     # --- after the budget: validation runs of the winner (--validate-steps) ---------------------
 
-    def _validate(self, measured_steps: int) -> None:
+    def _validate(self) -> None:
         """Run the recommended layout (and the runner-up when the screening runs cannot tell them
-        apart) once more with `measured_steps` steps, outside the budget; again for the layout recommended
+        apart) once more with options.validate_steps steps, outside the budget; again for the layout recommended
         then when a validation run moved the recommendation (its longer run ran out of memory) to a layout no
         validation ran, for at most VALIDATION_ROUNDS rounds (found by review: the study then recommended a
-        layout it had never validated, and a resumed study validated other layouts than an uninterrupted one)."""
+        layout it had never validated, and a resumed study validated other layouts than an uninterrupted one).
+        Each round first waits for every validation run in flight, another controller's included, and runs
+        again one whose controller died (found by review: a controller finished the study while another's
+        validation run ran, and a dead controller's stayed `dispatched` in a finished study)."""
         for _ in range(2 * VALIDATION_ROUNDS):  # a bound the rule below keeps well within
-            raise_if_terminated()  # a SIGTERM a finalizer swallowed: not another round (found by review)
+            self._wait_for_validation_runs()
             trials = self.repo.trials(self.study.id, dispatched_only=True)
             validations = [t for t in trials if t.origin == TrialOrigin.VALIDATION]
             # rounds counted from the store, so a resumed controller (or another one) gets no fresh ones: after
@@ -401,9 +404,27 @@ class Controller:
                     if not self.repo.is_dispatched(self.study.id, _validation_key(r))]
             if not todo:
                 return
-            self._validate_round(todo, measured_steps)
+            self._validate_round(todo)
 
-    def _validate_round(self, choices: list, measured_steps: int) -> None:
+    def _wait_for_validation_runs(self) -> None:
+        """Return once no validation run of the study is in flight: this controller's end, another
+        controller's are waited for (their outcome may move the recommendation) and adopted when that
+        controller stops heartbeating (run again, or harvested when it finished meanwhile)."""
+        while True:
+            raise_if_terminated()  # a SIGTERM a finalizer swallowed: not another round (found by review)
+            self._heartbeat()
+            self._adopt_stale()
+            self._poll()
+            self.on_tick(self)
+            if self.running:
+                continue
+            in_flight = [t for t in self.repo.trials(self.study.id, dispatched_only=True)
+                         if t.origin == TrialOrigin.VALIDATION and t.status == "dispatched"]
+            if not in_flight:
+                return
+            time.sleep(min(1.0, HEARTBEAT_S / 2))
+
+    def _validate_round(self, choices: list) -> None:
         for result in choices:
             config = LayoutConfig.from_mapping(result.trial.config)
             dispatch_key = _validation_key(result)
@@ -419,12 +440,8 @@ class Controller:
                 self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "duplicate",
                                                "message": "validation run already recorded"})
                 continue
-            self._submit(claimed, config, measured_steps)
-            while self.running:
-                raise_if_terminated()
-                self._heartbeat()
-                self._poll()
-                self.on_tick(self)
+            self._submit(claimed, config)
+            self._wait_for_validation_runs()
 
     # --- recovery (controller/_recovery.py) ------------------------------------------------------
 
@@ -450,7 +467,7 @@ class Controller:
             outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
             if outcome is not None:  # it finished while its controller was dead: no second run
                 spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt,
-                                  config)
+                                  config, validation=trial.origin == TrialOrigin.VALIDATION)
                 self._finish(_Running(adopted, spec), outcome)
                 continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",

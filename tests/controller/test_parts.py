@@ -4,6 +4,7 @@ whole study on the in-process dispatcher in a process that never imports Ray."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -23,7 +24,7 @@ from autotune.controller.session import create_study
 from autotune.controller.state import SearchState
 from autotune.errors import ConfigError
 from autotune.space import enumerate_legal, load_space, make_workload
-from autotune.storage import Repository
+from autotune.storage import Repository, TrialOrigin
 from autotune.storage.models import StudyRow
 from tests.conftest import run_cli
 
@@ -515,6 +516,87 @@ def test_a_validation_run_out_of_memory_moves_the_recommendation_to_a_layout_val
     else:  # every validation runs out of memory: the rounds stop, the recommendation left unvalidated
         assert VALIDATION_ROUNDS <= len(oomed) <= VALIDATION_ROUNDS + 1
         assert all(t.status == "oom" for t in validation) and recommended not in {t.config_key for t in validation}
+    repo.close()
+
+
+def test_a_validation_run_gets_a_timeout_scaled_with_its_steps(tmp_path, qwen16):
+    """Found by review: a validation run had the screening's timeout whatever --validate-steps asked for, so a
+    long validation of a slow step could only end as `timeout`."""
+    from autotune.controller._spec import trial_spec, validation_timeout_s
+
+    space, workload, _ = qwen16
+    options = StudyOptions(trial_timeout_s=600.0, warmup_steps=3, measured_steps=5, validate_steps=100)
+    assert validation_timeout_s(options) == pytest.approx(600.0 * 103 / 8)
+    # never shorter than a screening run's, however few steps are asked for
+    assert validation_timeout_s(dataclasses.replace(options, validate_steps=2)) == 600.0
+    study = create_study(Repository.open(f"sqlite:///{tmp_path / 't.db'}"), name="t", space=space, workload=workload,
+                         budget=4, sampler="auto", backend="simulate", backend_options={}, seed=0)
+    config = LayoutConfig.from_mapping(space.model.defaults.layout)
+    screening = trial_spec(study, space, workload, options, 1, 1, config)
+    validation = trial_spec(study, space, workload, options, 2, 1, config, validation=True)
+    assert (screening.measured_steps, screening.timeout_s) == (5, 600.0)
+    assert (validation.measured_steps, validation.timeout_s) == (100, pytest.approx(600.0 * 103 / 8))
+
+
+@pytest.mark.parametrize("other", ["dead", "alive"])
+def test_another_controllers_validation_run_is_waited_for_and_a_dead_ones_run_again(tmp_path, qwen16, other):
+    """Found by review: a controller finished the study without waiting for another controller's validation
+    run, so a validation run whose controller died stayed `dispatched` in a study marked finished. Here another
+    controller's validation run appears the moment this controller's screening ends: a dead controller's (its
+    heartbeat long stale) is adopted and run again with the validation's steps; a live one's is waited for until
+    that controller records it (a few ticks later). Then this controller's own validation round runs."""
+    import datetime as dt
+
+    from sqlalchemy import update
+
+    from autotune.controller.session import build_controller
+    from autotune.storage.models import TrialRow
+
+    space, workload, _ = qwen16
+    repo = Repository.open(f"sqlite:///{tmp_path / 'other.db'}")
+    study = create_study(repo, name="other", space=space, workload=workload, budget=4, sampler="auto",
+                         backend="simulate", backend_options={"seconds_per_trial": 0.0, "run_noise": 0.0},
+                         seed=2, options={"validate_steps": 12})
+    left: list[int] = []
+    ticks_waited = [0]
+
+    def other_controllers_validation_run(controller) -> None:
+        if left:  # the live controller records its run on the third tick after it began
+            trial = repo.trial(study.id, left[0])
+            if other == "alive" and trial.status == "dispatched":
+                ticks_waited[0] += 1
+                repo.heartbeat_trials(study.id, left)
+                if ticks_waited[0] == 3:
+                    repo.finish_trial(study.id, left[0], "completed", metrics={
+                        "step_time_s": 20.0, "tokens_per_s_per_gpu": 1000.0, "peak_mem_gib": 50.0},
+                        step_times_s=[20.0] * (DEFAULTS.warmup_steps + 12))
+            return
+        if controller.running or repo.counts(study.id)["dispatched"] < study.budget:
+            return
+        done = next(t for t in repo.trials(study.id, dispatched_only=True) if t.status == "completed")
+        number = controller.optuna.ask(LayoutConfig.from_mapping(done.config))  # as the other controller asked
+        trial = repo.claim_dispatch(study.id, done.config, done.config_key, number, f"{other}-controller",
+                                    study.budget, dispatch_key=f"{done.config_key}#validation",
+                                    origin=TrialOrigin.VALIDATION, number=number)
+        if other == "dead":
+            with repo.session() as s:  # its controller stopped heartbeating long ago
+                s.execute(update(TrialRow).where(TrialRow.study_id == study.id, TrialRow.number == trial.number)
+                          .values(heartbeat_at=dt.datetime(2020, 1, 1)))
+        left.append(trial.number)
+
+    summary = build_controller(repo, study, dispatcher="inprocess", on_tick=other_controllers_validation_run).run()
+    assert left, "the screening never ended"
+    theirs = repo.trial(study.id, left[0])
+    assert theirs.status == "completed" and len(theirs.step_times_s) == DEFAULTS.warmup_steps + 12
+    # a dead controller's run goes again (a second attempt, here); a live one's is left to it
+    assert theirs.attempt == (2 if other == "dead" else 1)
+    assert (theirs.controller_id == "alive-controller") == (other == "alive") and theirs.controller_id != "dead-controller"
+    assert ticks_waited[0] == (3 if other == "alive" else 0)
+    trials = repo.trials(study.id, dispatched_only=True)
+    assert not [t for t in trials if t.status == "dispatched"]
+    assert repo.get_study("other").status == "finished"
+    # and the study's own validation round ran after it, on what the store then held
+    assert summary.recommendation.trial.config_key in {t.config_key for t in trials if t.origin == "validation"}
     repo.close()
 
 
