@@ -502,7 +502,7 @@ def noise_note(summary: dict[str, Any]) -> str:
     rel = summary.get("run_noise_rel_sd")
     if not rel:
         return ""
-    from autotune.controller.surrogate import NOISE_LOG_STD
+    from autotune._run_noise import NOISE_LOG_STD
 
     n = summary.get("run_noise_repeated_layouts", 0)
     source = (f"from {n} layout{'s' if n > 1 else ''} run more than once, shrunk toward an assumed "

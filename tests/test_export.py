@@ -178,6 +178,35 @@ def test_table_export_feeds_the_replay_backend(tmp_path):
     assert missing.status == TrialStatus.FAILED and missing.wall_time_s == 0.0  # no run: nothing charged
 
 
+def test_a_replay_tables_straggler_row_is_left_out_by_the_studys_rule(tmp_path):
+    """Found by review: a table's rows of one layout were merged by their mean, so a study's own exported table
+    with a run on a slow node (3x slower: the study left it out of the layout's figure) replayed that layout as
+    half as fast. The rows are judged by the study's straggler rule; a pair that disagrees stays merged (two runs
+    cannot say which strayed, as the recommendation counts their average once)."""
+    from autotune.backends.replay import read_table, repeated_rows, table_index
+
+    rest = ("vpp,cp,etp,mbs,sp,dist_opt,recompute,recompute_method,recompute_num_layers", "1,1,1,1,False,False,none,,")
+    path = tmp_path / "stragglers.csv"
+    rows = ["1,1,16,completed,30.0", "1,1,16,completed,30.6", "1,1,16,completed,90.0", "1,1,16,completed,29.7",
+            "2,1,8,completed,20.0", "2,1,8,completed,20.4", "4,1,4,completed,40.0", "4,1,4,completed,41.0",
+            "1,2,8,completed,50.0", "1,2,8,completed,150.0"]
+    path.write_text(f"tp,pp,ep,status,step_time_s,{rest[0]}\n" + "".join(f"{r},{rest[1]}\n" for r in rows))
+    index = table_index(read_table(path))
+    assert index[LayoutConfig.from_mapping({"ep": 16}).key()]["step_time_s"] == pytest.approx((30.0 + 30.6 + 29.7) / 3)
+    assert index[LayoutConfig.from_mapping({"tp": 2, "ep": 8}).key()]["step_time_s"] == pytest.approx(20.2)
+    assert index[LayoutConfig.from_mapping({"pp": 2, "ep": 8}).key()]["step_time_s"] == pytest.approx(100.0)  # a pair
+    assert repeated_rows(path) == (4, 0, 1)
+    # and `start` says so before it replays
+    from tests.conftest import run_cli
+
+    result = run_cli("start", "--model", "qwen3_30b", "--gpus", "16", "--budget", "2", "--backend", "replay",
+                     "--replay", str(path), "--storage", f"sqlite:///{tmp_path / 's.db'}", "--study", "s",
+                     "--local-gpus", "16")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "4 layout(s) have several rows, replayed as one (their mean step time, 1 row(s) left out as stragglers " \
+        "by the study's rule)" in " ".join(result.stdout.split())
+
+
 def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_mean(tmp_path):
     import threading
 
@@ -214,7 +243,7 @@ def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_
     # what `start` says of it: two layouts have several rows, and both mix outcomes (review: said nothing)
     from autotune.backends.replay import repeated_rows
 
-    assert repeated_rows(path) == (2, 1)
+    assert repeated_rows(path) == (2, 1, 0)
     for bad, needle in [(["1,1,16,exploded,30.0,8000,60"], "row 2: status 'exploded'"),
                         (["1,1,16,,30.0,8000,60"], "row 2: the status is empty"),
                         (["1,1,16,completed,nan,,60"], "row 2: completed without"),

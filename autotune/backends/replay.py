@@ -22,7 +22,8 @@ from autotune.config import ALL_KNOBS, KNOBS, LayoutConfig
 from autotune.errors import ConfigError
 
 ANSWERED_NOTHING = ("pruned", "timeout", "lost", "cancelled")  # statuses replayed as a failed run
-# Rows of one layout are repeated runs, replayed as one (_merged). Runs of one layout differ by a few percent,
+# Rows of one layout are repeated runs, replayed as one (_merged; a straggler left out by the study's rule, see
+# table_stragglers). Runs of one layout differ by a few percent,
 # a slow node's run by up to a few times (a study stores and exports such a run: review found a factor e refusing
 # a study's own table with a 3x straggler); rows a factor 10 apart measure different things (a typo, another
 # layout, an impossible figure their mean would hide: found by review, 1e-300 s beside 30.6 s replayed as 15.3 s)
@@ -102,7 +103,41 @@ def table_index(frame) -> dict[str, dict[str, Any]]:
 
 
 def _index(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    return {key: dict(_merged(rows)) for key, rows in groups.items()}  # copies: the groups may be cached
+    left_out = table_stragglers(groups)
+    # copies: the groups may be cached
+    return {key: dict(_merged(rows, left_out.get(key, ()))) for key, rows in groups.items()}
+
+
+def _log_speeds(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]] | None:
+    """(positions, log speeds) of a layout's completed rows, by one figure all of them have: the step time
+    (its negative log), else the throughput; None when they have no figure in common."""
+    completed = [i for i, r in enumerate(rows) if r["status"] == "completed"]
+    for metric, sign in (("step_time_s", -1.0), ("tokens_per_s_per_gpu", 1.0)):
+        if all(rows[i].get(metric) is not None for i in completed):
+            return completed, [sign * math.log(rows[i][metric]) for i in completed]
+    return None
+
+
+def table_stragglers(groups: dict[str, list[dict[str, Any]]]) -> dict[str, list[int]]:
+    """Per layout key, the positions of its completed rows left out as stragglers by the study's own rule
+    (_run_noise.straggler_runs, over every layout the table holds more than one completed row of), so that a
+    replayed study's table reads as the study read its runs (found by review: a 3x slow-node run was
+    averaged in). A disputed pair (two rows that disagree: both out by the rule) stays merged, as the
+    recommendation counts its average once: two runs cannot say which one strayed."""
+    from autotune._run_noise import straggler_runs
+
+    repeated = []
+    for key, rows in groups.items():
+        speeds = _log_speeds(rows)
+        if speeds is not None and len(speeds[0]) > 1:
+            repeated.append((key, *speeds))
+    if not repeated:
+        return {}
+    out = {}
+    for (key, positions, _), left in zip(repeated, straggler_runs([speeds for _, _, speeds in repeated])):
+        if left and len(left) < len(positions):
+            out[key] = [positions[j] for j in left]
+    return out
 
 
 def table_rows(frame) -> dict[str, list[dict[str, Any]]]:
@@ -175,25 +210,26 @@ def _groups(path: str, _device: int, _inode: int, _size: int, _mtime_ns: int) ->
     return table_rows(read_table(path))
 
 
-def repeated_rows(path: str | Path) -> tuple[int, int]:
-    """(layouts with several rows, of them those whose rows disagree on the outcome): what `start` says
-    of a table before replaying it merged (found by review: a layout that completed once and ran out of
-    memory once replayed as completed, and nothing said so)."""
+def repeated_rows(path: str | Path) -> tuple[int, int, int]:
+    """(layouts with several rows, of them those whose rows disagree on the outcome, rows left out as
+    stragglers): what `start` says of a table before replaying it merged (found by review: a layout that
+    completed once and ran out of memory once replayed as completed, and nothing said so)."""
     groups = table_groups(path)
     repeated = [rows for rows in groups.values() if len(rows) > 1]
-    return len(repeated), sum(len({r["status"] for r in rows}) > 1 for rows in repeated)
+    stragglers = sum(len(left) for left in table_stragglers(groups).values())
+    return len(repeated), sum(len({r["status"] for r in rows}) > 1 for rows in repeated), stragglers
 
 
-def _merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _merged(rows: list[dict[str, Any]], stragglers=()) -> dict[str, Any]:
     """One result for a layout's rows: an OOM row when it has one (a layout that ran out of memory in one
     of its runs does not fit reliably, as recommend.recommend judges it; second review: a completed row
     outranked it, and a study's own risky layout replayed as safe), else the mean step time of its
-    completed runs, and throughputs that agree with it (harmonic means: a throughput is work over the
-    step time); else the first (a failure)."""
+    completed runs but the `stragglers` (positions: table_stragglers), and throughputs that agree with it
+    (harmonic means: a throughput is work over the step time); else the first (a failure)."""
     oom = next((r for r in rows if r["status"] == "oom"), None)
     if oom is not None:
         return oom
-    completed = [r for r in rows if r["status"] == "completed"]
+    completed = [r for i, r in enumerate(rows) if r["status"] == "completed" and i not in stragglers]
     if len(completed) < 2:
         return completed[0] if completed else rows[0]
     merged = dict(completed[0])

@@ -268,10 +268,11 @@ def _start_header(args: argparse.Namespace, study, space, workload, repo) -> Non
             covered, lacking, foreign, variants = replay_coverage(space, workload, args.replay)
             from autotune.backends.replay import repeated_rows
 
-            repeated, disputed = repeated_rows(args.replay)
+            repeated, disputed, stragglers = repeated_rows(args.replay)
+            left_out = (f", {stragglers} row(s) left out as stragglers by the study's rule" if stragglers else "")
             merged = (f"; {repeated} layout(s) have several rows, replayed as one (" + (
                 f"{disputed} of them with rows of different outcomes: an OOM outranks a completed run, which "
-                "outranks a failure; otherwise " if disputed else "") + "their mean step time)") if repeated else ""
+                "outranks a failure; otherwise " if disputed else "") + f"their mean step time{left_out})") if repeated else ""
             knobs = (f"; {variants} row(s) are performance-knob variants of legal layouts (the knob phase runs "
                      "them from a layout the table also has)") if variants else ""
             print(f"replay table: {covered} legal layouts measured (the study searches only these); it lacks "

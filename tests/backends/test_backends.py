@@ -301,7 +301,7 @@ class TestReplay(BackendContract):
         options = {"replay": str(self.path)}
         replay.ReplayBackend.check_options(options)
         keys = replay.ReplayBackend.answerable_layouts(options)
-        assert replay.repeated_rows(self.path) == (0, 0) and len(reads) == 1
+        assert replay.repeated_rows(self.path) == (0, 0, 0) and len(reads) == 1
         outcome, _ = self.run(self.spec(config={"ep": 16}))
         assert outcome.status == TrialStatus.OOM and len(reads) == 1
         frame = pd.read_csv(self.path)
