@@ -321,9 +321,15 @@ def render(repo: Repository, study: Study, fmt: str, trial_number: int | None = 
     pick = recommendation(repo, study) if pick is _UNSET else pick
     trial = choose_trial(repo, study, trial_number, pick)
     if fmt in ("recipe", "overrides"):
-        from autotune.catalog import require_exportable
+        from autotune.catalog import require_exportable, require_runnable_recipe
 
-        require_exportable(study_space_and_workload(study)[0].model, f"export --format {fmt} for")
+        model = study_space_and_workload(study)[0].model
+        require_exportable(model, f"export --format {fmt} for")
+        if fmt == "recipe":
+            # the recipe module imports and calls the space file's recipe target and pipeline layout function, as the
+            # GPU worker does: the same packages only (found by an adversarial pass: `recipe.target: os:system`
+            # was written into the module whoever runs it imports)
+            require_runnable_recipe(model)
     figure = layout_figure(pick, trial)
     if fmt == "recipe":
         return render_recipe(study, trial, settings, recommended=bool(pick) and pick.trial.number == trial.number,

@@ -589,6 +589,41 @@ def test_models_without_a_bridge_recipe_are_refused(tmp_path):
             export.render(repo, study, fmt)
 
 
+@pytest.mark.parametrize("key,value", [("target", "os:system"), ("layout_function", "subprocess:getoutput")])
+def test_a_recipe_importing_outside_the_allowed_packages_is_not_exported(tmp_path, monkeypatch, key, value):
+    """Found by an adversarial pass: a space file naming `recipe.target: os:system` (or a pipeline layout function
+    outside Megatron-Bridge's recipes) was written into the exported module, which imports and calls it; the GPU
+    worker refuses those, export did not. The same allow-list applies (AUTOTUNE_RECIPE_PACKAGES widens it)."""
+    from autotune.errors import ConfigError
+    from autotune.space import load_space, make_workload, space_dir
+
+    text = (space_dir() / "qwen3_30b.yaml").read_text()
+    if key == "target":
+        text = text.replace("target: megatron.bridge.recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config",
+                            f"target: {value}", 1)
+    else:
+        assert "layout_function" not in text
+        text = text.replace("\npipeline:\n", f"\npipeline:\n  layout_function: {value}\n", 1)
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    space = load_space(str(path))
+    assert value in (space.model.recipe_target, space.model.pipeline_layout_function)
+    repo = Repository.open(f"sqlite:///{tmp_path / 'h.db'}")
+    study = repo.create_study(name="h", model=space.model.name, workload=make_workload(space, gpus=16).to_dict(),
+                              space=space.to_dict(), budget=2, sampler="auto", backend="simulate", backend_options={},
+                              options={}, optuna_study_name="autotune:h", status="finished")
+    layout = LayoutConfig.from_mapping({"ep": 16})
+    trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), 0, "c", 2)
+    repo.finish_trial(study.id, trial.number, "completed", metrics={"step_time_s": 30.0, "tokens_per_s_per_gpu": 8000.0,
+                                                                     "peak_mem_gib": 70.5})
+    monkeypatch.delenv("AUTOTUNE_RECIPE_PACKAGES", raising=False)
+    with pytest.raises(ConfigError, match=f"{value.split(':')[0]}.* is outside megatron.bridge.recipes"):
+        export.render(repo, study, "recipe")
+    assert value not in export.render(repo, study, "overrides")  # overrides name no import: still given
+    monkeypatch.setenv("AUTOTUNE_RECIPE_PACKAGES", value.split(":")[0])  # whoever runs autotune allowed it
+    assert f"from {value.split(':')[0]} import {value.split(':')[1]}" in export.render(repo, study, "recipe")
+
+
 @pytest.mark.parametrize("backend,options,source,note", [
     ("simulate", {}, "simulated", "the simulate backend's cost model; no training ran"),
     ("replay", {"replay": "sweep.csv"}, "replayed", 'looked up in the replay table "sweep.csv"'),
