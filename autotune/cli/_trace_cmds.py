@@ -46,7 +46,10 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     from rich.markup import escape
 
-    table = Table(title=escape(f"{args.file}: kernel time per device (interval unions)"))
+    from autotune._paths import shown
+
+    # the file's name on one line, its escape sequences and bidi controls shown, not obeyed (adversarial pass)
+    table = Table(title=escape(f"{shown(str(args.file))}: kernel time per device (interval unions)"))
     for column in ("device", "kernels", "busy s", "compute s", "NCCL s", "overlapped s", "exposed NCCL s", "overlap"):
         table.add_column(column, justify="right")
     for s in summaries:

@@ -174,12 +174,16 @@ def export_to_sqlite(report: Path, folder: Path, nsys: str | None = None) -> Pat
                           "`nsys export --type sqlite` first and pass the .sqlite file")
     out = folder / "export.sqlite"
     try:
+        # the report's absolute path: a name beginning with `-` (`--output=x`) would be read as nsys's own option
+        # and override the temporary -o (found by an adversarial pass)
         result = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "false", "-o", str(out),
-                                 str(report)], capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
+                                 str(report.absolute())], capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S,
+                                errors="replace")
     except subprocess.TimeoutExpired:
         raise ConfigError(f"nsys export of {shown(str(report))} took longer than {EXPORT_TIMEOUT_S:g} s") from None
     if result.returncode != 0:
-        raise ConfigError(f"nsys export failed: {result.stderr.strip()[-300:]}")
+        # nsys's own words, one line and no terminal escapes (they may quote the report's name)
+        raise ConfigError(f"nsys export failed: {shown(' '.join(result.stderr.split())[-300:])}")
     return out
 
 

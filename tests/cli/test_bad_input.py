@@ -481,6 +481,15 @@ def test_trace_summarize_skips_kernel_rows_without_name_or_device(tmp_path):
     assert device["kernels"] == 2 and device["overlapped_s"] == pytest.approx(500e-9)
 
 
+def test_trace_summarize_shows_an_escape_sequence_in_the_files_name_rather_than_obeying_it(tmp_path):
+    """Found by an adversarial pass: the table's title printed the file name raw (an OSC title or colour sequence,
+    a bidi override reached the terminal; a newline split the title)."""
+    path = _trace(tmp_path / "t\x1b]0;pwn\x07\x1b[31m\u202e\n.sqlite", [(1, "gemm")], [(0, 1000, 0, 1)])
+    result = run_cli("trace", "summarize", path.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout and "\\x1b]0;pwn\\x07" in result.stdout
+
+
 def test_trace_summarize_of_a_trace_without_kernels_says_so(tmp_path):
     """Review: an empty kernel table (or rows without times) printed an empty table and exited 0."""
     path = _trace(tmp_path / "empty.sqlite", [(1, "gemm")], [(None, None, 0, 1)])

@@ -283,7 +283,8 @@ def test_trace_cli_never_overwrites_a_file_beside_the_report(cli, tmp_path):
     bin_dir.mkdir()
     stand_in = bin_dir / "nsys"
     stand_in.write_text(f"#!{sys.executable}\n"
-                        "import sys, sqlite3\n"
+                        "import json, sys, sqlite3\n"
+                        f"open({str(tmp_path / 'argv.log')!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
                         "out = sys.argv[sys.argv.index('-o') + 1]\n"
                         "db = sqlite3.connect(out)\n"
                         "db.execute('CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)')\n"
@@ -302,7 +303,15 @@ def test_trace_cli_never_overwrites_a_file_beside_the_report(cli, tmp_path):
         assert done.returncode == 0, done.stderr[-1000:]
         assert json.loads(done.stdout)["total"]["compute_s"] == pytest.approx(0.002)
     assert beside.read_bytes() == b"SQLite format 3\x00 someone's store"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "x.nsys-rep", "x.sqlite"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["argv.log", "bin", "x.nsys-rep", "x.sqlite"]
+    # found by an adversarial pass: a report named like an option (`--output=x.nsys-rep`, given after `--`) reached
+    # nsys as its own option, overriding the temporary -o; nsys gets the report's absolute path
+    dashed = tmp_path / "--output=stolen.nsys-rep"
+    dashed.write_bytes(b"report")
+    done = cli("trace", "summarize", "--json", "--", dashed.name, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-1000:]
+    argv = json.loads((tmp_path / "argv.log").read_text().splitlines()[-1])
+    assert argv[-1] == str(dashed) and not any(a.startswith("--output") for a in argv[:-1])
 
 
 def _alive(pid: int) -> bool:
