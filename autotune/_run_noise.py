@@ -25,10 +25,10 @@ def run_noise_log_std(runs_per_layout) -> float:
     return run_noise_and_stragglers(runs_per_layout)[0]
 
 
-def straggler_runs(runs_per_layout) -> list[list[int]]:
+def straggler_runs(runs_per_layout, max_stragglers: int | None = None) -> list[list[int]]:
     """Per layout (in the order given), the positions of its runs left out as stragglers
     (run_noise_and_stragglers)."""
-    return run_noise_and_stragglers(runs_per_layout)[1]
+    return run_noise_and_stragglers(runs_per_layout, max_stragglers)[1]
 
 
 def pooled_noise_log_std(runs_per_layout) -> float:
@@ -38,13 +38,13 @@ def pooled_noise_log_std(runs_per_layout) -> float:
     return _noise_sd(float(sum(_squares(g) for g in groups)), sum(len(g) - 1 for g in groups))
 
 
-def run_noise_and_stragglers(runs_per_layout) -> tuple[float, list[list[int]]]:
+def run_noise_and_stragglers(runs_per_layout, max_stragglers: int | None = None) -> tuple[float, list[list[int]]]:
     """The run noise (run_noise_log_std) and, per layout in the order given, the positions of its runs left
     out as stragglers (_robust_noise). Of a layout measured twice whose runs disagree, both are left out
     (one of them strayed; two runs cannot say which); a layout measured once has none."""
     runs = [np.asarray(r, dtype=float) for r in runs_per_layout]
     repeated = [i for i, r in enumerate(runs) if len(r) > 1]
-    noise, left_out = _robust_noise([runs[i] for i in repeated])
+    noise, left_out = _robust_noise([runs[i] for i in repeated], max_stragglers or STRAGGLER_MAX)
     out: list[list[int]] = [[] for _ in runs]
     for i, positions in zip(repeated, left_out):
         out[i] = positions
@@ -88,12 +88,12 @@ def _squares(runs: np.ndarray) -> float:
     return float(np.sum((runs - np.mean(runs)) ** 2))
 
 
-def _robust_noise(groups: list[np.ndarray]) -> tuple[float, list[list[int]]]:
+def _robust_noise(groups: list[np.ndarray], max_stragglers: int = STRAGGLER_MAX) -> tuple[float, list[list[int]]]:
     """The pooled run noise over `groups` (each a repeated layout's log throughputs) and, per group, the
     positions of the runs left out as stragglers.
 
     The splits weighed are nested: leave out every run at least t from its layout's median, for each t
-    among the STRAGGLER_MAX largest such distances, and none; the most likely split (_split_score) wins.
+    among the `max_stragglers` largest such distances, and none; the most likely split (_split_score) wins.
     Stragglers stay a minority of their layout's runs (of three runs one, of five two: the median must be
     a kept run's); a pair's runs are equally far from their mean, so a pair that disagrees is left out
     whole. Where no split beats keeping every run, the figure is the plain pooled estimate, to the bit.
@@ -115,7 +115,7 @@ def _robust_noise(groups: list[np.ndarray]) -> tuple[float, list[list[int]]]:
         middle = statistics.median(values)
         far = sorted(range(len(values)), key=lambda j: -abs(values[j] - middle))[:(len(values) - 1) // 2]
         candidates.extend((abs(values[j] - middle), k, j) for j in far)
-    thresholds = sorted({d for d, _, _ in candidates}, reverse=True)[:STRAGGLER_MAX]
+    thresholds = sorted({d for d, _, _ in candidates}, reverse=True)[:max_stragglers]
     if not thresholds:
         return plain
     # per layout with a run that may be left out, farthest first, what leaving out its first r does to the

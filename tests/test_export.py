@@ -205,6 +205,25 @@ def test_a_replay_tables_straggler_row_is_left_out_by_the_studys_rule(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "4 layout(s) have several rows, replayed as one (their mean step time, 1 row(s) left out as stragglers " \
         "by the study's rule)" in " ".join(result.stdout.split())
+    more = tmp_path / "more.csv"
+    # review: the study's cap of 10 stragglers kept every one of a table's 11 or more (several sweeps joined); a
+    # layout replayed as its OOM row has nothing left out; rows giving only a throughput are judged by it
+    many = [f"{tp},{pp},{ep},completed,{step}" for i, (tp, pp, ep) in enumerate(
+        (tp, pp, ep) for tp in (1, 2, 4) for pp in (1, 2, 4) for ep in (1, 2, 4, 8))
+        for step in (20.0 + i, 20.3 + i, 60.0 + 3 * i if i < 14 else 20.1 + i)]
+    more.write_text(f"tp,pp,ep,status,step_time_s,{rest[0]}\n" + "".join(f"{r},{rest[1]}\n" for r in many))
+    assert repeated_rows(more) == (36, 0, 14)
+    assert table_index(read_table(more))[LayoutConfig.from_mapping({}).key()]["step_time_s"] == pytest.approx(20.15)
+    more.write_text(f"tp,pp,ep,status,step_time_s,tokens_per_s_per_gpu,{rest[0]}\n" + "".join(
+        f"{r},{rest[1]}\n" for r in [*(f"{r}," for r in rows[:4]), "1,1,16,oom,,", "2,1,8,completed,20.0,13107.2",
+                                      "2,1,8,completed,20.4,", "2,1,8,completed,,12900", "2,1,8,completed,,4400",
+                                      *(f"{r}," for r in rows[6:])]))
+    index = table_index(read_table(more))
+    assert index[LayoutConfig.from_mapping({"ep": 16}).key()]["status"] == "oom"
+    tp2 = index[LayoutConfig.from_mapping({"tp": 2, "ep": 8}).key()]
+    assert tp2["step_time_s"] == pytest.approx(20.2)  # the throughput-only row 4400 (3x slow) is its straggler:
+    assert tp2["tokens_per_s_per_gpu"] == pytest.approx(2 / (1 / 13107.2 + 1 / 12900))  # not in the throughput
+    assert repeated_rows(more) == (4, 1, 1)  # and ep16's 90 s row is not counted: it replays as its OOM row
 
 
 def test_a_replay_table_is_checked_row_by_row_and_repeated_runs_replay_as_their_mean(tmp_path):

@@ -108,14 +108,27 @@ def _index(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]
     return {key: dict(_merged(rows, left_out.get(key, ()))) for key, rows in groups.items()}
 
 
-def _log_speeds(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]] | None:
-    """(positions, log speeds) of a layout's completed rows, by one figure all of them have: the step time
-    (its negative log), else the throughput; None when they have no figure in common."""
+def _log_speeds(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """(positions, log speeds) of a layout's completed rows, in one unit: the negative log step time, a row giving
+    only a throughput converted by the tokens per step a row giving both implies (throughput x step time is the
+    same for every run of a layout); without such a row, the rows of whichever figure more rows give (found by
+    review: a layout whose rows gave different figures was not judged at all)."""
     completed = [i for i, r in enumerate(rows) if r["status"] == "completed"]
-    for metric, sign in (("step_time_s", -1.0), ("tokens_per_s_per_gpu", 1.0)):
-        if all(rows[i].get(metric) is not None for i in completed):
-            return completed, [sign * math.log(rows[i][metric]) for i in completed]
-    return None
+    step = {i: rows[i]["step_time_s"] for i in completed if rows[i].get("step_time_s") is not None}
+    speed = {i: rows[i]["tokens_per_s_per_gpu"] for i in completed if rows[i].get("tokens_per_s_per_gpu") is not None}
+    both = [step[i] * speed[i] for i in step if i in speed]
+    if both:
+        work = sorted(both)[len(both) // 2]  # tokens per step per GPU, as the rows giving both say
+        step.update({i: work / speed[i] for i in speed if i not in step})
+    elif len(speed) > len(step):
+        step = {i: 1.0 / v for i, v in speed.items()}
+    positions = sorted(step)
+    return positions, [-math.log(step[i]) for i in positions]
+
+
+# The study weighs at most _run_noise.STRAGGLER_MAX stragglers (it judges at every proposal); a table is judged
+# once per file, and may join several sweeps with more (found by review: with 11 or more the cap kept them all)
+TABLE_STRAGGLER_MAX = 200
 
 
 def table_stragglers(groups: dict[str, list[dict[str, Any]]]) -> dict[str, list[int]]:
@@ -123,18 +136,17 @@ def table_stragglers(groups: dict[str, list[dict[str, Any]]]) -> dict[str, list[
     (_run_noise.straggler_runs, over every layout the table holds more than one completed row of), so that a
     replayed study's table reads as the study read its runs (found by review: a 3x slow-node run was
     averaged in). A disputed pair (two rows that disagree: both out by the rule) stays merged, as the
-    recommendation counts its average once: two runs cannot say which one strayed."""
+    recommendation counts its average once: two runs cannot say which one strayed. As in a study, many far
+    rows are read as a noisy cluster, not as stragglers (each straggler is a priori 1% likely)."""
     from autotune._run_noise import straggler_runs
 
-    repeated = []
-    for key, rows in groups.items():
-        speeds = _log_speeds(rows)
-        if speeds is not None and len(speeds[0]) > 1:
-            repeated.append((key, *speeds))
+    repeated = [(key, *speeds) for key, speeds in ((k, _log_speeds(rows)) for k, rows in groups.items())
+                if len(speeds[0]) > 1]
     if not repeated:
         return {}
     out = {}
-    for (key, positions, _), left in zip(repeated, straggler_runs([speeds for _, _, speeds in repeated])):
+    left_out = straggler_runs([speeds for _, _, speeds in repeated], TABLE_STRAGGLER_MAX)
+    for (key, positions, _), left in zip(repeated, left_out):
         if left and len(left) < len(positions):
             out[key] = [positions[j] for j in left]
     return out
@@ -216,7 +228,9 @@ def repeated_rows(path: str | Path) -> tuple[int, int, int]:
     completed once and ran out of memory once replayed as completed, and nothing said so)."""
     groups = table_groups(path)
     repeated = [rows for rows in groups.values() if len(rows) > 1]
-    stragglers = sum(len(left) for left in table_stragglers(groups).values())
+    # a layout with an OOM row replays as that row: nothing of it is left out (review)
+    stragglers = sum(len(left) for key, left in table_stragglers(groups).items()
+                     if not any(r["status"] == "oom" for r in groups[key]))
     return len(repeated), sum(len({r["status"] for r in rows}) > 1 for rows in repeated), stragglers
 
 

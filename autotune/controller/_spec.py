@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from autotune._numbers import is_positive_finite
 from autotune.backends import TrialSpec
 from autotune.catalog import RECIPE_PACKAGES_ENV
 from autotune.config import LayoutConfig, Workload
@@ -19,9 +20,10 @@ from autotune.storage import Study
 
 
 def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: StudyOptions, number: int,
-               attempt: int, config: LayoutConfig, validation: bool = False) -> TrialSpec:
+               attempt: int, config: LayoutConfig, validation: bool = False,
+               screening_step_s: float | None = None) -> TrialSpec:
     """The spec of one run; `validation`: a --validate-steps run (options.validate_steps measured steps, and
-    the timeout scaled with the steps, see validation_timeout_s)."""
+    a timeout for them: validation_timeout_s, from the layout's slowest screening step `screening_step_s`)."""
     w = workload
     backend_options = dict(study.backend_options)
     if space.document:
@@ -43,22 +45,32 @@ def trial_spec(study: Study, space: SearchSpace, workload: Workload, options: St
                      config=config.to_dict(),
                      overrides=layout_overrides(config, w) + benchmark_only.overrides(options.benchmark_settings),
                      attempt=attempt,
-                     timeout_s=validation_timeout_s(options) if validation else float(options.trial_timeout_s),
+                     timeout_s=validation_timeout_s(options, screening_step_s) if validation else float(options.trial_timeout_s),
                      warmup_steps=int(options.warmup_steps),
                      measured_steps=int(options.validate_steps if validation else options.measured_steps),
                      seed=int(options.seed or 0),
                      backend_options=backend_options)
 
 
-def validation_timeout_s(options: StudyOptions) -> float:
-    """A --validate-steps run's timeout: the screening's (--trial-timeout) scaled by the steps it runs,
-    warm-up included, against a screening run's, never below the screening's. It was the screening's
-    whatever the steps (found by review: with the default 3,600 s, 1,000 validation steps of a 20 s step
-    could only end as `timeout`). Proportional on purpose: the timeout covers the
-    start-up too, which a longer run does not repeat, so this errs long, as a timeout should."""
+# A validation run's steps are allowed this many times the layout's slowest screening step: room for a slower
+# node or a longer warm-up, not for a hang
+VALIDATION_STEP_SLACK = 3.0
+
+
+def validation_timeout_s(options: StudyOptions, screening_step_s: float | None = None) -> float:
+    """A --validate-steps run's timeout: the screening's (--trial-timeout, which holds the start-up and a
+    screening run) plus its steps, warm-up included, at VALIDATION_STEP_SLACK times the layout's slowest
+    screening step (`screening_step_s`); without that figure (no screening run of it completed: a hand-edited
+    store), the screening's timeout scaled by the steps against a screening run's. It was the screening's
+    whatever the steps (found by review: with the default 3,600 s, 1,000 validation steps of a 20 s step could
+    only end as `timeout`); scaling the whole timeout by the steps gave such a run 125 hours, so that a hung
+    validation held the cluster, and every controller of the study waiting for it, for days (second review)."""
+    timeout = float(options.trial_timeout_s)
+    steps = int(options.warmup_steps) + int(options.validate_steps)
+    if screening_step_s is not None and is_positive_finite(screening_step_s):
+        return timeout + steps * VALIDATION_STEP_SLACK * float(screening_step_s)
     screening = max(1, int(options.warmup_steps) + int(options.measured_steps))
-    validation = int(options.warmup_steps) + int(options.validate_steps)
-    return float(options.trial_timeout_s) * max(1.0, validation / screening)
+    return timeout * max(1.0, steps / screening)
 
 
 def prediction(state: SearchState, workload: Workload, config: LayoutConfig) -> dict[str, Any]:

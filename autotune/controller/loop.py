@@ -311,11 +311,20 @@ class Controller:
                       self.pruner.warmup_steps, reason=rejection.reason, origin=trial.origin, strategy=note)
 
     def _submit(self, trial: Trial, config: LayoutConfig) -> None:
-        # a validation run's steps and timeout also when a lost or adopted validation run goes again
-        spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config,
-                          validation=trial.origin == TrialOrigin.VALIDATION)
+        spec = self._spec(trial, config)
         self.dispatcher.submit(spec)
         self.running[trial.number] = _Running(trial, spec)
+
+    def _spec(self, trial: Trial, config: LayoutConfig) -> TrialSpec:
+        """The run's spec; a validation run's steps and timeout (from its layout's slowest screening step) also
+        when a lost or adopted validation run goes again."""
+        if trial.origin != TrialOrigin.VALIDATION:
+            return trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config)
+        steps = [t.step_time_s for t in self.repo.trials(self.study.id, dispatched_only=True)
+                 if t.config_key == trial.config_key and t.origin != TrialOrigin.VALIDATION
+                 and t.status == "completed" and is_positive_finite(t.step_time_s)]
+        return trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt, config,
+                          validation=True, screening_step_s=max(steps) if steps else None)
 
     # --- outcomes ------------------------------------------------------------------------------
 
@@ -405,6 +414,7 @@ class Controller:
             if not todo:
                 return
             self._validate_round(todo)
+        self._wait_for_validation_runs()  # the last round's runs (review: it could return with one in flight)
 
     def _wait_for_validation_runs(self) -> None:
         """Return once no validation run of the study is in flight: this controller's end, another
@@ -466,9 +476,7 @@ class Controller:
             adopted = dataclasses.replace(trial, controller_id=self.controller_id)
             outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
             if outcome is not None:  # it finished while its controller was dead: no second run
-                spec = trial_spec(self.study, self.space, self.workload, self.options, trial.number, trial.attempt,
-                                  config, validation=trial.origin == TrialOrigin.VALIDATION)
-                self._finish(_Running(adopted, spec), outcome)
+                self._finish(_Running(adopted, self._spec(trial, config)), outcome)
                 continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
                                   self.controller_id)

@@ -519,23 +519,40 @@ def test_a_validation_run_out_of_memory_moves_the_recommendation_to_a_layout_val
     repo.close()
 
 
-def test_a_validation_run_gets_a_timeout_scaled_with_its_steps(tmp_path, qwen16):
+def test_a_validation_run_gets_a_timeout_for_its_steps(tmp_path, qwen16):
     """Found by review: a validation run had the screening's timeout whatever --validate-steps asked for, so a
-    long validation of a slow step could only end as `timeout`."""
-    from autotune.controller._spec import trial_spec, validation_timeout_s
+    long validation of a slow step could only end as `timeout`. Its steps are allowed three times the layout's
+    slowest screening step beyond the screening's timeout (second review: scaling the whole timeout by the steps
+    gave 1,000 steps 125 hours, for a hang to hold the cluster); without a screening step, that scaling."""
+    from autotune.controller._spec import VALIDATION_STEP_SLACK, trial_spec, validation_timeout_s
+    from autotune.controller.session import build_controller
 
     space, workload, _ = qwen16
     options = StudyOptions(trial_timeout_s=600.0, warmup_steps=3, measured_steps=5, validate_steps=100)
+    assert validation_timeout_s(options, 20.0) == pytest.approx(600.0 + 103 * VALIDATION_STEP_SLACK * 20.0)
     assert validation_timeout_s(options) == pytest.approx(600.0 * 103 / 8)
     # never shorter than a screening run's, however few steps are asked for
     assert validation_timeout_s(dataclasses.replace(options, validate_steps=2)) == 600.0
+    assert validation_timeout_s(dataclasses.replace(options, validate_steps=2), 1e-3) > 600.0
     study = create_study(Repository.open(f"sqlite:///{tmp_path / 't.db'}"), name="t", space=space, workload=workload,
                          budget=4, sampler="auto", backend="simulate", backend_options={}, seed=0)
     config = LayoutConfig.from_mapping(space.model.defaults.layout)
     screening = trial_spec(study, space, workload, options, 1, 1, config)
-    validation = trial_spec(study, space, workload, options, 2, 1, config, validation=True)
+    validation = trial_spec(study, space, workload, options, 2, 1, config, validation=True, screening_step_s=20.0)
     assert (screening.measured_steps, screening.timeout_s) == (5, 600.0)
-    assert (validation.measured_steps, validation.timeout_s) == (100, pytest.approx(600.0 * 103 / 8))
+    assert (validation.measured_steps, validation.timeout_s) == (100, pytest.approx(6780.0))
+    # a study's validation runs get it from their layout's slowest screening run
+    specs = []
+    repo, study, summary = _validated_study(tmp_path, qwen16, "v", budget=5, run_noise=0.05, seed=3)
+    controller = build_controller(repo, study, dispatcher="inprocess")
+    trials = repo.trials(study.id, dispatched_only=True)
+    for trial in (t for t in trials if t.origin == "validation"):
+        slowest = max(t.step_time_s for t in trials if t.config_key == trial.config_key and t.origin == "study")
+        specs.append(controller._spec(trial, LayoutConfig.from_mapping(trial.config)))
+        assert specs[-1].timeout_s == pytest.approx(validation_timeout_s(controller.options, slowest))
+        assert specs[-1].measured_steps == 12
+    assert specs
+    repo.close()
 
 
 @pytest.mark.parametrize("other", ["dead", "alive"])
@@ -573,7 +590,9 @@ def test_another_controllers_validation_run_is_waited_for_and_a_dead_ones_run_ag
             return
         if controller.running or repo.counts(study.id)["dispatched"] < study.budget:
             return
-        done = next(t for t in repo.trials(study.id, dispatched_only=True) if t.status == "completed")
+        # the slowest layout, so that the study's own round validates another (the recommendation)
+        done = min((t for t in repo.trials(study.id, dispatched_only=True) if t.status == "completed"),
+                   key=lambda t: t.tokens_per_s_per_gpu)
         number = controller.optuna.ask(LayoutConfig.from_mapping(done.config))  # as the other controller asked
         trial = repo.claim_dispatch(study.id, done.config, done.config_key, number, f"{other}-controller",
                                     study.budget, dispatch_key=f"{done.config_key}#validation",
@@ -595,7 +614,9 @@ def test_another_controllers_validation_run_is_waited_for_and_a_dead_ones_run_ag
     trials = repo.trials(study.id, dispatched_only=True)
     assert not [t for t in trials if t.status == "dispatched"]
     assert repo.get_study("other").status == "finished"
-    # and the study's own validation round ran after it, on what the store then held
+    # and the study's own validation round ran after it, on what the store then held (its own runs, first attempts)
+    own = [t for t in trials if t.origin == "validation" and t.number != left[0]]
+    assert own and all(t.attempt == 1 and t.controller_id not in ("dead-controller", "alive-controller") for t in own)
     assert summary.recommendation.trial.config_key in {t.config_key for t in trials if t.origin == "validation"}
     repo.close()
 
