@@ -193,6 +193,21 @@ def possible_step(step_s: float, workload, tp: int) -> bool:
     return MIN_STEP_PEAK_SHARE * peak <= _step_tflops(step_s, workload, tp) <= peak
 
 
+# A trace's compute time per step carries at least the step's model FLOPs at the GPU's peak; the counted FLOPs may
+# exceed what the kernels ran (causal attention counted whole), hence half of that as the floor
+TRACE_COMPUTE_MIN_SHARE = 0.5
+
+
+def possible_trace_compute(compute_s: float | None, step_s: float, workload, tp: int) -> bool:
+    """A measured compute time per step (a trace's) that the step's work allows: at least TRACE_COMPUTE_MIN_SHARE
+    of the step's model FLOPs at the GPU's peak (found by an adversarial pass: a launcher's `compute: 1e-300`
+    passed, an infinite TFLOP/s, and pulled the calibration's compute and optimizer terms to their bounds)."""
+    if compute_s is None:
+        return True
+    peak = peak_tflops(workload.cluster.gpu, workload.precision)
+    return compute_s >= TRACE_COMPUTE_MIN_SHARE * _step_tflops(step_s, workload, tp) * step_s / peak
+
+
 def possible_step_times(step_times_s: list[float], workload, tp: int) -> list[float]:
     """The step times a training step can take (possible_step): what a failed, pruned or timed-out run
     keeps of what its launcher reported (a completed one is refused whole when one step is impossible)."""

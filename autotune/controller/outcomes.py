@@ -15,7 +15,7 @@ import numpy as np
 from autotune.backends import TrialOutcome, TrialStatus
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import (METRIC_KEYS, TFLOPS_BASIS_FACTOR, impossible_result, peak_tflops,
-                                          possible_step_times)
+                                          possible_step_times, possible_trace_compute)
 from autotune.config import LayoutConfig, Workload
 from autotune.controller.screening import constraint_kind
 from autotune.cost.flops import model_tflops_per_gpu, tokens_per_s_per_gpu
@@ -98,6 +98,11 @@ def checked(outcome: TrialOutcome, workload: Workload, config: LayoutConfig,
                                  predicted_peak_gib)
                or impossible_result(status, metrics, outcome.step_times_s, workload, config.tp, predicted_peak_gib))
     if problem is None:
+        compute = (outcome.measured_terms_s or {}).get("compute")
+        if is_positive_finite(metrics["step_time_s"]) and isinstance(compute, (int, float)) and \
+                not possible_trace_compute(float(compute), metrics["step_time_s"], workload, config.tp):
+            # a trace's breakdown is advisory: left out (no calibration from it), the run kept
+            outcome = dataclasses.replace(outcome, measured_terms_s={})
         return outcome, metrics
     failed = dataclasses.replace(outcome, status=TrialStatus.FAILED, step_times_s=[],
                                  error=f"impossible result ({problem}); reported status {outcome.status.value}")

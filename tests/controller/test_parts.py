@@ -78,6 +78,25 @@ def test_checked_turns_impossible_numbers_into_a_failed_trial(qwen16, changes, s
         assert outcomes.verdict(outcome.status.value, outcome.error, True) == "invalid_result"
 
 
+@pytest.mark.parametrize("compute_s, kept", [(1e-300, False), (0.5, False), (8.0, True), (19.0, True)])
+def test_a_trace_whose_compute_beats_the_gpus_peak_is_left_out_and_the_run_kept(qwen16, compute_s, kept):
+    """Found by an adversarial pass: a launcher's breakdown with `compute: 1e-300` (an infinite TFLOP/s) was stored
+    and pulled the calibration's compute and optimizer terms to their bounds. A compute time under half the step's
+    model FLOPs at the GPU's peak is no measurement: the breakdown is left out, the run (its step time) kept."""
+    from autotune.backends.validation import TRACE_COMPUTE_MIN_SHARE, _step_tflops, peak_tflops
+
+    _, workload, legal = qwen16
+    config = legal[0]
+    floor_s = TRACE_COMPUTE_MIN_SHARE * _step_tflops(20.0, workload, config.tp) * 20.0 / peak_tflops(
+        workload.cluster.gpu, workload.precision)
+    assert 0.5 < floor_s < 8.0  # the cases sit either side of the floor for this workload at 20 s a step
+    terms = {"compute": compute_s, "exposed_communication": 0.5}
+    outcome, metrics = outcomes.checked(TrialOutcome(1, TrialStatus.COMPLETED, step_time_s=20.0, peak_mem_gib=50.0,
+                                                     measured_terms_s=terms), workload, config)
+    assert outcome.status == TrialStatus.COMPLETED and metrics["step_time_s"] == 20.0
+    assert outcome.measured_terms_s == (terms if kept else {})
+
+
 # --- what Optuna is told: one mapping, checked against a real Optuna storage -----------------------
 
 @pytest.fixture
