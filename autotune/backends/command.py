@@ -30,8 +30,8 @@ from typing import Any
 
 from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
-from autotune.backends._process import (KILL_GRACE_S, check_command, die_with_parent, kill_group, parse_command,
-                                       reaped_argv)
+from autotune.backends._process import (KILL_GRACE_S, bounded_lines, check_command, die_with_parent, kill_group,
+                                       parse_command, reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import check_workdir, trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
@@ -39,6 +39,10 @@ from autotune.backends.validation import FlawedObject, json_object, parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
+TAIL_LINE_CHARS = 4000  # what a record quotes of one line (_output_tail keeps 4,000 characters in all)
+# A result line holds the step times (a validation run of 100,000 steps: ~2 MB); a longer line is cut there and
+# is then no JSON, so no result: the reader's memory stays bounded whatever a launcher writes
+RESULT_LINE_MAX_CHARS = 8 * 2 ** 20
 
 
 class CommandBackend(Backend):
@@ -82,11 +86,14 @@ class CommandBackend(Backend):
         except OSError as exc:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, error=f"cannot start {argv[0]!r}: {exc}")
         stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-        stdout_lines: deque[str] = deque(maxlen=1000)
+        stdout_lines: deque[str] = deque(maxlen=STDERR_TAIL_LINES)  # cut to TAIL_LINE_CHARS: the record's tail
+        results: list[dict[str, Any]] = []  # the JSON lines with a status, as they came (_last_json)
         times: list[float] = []
-        readers = [threading.Thread(target=self._read_stdout, args=(process, spec, report, stdout_lines, times),
-                                    daemon=True),
-                   threading.Thread(target=lambda: stderr_tail.extend(process.stderr), daemon=True)]
+        readers = [threading.Thread(target=self._read_stdout,
+                                    args=(process, spec, report, stdout_lines, times, results), daemon=True),
+                   threading.Thread(target=lambda: stderr_tail.extend(
+                       line[:TAIL_LINE_CHARS] for line in bounded_lines(process.stderr, TAIL_LINE_CHARS)),
+                       daemon=True)]
         for reader in readers:
             reader.start()
         try:
@@ -104,7 +111,7 @@ class CommandBackend(Backend):
         if process.returncode != 0:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
                                 error=f"exit code {process.returncode}; {tail}")
-        result = self._last_json(stdout_lines)
+        result = self._last_json(results)
         if result is None:
             return TrialOutcome(spec.trial, TrialStatus.FAILED, step_times_s=times, wall_time_s=wall,
                                 error=f"the command printed no result JSON line; {tail}")
@@ -122,13 +129,15 @@ class CommandBackend(Backend):
         return "exited"
 
     @staticmethod
-    def _read_stdout(process, spec, report, lines, times) -> None:
-        for line in process.stdout:
+    def _read_stdout(process, spec, report, lines, times, results) -> None:
+        for line in bounded_lines(process.stdout, RESULT_LINE_MAX_CHARS):
             line = line.strip()
             if not line:
                 continue
-            lines.append(line)
+            lines.append(line[:TAIL_LINE_CHARS])
             value = json_object(line)
+            if value is not None and "status" in value:
+                _keep_result(results, value)
             if isinstance(value, FlawedObject):  # a key twice: which step_time_s? (a result line's is refused)
                 continue
             if value is not None and "step" in value and "status" not in value:
@@ -142,15 +151,23 @@ class CommandBackend(Backend):
                 report(StepReport(spec.trial, step, seconds, step <= spec.warmup_steps))
 
     @staticmethod
-    def _last_json(lines) -> dict[str, Any] | None:
+    def _last_json(results: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The result: the last JSON object whose status is a result's (review: a JSON log line printed after
         `{"status": "oom"}` was taken for the result, its status defaulted to completed; a logger's own
         `{"status": "done"}` is no result either); else the last with any status (reported as unknown)."""
         from autotune.backends.validation import RESULT_STATUSES
 
-        with_status = [v for v in map(json_object, lines) if v is not None and "status" in v]
-        known = [v for v in with_status if str(v["status"]).lower() in RESULT_STATUSES]
-        return (known or with_status or [None])[-1]
+        known = [v for v in results if str(v["status"]).lower() in RESULT_STATUSES]
+        return (known or results or [None])[-1]
+
+
+def _keep_result(results: list[dict[str, Any]], value: dict[str, Any]) -> None:
+    """Add a JSON line with a status, keeping only what _last_json can pick: the last with a result's status
+    and the last with any other (a launcher printing a million status lines must not hold them all)."""
+    from autotune.backends.validation import RESULT_STATUSES
+
+    kind = str(value["status"]).lower() in RESULT_STATUSES
+    results[:] = [v for v in results if (str(v["status"]).lower() in RESULT_STATUSES) != kind] + [value]
 
 
 def _output_tail(stderr_tail: deque[str], stdout_lines: deque[str]) -> str:

@@ -37,7 +37,7 @@ from autotune._numbers import parse_int
 from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
-from autotune.backends._process import KILL_GRACE_S, die_with_parent, kill_group, reaped_argv
+from autotune.backends._process import KILL_GRACE_S, bounded_lines, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import FlawedObject, json_object, parse_result
@@ -78,13 +78,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+LOG_LINES = 20000  # a node's output kept for the record's tail and the step lines
+LOG_LINE_CHARS = 16384  # Megatron's iteration lines are a few hundred characters; longer lines are cut here
+
+
 class NodeLauncher:
     """Ray actor body, one per node of a trial: runs that node's torchrun and streams its output."""
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
-        self.lines: deque[str] = deque(maxlen=20000)
-        self._new: list[str] = []
+        self.lines: deque[str] = deque(maxlen=LOG_LINES)
+        self._new: deque[str] = deque(maxlen=LOG_LINES)  # since the last poll (a flood between polls drops its oldest)
         self._lock = threading.Lock()
 
     def address(self) -> str:
@@ -141,14 +145,15 @@ class NodeLauncher:
         return self.process.pid
 
     def _pump(self) -> None:
-        for line in self.process.stdout:
+        # each line cut at LOG_LINE_CHARS: a node's memory stays bounded whatever its ranks print (adversarial pass)
+        for line in bounded_lines(self.process.stdout, LOG_LINE_CHARS):
             with self._lock:
                 self.lines.append(line)
                 self._new.append(line)
 
     def poll(self) -> tuple[int | None, list[str]]:
         with self._lock:
-            new, self._new = self._new, []
+            new, self._new = list(self._new), deque(maxlen=LOG_LINES)
         return (self.process.poll() if self.process else None), new
 
     def log_tail(self, lines: int = 200) -> str:

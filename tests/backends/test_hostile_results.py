@@ -239,3 +239,32 @@ def test_an_outcome_file_nested_too_deep_or_too_large_is_no_outcome(tmp_path, co
     folder.mkdir(parents=True)
     (folder / OUTCOME_FILE).write_text(content)
     assert harvest(options, "s", 1, 1, {}) is None
+
+
+def test_a_launcher_writing_without_newlines_costs_the_reader_bounded_memory(tmp_path, monkeypatch):
+    """Found by an adversarial pass: the command backend read a launcher's output line by line, unbounded, so 400 MB
+    on stdout without a newline took ~950 MB in the reader (the Ray runner, the controller's host). A line is cut at
+    RESULT_LINE_MAX_CHARS (stderr's at what the record quotes) and the rest dropped: the result line after it still
+    counts. Measured with tracemalloc over the backend's own reader threads (they run in this process)."""
+    import tracemalloc
+
+    from autotune.backends import command
+
+    limit = 2 ** 20  # the cut, smaller than the shipped 8 MiB so that the bound shows against 64 MiB of output
+    monkeypatch.setattr(command, "RESULT_LINE_MAX_CHARS", limit)
+    size = 64 * limit  # on each pipe
+    launcher = tmp_path / "flood.py"
+    launcher.write_text("import sys\n"
+                        f"chunk = 'x' * 2 ** 20\n"
+                        f"for _ in range({size // 2 ** 20}):\n"
+                        "    sys.stdout.write(chunk); sys.stderr.write(chunk)\n"
+                        f"sys.stdout.write('\\n' + {json.dumps(json.dumps(GOOD))} + '\\n')\n")
+    backend = CommandBackend({"command": [sys.executable, str(launcher)], "workdir": str(tmp_path / "runs")})
+    tracemalloc.start()
+    try:
+        outcome = backend.run(_spec(tmp_path), lambda _r: None, threading.Event())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.status.value == "completed" and outcome.step_time_s == 30.0, outcome.error
+    assert peak < 8 * limit, f"{peak / 2 ** 20:.0f} MiB traced for {size / 2 ** 20:.0f} MiB per pipe"
