@@ -40,6 +40,7 @@ from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends._process import KILL_GRACE_S, bounded_lines, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
+from autotune._paths import shown
 from autotune.backends.validation import FlawedObject, json_object, parse_result
 from autotune.errors import ConfigError
 from autotune.megatron.logparse import parse_log
@@ -192,6 +193,13 @@ class MegatronBackend(Backend):
                 raise ConfigError(f"--nsys-ranks takes rank numbers, got {rank!r}")
         if options.get("dispatcher", "alltoall") not in ("alltoall", "recipe"):
             raise ConfigError("megatron dispatcher option must be alltoall or recipe")
+        python = options.get("python", "python")
+        # one argv element on every node's torchrun line (found by an adversarial pass: `--master-addr=...` was read
+        # as torchrun's own option, and an empty value or a newline was stored and failed every trial)
+        if not isinstance(python, str) or not python.strip() or python != python.strip() or \
+                python.startswith("-") or not python.isprintable():
+            raise ConfigError(f"--worker-python must name the worker image's python interpreter (a path or a command "
+                              f"name, not beginning with '-', without control characters), got {shown(str(python))!r}")
         return options
 
     @classmethod

@@ -115,6 +115,13 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("replay-column-twice", [*START, "--backend", "replay", "--replay", "{status_twice}", "--storage", "{url}"],
      "column 'status' is given twice"),
     ("nsys-ranks-garbage", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,x"], "--nsys-ranks"),
+    # found by an adversarial pass: torchrun read the value as its own option; an empty one failed every trial
+    ("worker-python-an-option", [*START, "--backend", "megatron", "--dry-run",
+                                 "--worker-python=--master-addr=evil.example.com"], "--worker-python must name"),
+    ("worker-python-empty", [*START, "--backend", "megatron", "--dry-run", "--worker-python="],
+     "--worker-python must name"),
+    ("worker-python-newline", [*START, "--backend", "megatron", "--dry-run", "--worker-python=py\nthon"],
+     "--worker-python must name"),
     ("nsys-rank-beyond-the-trial", [*START, "--backend", "megatron", "--dry-run", "--nsys-ranks", "0,99999"],
      "ranks 0..15"),
     ("gpus-per-node-1e9", ["estimate", "--model", "qwen3_30b", "--gpus-per-node", "1000000000"],
