@@ -282,7 +282,10 @@ class MegatronBackend(Backend):
         artifacts = self._artifacts(launchers, directory, options)
         result = json_object(result_text)
         if result is not None:
-            outcome = parse_result(spec, result, result.get("step_times_s", times), wall)
+            # the file's step times when it gives a list (parse_result type-checks them); else the streamed ones (an
+            # adversarial pass: `"step_times_s": null` raised TypeError inside the backend, the outcome lost)
+            steps = result.get("step_times_s")
+            outcome = parse_result(spec, result, steps if isinstance(steps, list) else times, wall)
             terms = outcome.measured_terms_s
             if outcome.status == TrialStatus.COMPLETED and not terms and 0 in options.get("nsys_ranks", []):
                 # profiled over the measured steps (workers.launcher: profile_step_start/end)
@@ -290,7 +293,8 @@ class MegatronBackend(Backend):
                     str(directory / "nsys" / "rank0.nsys-rep"), spec.measured_steps,
                     (options.get("env") or {}).get("PATH") or os.environ.get("PATH")))
             return TrialOutcome(**{**outcome.__dict__, "artifacts": artifacts, "measured_terms_s": terms})
-        failures = [f for l in launchers for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
+        failures = [_rank_failure(f) for l in launchers
+                    for text in ray.get(l.glob.remote(str(directory), "result.rank*.json")).values()
                     if (f := json_object(text)) is not None]
         failure = merge_rank_failures(failures)
         tails = ray.get([l.log_tail.remote() for l in launchers])
@@ -319,6 +323,26 @@ class MegatronBackend(Backend):
             for path in ray.get(launchers[0].names.remote(str(directory), "memory_snapshot*.pickle")):
                 found[f"memory:{Path(path).stem}"] = path
         return found
+
+
+RANK_FAILURES = ("oom", "nccl_error", "nccl_timeout", "config_error", "crash")  # logparse.merge_rank_failures' order
+
+
+def _rank_failure(value: dict[str, Any]) -> dict[str, Any]:
+    """A rank's failure file (workers.result.failure_result) with its fields' types enforced: a file that a rank, or
+    whoever can write the run folder, wrote otherwise (a list for `failure`, text for `rank`, no `status`) made the
+    backend raise and the trial's outcome was lost (found by an adversarial pass); what is unreadable is a crash."""
+    failure = value.get("failure")
+    rank = value.get("rank")
+    error, tail = value.get("error"), value.get("log_tail")
+    if not (isinstance(failure, str) and failure in RANK_FAILURES):
+        failure = "oom" if value.get("status") == "oom" else "crash"
+    known = isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 10 ** 7
+    if not isinstance(error, str) or not error.strip():  # a list or mapping as its JSON text; nothing: what failed
+        error = json.dumps(error, default=str) if error not in (None, "") else \
+            f"{failure} on rank {rank}" if known else f"{failure} on a rank"
+    return {"failure": failure, "status": "oom" if failure == "oom" else "failed",
+            "rank": rank if known else 10 ** 7, "error": error, "log_tail": tail if isinstance(tail, str) else ""}
 
 
 def _step_line(line: str) -> tuple[int, float] | None:

@@ -407,6 +407,28 @@ def test_megatron_backend_on_ray_with_a_stand_in_torchrun(fake_torchrun, tmp_pat
         assert outcome["error"].startswith("crash; log tail:") and "iteration        3/" in outcome["error"]
 
 
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("files, status, words", [
+    # a failure file without its status, and one whose failure is a list, a rank text, a tail a number
+    ({"result.rank3.json": '{"failure": "oom", "rank": 3}', "result.rank1.json": '{"failure": ["x"]}'}, "oom", "oom"),
+    ({"result.rank1.json": '{"failure": "crash", "rank": "z", "error": ["x"]}',
+      "result.rank2.json": '{"failure": "nccl_error", "rank": 2, "log_tail": 5, "error": {"a": 1}}'},
+     "failed", '{"a": 1}'),
+    ({"result.json": '{"status": "completed", "step_times_s": null}'}, "failed", "no step_time_s"),
+])
+def test_megatron_backend_reads_hostile_run_files_as_a_failed_trial_never_raises(fake_torchrun, tmp_path, files,
+                                                                                  status, words):
+    """Found by an adversarial pass: rank failure files and result files of the wrong types (a rank, or whoever can
+    write the run folder) made the backend raise inside the runner: the trial's message a traceback, no outcome
+    file for a later harvest. They are read with their types enforced; what is unreadable is a crash."""
+    spec = make_spec(gpus=16, gpus_per_node=8, timeout_s=120)
+    options = {"workdir": str(tmp_path / "runs"), "env": {**fake_torchrun, "FAKE_TORCHRUN_MODE": "files",
+                                                          "FAKE_TORCHRUN_FILES": json.dumps(files)}}
+    outcome, _ = _run_in_ray(spec, options)
+    assert outcome["status"] == status and words in outcome["error"], outcome
+    assert "Traceback" not in outcome["error"] and "raised" not in outcome["error"]
+
+
 STAND_IN_NSYS = """#!{python}
 import sqlite3, sys
 out = sys.argv[sys.argv.index('-o') + 1]
