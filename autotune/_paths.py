@@ -11,8 +11,13 @@ def shown(text: str) -> str:
     """A name as an error message shows it: on one line (a newline or other unprintable character is
     written as its escape, so a file name cannot fake a second message) and a very long one (a
     300-character model name) shortened."""
-    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    text = one_line(text)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def one_line(text: str) -> str:
+    """A message (which may quote names) on one line, every unprintable character as its escape, not shortened."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def is_regular_file(path: Path) -> bool:

@@ -33,7 +33,7 @@ from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome,
 from autotune.backends._process import (KILL_GRACE_S, bounded_lines, check_command, die_with_parent, kill_group,
                                        parse_command, reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
-from autotune.backends.runs import check_workdir, trial_dir, write_outcome
+from autotune.backends.runs import check_workdir, prepare_trial_dir, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune.backends.validation import FlawedObject, json_object, parse_result
 from autotune.errors import ConfigError
@@ -73,12 +73,14 @@ class CommandBackend(Backend):
     def _run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event, options: dict[str, Any],
              token: str) -> TrialOutcome:
         argv = parse_command(self.options["command"])
-        directory = trial_dir(options, spec)
+        try:
+            directory = prepare_trial_dir(options, spec)
+        except OSError as exc:  # a link or another user's folder in the way (UnsafeRunFolder), a full disk
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, error=f"cannot use the run folder: {exc}")
         env = {**os.environ, **{str(k): str(v) for k, v in (self.options.get("env") or {}).items()},
                TRIAL_TOKEN_ENV: token, "AUTOTUNE_TRIAL_DIR": str(directory)}
         start = time.monotonic()
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             # errors="replace": one invalid UTF-8 byte must not kill a reader (and block the launcher)
             process = subprocess.Popen(reaped_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",

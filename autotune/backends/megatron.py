@@ -38,7 +38,7 @@ from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, 
                                     stopped_outcome)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends._process import KILL_GRACE_S, bounded_lines, die_with_parent, kill_group, reaped_argv
-from autotune.backends.runs import trial_dir, write_outcome
+from autotune.backends.runs import prepare_trial_dir, trial_dir, write_new_file, write_outcome
 from autotune._numbers import is_positive_finite
 from autotune._paths import shown
 from autotune.backends.validation import FlawedObject, json_object, parse_result
@@ -98,9 +98,9 @@ class NodeLauncher:
     def port(self) -> int:
         return free_port()
 
-    def write(self, path: str, text: str) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+    def write(self, options: dict[str, Any], spec: TrialSpec, name: str, text: str) -> None:
+        """Write `name` into the trial's folder on this node (runs.prepare_trial_dir: no link, nobody else's)."""
+        write_new_file(prepare_trial_dir(options, spec) / name, text)
 
     def read(self, path: str) -> str | None:
         return Path(path).read_text() if Path(path).is_file() else None
@@ -246,7 +246,11 @@ class MegatronBackend(Backend):
         master = ray.get(launchers[0].address.remote())
         port = int(options.get("master_port") or ray.get(launchers[0].port.remote()))
         spec_text = json.dumps(spec.to_dict())
-        ray.get([l.write.remote(str(directory / "spec.json"), spec_text) for l in launchers])
+        try:
+            ray.get([l.write.remote(options, spec, "spec.json", spec_text) for l in launchers])
+        except (OSError, ray.exceptions.RayTaskError) as exc:  # a node's run folder refused (UnsafeRunFolder)
+            cause = getattr(exc, "cause", None) or exc
+            return TrialOutcome(spec.trial, TrialStatus.FAILED, error=f"cannot use the run folder: {cause}")
         env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
         for rank, launcher in enumerate(launchers):
             ray.get(launcher.start.remote(node_command(spec, options, rank, master, port), env))

@@ -57,7 +57,7 @@ def check_workdir(options: dict[str, Any]) -> None:
 
     from autotune.errors import ConfigError
 
-    from autotune._paths import shown
+    from autotune._paths import one_line, shown
 
     path = Path(options.get("workdir") or DEFAULT_WORKDIR)  # as study_dir reads it (no ~ expansion)
     missing = []
@@ -71,9 +71,13 @@ def check_workdir(options: dict[str, Any]) -> None:
         raise ConfigError(f"--workdir {shown(str(path))}: cannot use the run folder ({exc.strerror or exc})") from None
     try:
         path.mkdir(parents=True, exist_ok=True)
+        if not options.get("workdir"):
+            _require_own(path, allow_root=True)  # /tmp/autotune-runs made first by another user, or a link
         test = path / f".autotune-write-test-{os.getpid()}"
         test.mkdir()
         test.rmdir()
+    except UnsafeRunFolder as exc:
+        raise ConfigError(f"--workdir: {one_line(str(exc))}") from None
     except OSError as exc:
         raise ConfigError(f"--workdir {shown(str(path))}: cannot create or write the run folder "
                           f"({exc.strerror or exc})") from None
@@ -102,17 +106,67 @@ def trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
     return study_dir(options, spec.study) / f"trial{spec.trial}-attempt{spec.attempt}"
 
 
+class UnsafeRunFolder(OSError):
+    """A run folder that is a link, or another user's: nothing is written there."""
+
+
+def prepare_trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
+    """The trial's folder, made (or found) and checked before anything is written into it: the study's and the
+    trial's folders must be real folders of this user, and so must the default workdir (or root's), which lies in
+    /tmp where anyone may have made it first. Found by an adversarial pass: a link planted at
+    /tmp/autotune-runs/<study>, or at a trial's spec.json, made autotune write its files where the link pointed.
+    A --workdir the user named is theirs to choose (a team's shared folder may be another account's); the folders
+    autotune makes inside it are checked all the same. UnsafeRunFolder (an OSError) names the folder."""
+    workdir = Path(options.get("workdir") or DEFAULT_WORKDIR)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not options.get("workdir"):
+        _require_own(workdir, allow_root=True)
+    folder = workdir
+    for part in (safe_name(spec.study), f"trial{spec.trial}-attempt{spec.attempt}"):
+        folder = folder / part
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+        _require_own(folder)
+    return folder
+
+
+def _require_own(folder: Path, allow_root: bool = False) -> None:
+    import stat
+
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeRunFolder(f"run folder {folder} is a link or a file, not a folder: nothing is written there")
+    if info.st_uid != os.getuid() and not (allow_root and info.st_uid == 0):
+        raise UnsafeRunFolder(f"run folder {folder} belongs to another user (uid {info.st_uid}): nothing is written "
+                              "there (give --workdir a folder of your own)")
+
+
+def write_new_file(path: Path, text: str) -> None:
+    """Write `path` (in a folder prepare_trial_dir checked) without following a link that stands in its place."""
+    import errno
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            raise UnsafeRunFolder(f"{path} is a link: nothing is written there") from None
+        raise
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 MAX_OUTCOME_BYTES = 1 << 20  # an outcome file larger than this is read as none
 
 
 def write_outcome(options: dict[str, Any], spec: TrialSpec, outcome: TrialOutcome) -> None:
     """Record how the run ended, next to its files; a failure to write never fails the trial."""
-    directory = trial_dir(options, spec)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = prepare_trial_dir(options, spec)
         temporary = directory / f".{OUTCOME_FILE}.{os.getpid()}"
-        temporary.write_text(json.dumps({"spec": spec.to_dict(), "outcome": outcome.to_dict()}))
-        os.replace(temporary, directory / OUTCOME_FILE)
+        write_new_file(temporary, json.dumps({"spec": spec.to_dict(), "outcome": outcome.to_dict()}))
+        os.replace(temporary, directory / OUTCOME_FILE)  # replaces a link in its place, never follows it
     except OSError:
         pass
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from autotune.backends.base import TrialSpec
 from autotune.dispatch._base import Dispatcher, TrialEvent
 from autotune.backends.megatron import dry_run_lines
-from autotune.backends.runs import trial_dir
+from autotune.backends.runs import prepare_trial_dir, write_new_file
 from autotune.backends.simulate import SimulateBackend
 
 
@@ -34,9 +34,14 @@ class DryRunDispatcher(Dispatcher):
 
     def submit(self, spec: TrialSpec) -> None:
         options = {**self.options, **spec.backend_options}
-        path = trial_dir(options, spec) / "spec.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(spec.to_dict()))  # the file the printed commands name
+        # the file the printed commands name, in a checked folder (no link, nobody else's: runs.prepare_trial_dir)
+        try:
+            write_new_file(prepare_trial_dir(options, spec) / "spec.json", json.dumps(spec.to_dict()))
+        except OSError as exc:  # a link, another user's folder, a folder where spec.json goes (adversarial pass)
+            from autotune._paths import one_line
+            from autotune.errors import ConfigError
+
+            raise ConfigError(f"--dry-run cannot write trial {spec.trial}'s spec.json: {one_line(str(exc))}") from None
         for line in dry_run_lines(spec, options):
             self.emit(line)
         outcome = self._simulate.run(spec, lambda r: None, threading.Event())

@@ -7,6 +7,7 @@ The table is issue 13's list (items 4, 5, 6); the process-tree cases (item 7) ru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -268,3 +269,55 @@ def test_a_launcher_writing_without_newlines_costs_the_reader_bounded_memory(tmp
         tracemalloc.stop()
     assert outcome.status.value == "completed" and outcome.step_time_s == 30.0, outcome.error
     assert peak < 8 * limit, f"{peak / 2 ** 20:.0f} MiB traced for {size / 2 ** 20:.0f} MiB per pipe"
+
+
+def test_a_link_or_another_users_folder_in_the_run_folder_is_never_written_through(tmp_path, monkeypatch):
+    """Found by an adversarial pass: the default workdir lies in /tmp, where anyone may make
+    /tmp/autotune-runs/<study> a link first (or a trial's spec.json): the command backend then wrote its trial folder
+    and outcome.json where the link pointed, the dry run overwrote the link's target. The study's and trial's folders
+    must be real folders of this user (and the default workdir too, or root's); a file is never opened through a
+    link. The trial fails with one line, nothing is written beyond the link."""
+    from autotune.backends import runs
+    from autotune.backends.runs import UnsafeRunFolder, prepare_trial_dir, safe_name, write_new_file, write_outcome
+
+    spec = _spec(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    workdir = tmp_path / "runs"
+    workdir.mkdir()
+    (workdir / safe_name(spec.study)).symlink_to(victim)
+    options = {"workdir": str(workdir)}
+    with pytest.raises(UnsafeRunFolder, match="is a link or a file, not a folder"):
+        prepare_trial_dir(options, spec)
+    launcher = tmp_path / "ok.py"
+    launcher.write_text(f"print({json.dumps(json.dumps(GOOD))})\n")
+    outcome = CommandBackend({"command": [sys.executable, str(launcher)], **options}).run(
+        spec, lambda _r: None, threading.Event())
+    assert outcome.status.value == "failed" and "cannot use the run folder" in outcome.error
+    assert list(victim.iterdir()) == []  # neither the trial's folder nor its outcome.json went there
+    # a file in a checked folder is not opened through a link standing in its place
+    (workdir / safe_name(spec.study)).unlink()
+    folder = prepare_trial_dir(options, spec)
+    (folder / "spec.json").symlink_to(victim / "target")
+    with pytest.raises(UnsafeRunFolder, match="is a link"):
+        write_new_file(folder / "spec.json", "{}")
+    (folder / "outcome.json").symlink_to(victim / "outcome")
+    write_outcome(options, spec, outcome)  # replaces the link, never writes through it
+    assert not (victim / "outcome").exists() and not (folder / "outcome.json").is_symlink()
+    if os.geteuid() != 0:
+        return  # another user's folder needs root to make here
+    mine_not = tmp_path / "theirs"
+    mine_not.mkdir()
+    os.chown(mine_not, 65534, 65534)
+    monkeypatch.setattr(runs, "DEFAULT_WORKDIR", str(mine_not))  # the default /tmp/autotune-runs, made by another
+    with pytest.raises(UnsafeRunFolder, match="belongs to another user"):
+        prepare_trial_dir({}, spec)
+    study = workdir / safe_name("other")
+    study.mkdir()
+    os.chown(study, 65534, 65534)  # inside a --workdir of the user's choosing: a study folder another user made
+    with pytest.raises(UnsafeRunFolder, match="belongs to another user"):
+        prepare_trial_dir(options, dataclasses.replace(spec, study="other"))
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--workdir: run folder .* belongs to another user"):
+        runs.check_workdir({})  # `start` says so before anything runs
