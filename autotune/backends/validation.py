@@ -124,6 +124,11 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
     if is_positive_finite(wall) and wall_s > 0:
         # the launcher may leave its start-up out, but its run cannot have lasted longer than the process
         wall = min(wall, wall_s)
+    steps_s = [_float(t) for t in (result.get("step_times_s") or times)]
+    if is_positive_finite(wall) and all(is_positive_finite(t) for t in steps_s) and wall < sum(steps_s):
+        # nor shorter than the steps it reports (an adversarial pass: 1e-300 s went into the GPU-hours): the
+        # process's own wall time then
+        wall = None
     return _outcome(spec.trial, status, result, step_time, result.get("step_times_s") or times,
                     wall if is_positive_finite(wall) else wall_s)
 

@@ -62,6 +62,9 @@ RESULTS = [
     ("tokens-contradict-step", '{"status": "completed", "step_time_s": 300.0, "tokens_per_s_per_gpu": 30000}',
      "failed", "contradicts step_time_s"),
     ("wall-1e300", '{"status": "completed", "step_time_s": 30.0, "wall_time_s": 1e300}', "completed", None),
+    # an adversarial pass: a wall time shorter than the steps it reports went into the GPU-hours (1.6e-299)
+    ("wall-1e-300", '{"status": "completed", "step_time_s": 30.0, "step_times_s": [30, 30], "wall_time_s": 1e-300}',
+     "completed", None),
     # found by review: one impossible step among plausible ones, figures that cannot describe the same run,
     # and a peak no layout of this model can have (the weights alone are more)
     ("step-times-1e300", '{"status": "completed", "step_time_s": 30.0, "step_times_s": [30, 30, 1e300, 5e-324, 30]}',
@@ -159,6 +162,8 @@ def test_a_hostile_result_is_never_a_measurement(tmp_path, case, line, status, n
     _strict_json(leaderboard.to_json(board))  # valid JSON: no bare Infinity / NaN
     # the GPU time charged is at most what the launcher process lived, whatever wall time it claims
     assert trial.gpu_seconds is None or trial.gpu_seconds <= 16 * 120
+    if case == "wall-1e-300":  # the launcher process's own wall time instead: a real fraction of a second at least
+        assert trial.gpu_seconds > 16 * 0.01
     best = board.summary["best_tokens_per_s_per_gpu"]
     assert best is None or best < 20_000  # nothing impossible is ranked
 
