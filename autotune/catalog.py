@@ -195,7 +195,8 @@ class ModelSpec:
 # node of every trial the megatron backend runs (workers/launcher.build_config): a shared file naming `os:abort`, or
 # a module that does harm on import, would run there. So to be run they must live in Megatron-Bridge's recipes, or in
 # a package that whoever runs autotune names in this variable (comma-separated, e.g. a team's own recipes), never
-# the file. Reading, showing and exporting a stored study import nothing and are not limited.
+# the file. `export --format recipe` writes a module that imports and calls them: the same packages. Reading,
+# showing and the other exports of a stored study import nothing and are not limited.
 RECIPE_PACKAGES = ("megatron.bridge.recipes",)
 RECIPE_PACKAGES_ENV = "AUTOTUNE_RECIPE_PACKAGES"
 

@@ -94,7 +94,7 @@ class CommandBackend(Backend):
         readers = [threading.Thread(target=self._read_stdout,
                                     args=(process, spec, report, stdout_lines, times, results), daemon=True),
                    threading.Thread(target=lambda: stderr_tail.extend(
-                       line[:TAIL_LINE_CHARS] for line in bounded_lines(process.stderr, TAIL_LINE_CHARS)),
+                       line for line in bounded_lines(process.stderr, TAIL_LINE_CHARS)),  # cut lines end in \n
                        daemon=True)]
         for reader in readers:
             reader.start()

@@ -199,7 +199,7 @@ class MegatronBackend(Backend):
         if not isinstance(python, str) or not python.strip() or python != python.strip() or \
                 python.startswith("-") or not python.isprintable():
             raise ConfigError(f"--worker-python must name the worker image's python interpreter (a path or a command "
-                              f"name, not beginning with '-', without control characters), got {shown(str(python))!r}")
+                              f"name, not beginning with '-', without control characters), got '{shown(str(python))}'")
         return options
 
     @classmethod

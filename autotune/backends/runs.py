@@ -112,14 +112,17 @@ class UnsafeRunFolder(OSError):
 
 def prepare_trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
     """The trial's folder, made (or found) and checked before anything is written into it: the study's and the
-    trial's folders must be real folders of this user, and so must the default workdir (or root's), which lies in
-    /tmp where anyone may have made it first. Found by an adversarial pass: a link planted at
-    /tmp/autotune-runs/<study>, or at a trial's spec.json, made autotune write its files where the link pointed.
-    A --workdir the user named is theirs to choose (a team's shared folder may be another account's); the folders
-    autotune makes inside it are checked all the same. UnsafeRunFolder (an OSError) names the folder."""
+    trial's folders must be real folders, not links. The default workdir lies in /tmp, where anyone may have made
+    it first: it must be this user's folder (or root's), and then so must the folders in it. Found by an
+    adversarial pass: a link planted at /tmp/autotune-runs/<study>, or at a trial's spec.json, made autotune write
+    its files where the link pointed. A --workdir the user named is theirs to choose, and whose its folders are is
+    not checked (review: NFS with root or all squash, or an unmapped NFSv4 domain, shows every folder as nobody's,
+    and a team's shared folder may be another account's); links in it are refused all the same.
+    UnsafeRunFolder (an OSError) names the folder."""
     workdir = Path(options.get("workdir") or DEFAULT_WORKDIR)
     workdir.mkdir(parents=True, exist_ok=True)
-    if not options.get("workdir"):
+    default = not options.get("workdir")
+    if default:
         _require_own(workdir, allow_root=True)
     folder = workdir
     for part in (safe_name(spec.study), f"trial{spec.trial}-attempt{spec.attempt}"):
@@ -128,19 +131,20 @@ def prepare_trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
             folder.mkdir(mode=0o755)
         except FileExistsError:
             pass
-        _require_own(folder)
+        _require_own(folder, any_owner=not default)
     return folder
 
 
-def _require_own(folder: Path, allow_root: bool = False) -> None:
+def _require_own(folder: Path, allow_root: bool = False, any_owner: bool = False) -> None:
     import stat
 
     info = folder.lstat()
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeRunFolder(f"run folder {folder} is a link or a file, not a folder: nothing is written there")
-    if info.st_uid != os.getuid() and not (allow_root and info.st_uid == 0):
-        raise UnsafeRunFolder(f"run folder {folder} belongs to another user (uid {info.st_uid}): nothing is written "
-                              "there (give --workdir a folder of your own)")
+    if not any_owner and info.st_uid != os.getuid() and not (allow_root and info.st_uid == 0):
+        raise UnsafeRunFolder(f"run folder {folder} belongs to another user (uid {info.st_uid}) in the default "
+                              f"workdir {DEFAULT_WORKDIR}, which anyone may make first: nothing is written there "
+                              "(give --workdir a folder of your own)")
 
 
 def write_new_file(path: Path, text: str) -> None:

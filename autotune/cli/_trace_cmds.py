@@ -46,10 +46,10 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     from rich.markup import escape
 
-    from autotune._paths import shown
+    from autotune._paths import one_line
 
     # the file's name on one line, its escape sequences and bidi controls shown, not obeyed (adversarial pass)
-    table = Table(title=escape(f"{shown(str(args.file))}: kernel time per device (interval unions)"))
+    table = Table(title=escape(f"{one_line(str(args.file))}: kernel time per device (interval unions)"))
     for column in ("device", "kernels", "busy s", "compute s", "NCCL s", "overlapped s", "exposed NCCL s", "overlap"):
         table.add_column(column, justify="right")
     for s in summaries:

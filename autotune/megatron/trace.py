@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autotune._paths import shown
+from autotune._paths import one_line, shown
 from autotune.errors import ConfigError
 
 Interval = tuple[int, int]
@@ -183,7 +183,7 @@ def export_to_sqlite(report: Path, folder: Path, nsys: str | None = None) -> Pat
         raise ConfigError(f"nsys export of {shown(str(report))} took longer than {EXPORT_TIMEOUT_S:g} s") from None
     if result.returncode != 0:
         # nsys's own words, one line and no terminal escapes (they may quote the report's name)
-        raise ConfigError(f"nsys export failed: {shown(' '.join(result.stderr.split())[-300:])}")
+        raise ConfigError(f"nsys export failed: {one_line(' '.join(result.stderr.split())[-300:])}")
     return out
 
 
