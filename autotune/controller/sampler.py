@@ -24,10 +24,21 @@ layout first, then the same constrained expected improvement as `autotune start 
 (`study.optimize(..., n_jobs=4)`, or several processes sharing a storage) count as in flight: the next
 proposal treats them as measured at what the search expects of them, so it does not copy them. A layout
 may be proposed twice near the end of the budget: a re-measurement of a close contender (noise).
+
+What it expects of the study, and refuses otherwise (one ValueError at the first proposal): one objective,
+maximised, that is the run's tokens per second per GPU. `budget` is what the search plans for (its initial
+design, when to re-measure); `n_trials` is Optuna's, and may be larger: once every legal layout that may fit
+has run, the sampler proposes the best layouts measured again (legal layouts only, never Optuna's random
+fallback over the knobs, which would break the legality rules). It tunes the layout knobs only (not the
+performance knobs `autotune start` tunes after them). A trial pruned by an Optuna pruner teaches it nothing
+(its layout is not proposed again) unless it sets the `oom` user attribute. A trial left RUNNING by a crashed
+process counts as in flight until the storage fails it: use an RDB storage with a heartbeat
+(`optuna.storages.RDBStorage(url, heartbeat_interval=60)`), whose stale trials Optuna fails.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import optuna
@@ -38,23 +49,36 @@ from autotune.config import LayoutConfig
 from autotune.controller._optuna import config_of, distributions, params_of
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import AutoStrategy
-from autotune.space import enumerate_legal, load_space, make_workload
+from autotune.space import load_space, make_workload
 
 
 class AutotuneSampler(optuna.samplers.BaseSampler):
-    """Optuna sampler over the legal layouts of one model on one cluster (see the module doc)."""
+    """Optuna sampler over the legal layouts of one model on one cluster (see the module doc).
+
+    ConfigError at construction when the model has no legal layout on that cluster, or none predicted to fit
+    (as `autotune start` refuses such a study)."""
 
     def __init__(self, model: str, gpus: int | None = None, *, budget: int = 40, seed: int | None = None,
                  **workload: Any) -> None:
+        from autotune.controller.session import check_some_layout_fits, check_space_not_empty
+
         space = load_space(model)
         self.space = space
         self.workload = make_workload(space, gpus=gpus, **workload)
-        self.state = SearchState.build(self.workload, enumerate_legal(space, self.workload).configs)
+        legal = check_space_not_empty(space, self.workload)
+        check_some_layout_fits(self.workload, legal)
+        self.state = SearchState.build(self.workload, legal)
         baseline = LayoutConfig.from_mapping(space.model.defaults.layout)
         self.strategy = AutoStrategy(budget, seed, baseline, space)
         self.distributions = distributions(space)
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
         self._seen: set[int] = set()
+        # this sampler's proposals by trial number: a trial's params reach the storage only when the objective
+        # suggests them, so a proposal made a moment ago is in flight before the storage shows it (found by a
+        # new-user pass: with n_jobs=2 both workers ran the same layout at once)
+        self._proposed: dict[int, str] = {}
+        self._lock = threading.Lock()  # Optuna calls the sampler from each n_jobs thread
+        self._repeats = 0
 
     def suggest_layout(self, trial: optuna.trial.Trial) -> LayoutConfig:
         """Suggest every knob through `trial` and return the layout (what this sampler chose)."""
@@ -70,19 +94,51 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
+        _require_throughput_study(study)
+        with self._lock:
+            config = self._propose(study, trial)
+            self._proposed[trial.number] = config.key()
+            return params_of(config)
+
+    def _propose(self, study: optuna.Study, trial: FrozenTrial) -> LayoutConfig:
         self._learn(study)
         # trials still running (study.optimize(n_jobs=...) or several workers): believed, not copied
-        running = [config_of(t.params).key() for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.number != trial.number and set(t.params) == set(self.distributions)]
+        running = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.number == trial.number:
+                continue
+            if set(t.params) == set(self.distributions):
+                running.append(config_of(t.params).key())
+            elif t.number in self._proposed:  # proposed here, its params not suggested yet
+                running.append(self._proposed[t.number])
         for key in running:  # another worker's proposal is not proposed again
             self.state.mark_tried(key)
         self.state.set_pending(running)
         self.state.dispatched = len(self._seen) + len(running)  # every worker's trials, not only this one's
         proposal = self.strategy.propose(self.state)
-        if proposal is None:
-            return {}  # the legal set is used up: Optuna's independent sampling takes over
-        self.state.mark_tried(proposal.config.key())
-        return params_of(proposal.config)
+        if proposal is not None:
+            self.state.mark_tried(proposal.config.key())
+            return proposal.config
+        return self._repeat()
+
+    def _repeat(self) -> LayoutConfig:
+        """Every legal layout that may fit has run (n_trials beyond the legal set): the best measured layouts
+        again, in turn (a re-measurement under noise), else the recipe's or the best predicted one. Optuna's
+        independent fallback drew each knob on its own and broke the legality rules (found by a new-user pass:
+        14 of 40 trials of llama3_8b on 2 GPUs illegal, one of them reported as the best)."""
+        import warnings
+
+        means = self.state.measured_means()  # layout -> (mean log throughput, runs)
+        order = sorted(means, key=lambda i: -means[i][0])[:3]
+        if not order:  # nothing measured (every run failed): the recipe's layout, else the best predicted
+            baseline = self.state.index.get(self.strategy.baseline.key()) if self.strategy.baseline else None
+            order = [baseline if baseline is not None else int(self.state.predicted.tokens_per_s_per_gpu.argmax())]
+        if self._repeats == 0:
+            warnings.warn("AutotuneSampler: every legal layout that may fit has run; proposing the best measured "
+                          "layouts again", stacklevel=3)
+        choice = self.state.legal[order[self._repeats % len(order)]]
+        self._repeats += 1
+        return choice
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -94,6 +150,7 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
             if t.number in self._seen or set(t.params) != set(self.distributions):
                 continue
             self._seen.add(t.number)
+            self._proposed.pop(t.number, None)
             config = config_of(t.params)
             i = self.state.index.get(config.key())
             if i is None:
@@ -107,5 +164,17 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
             elif t.state == TrialState.COMPLETE and t.value is not None and t.value > 0:
                 self.state.record_speed(config, float(t.value))
                 self.state.record_memory(config, peak, oom=False)
-            else:
+            elif t.state == TrialState.FAIL:
                 self.state.record_failure(config)
+            # PRUNED by a pruner (slow, as the controller's pruner judges): tried, nothing learnt of its speed
+
+
+def _require_throughput_study(study: optuna.Study) -> None:
+    """ValueError unless `study` has one objective, maximised (found by a new-user pass: a minimize study was
+    silently maximised, the search climbing toward slower layouts; a multi-objective one raised Optuna's own
+    RuntimeError from inside the sampler)."""
+    directions = study.directions
+    if len(directions) != 1 or directions[0] != optuna.study.StudyDirection.MAXIMIZE:
+        raise ValueError("AutotuneSampler maximises one objective, the run's tokens per second per GPU: create the "
+                         "study with optuna.create_study(direction='maximize', ...) (this one: "
+                         f"{', '.join(d.name.lower() for d in directions)})")

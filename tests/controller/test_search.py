@@ -859,6 +859,76 @@ def test_two_workers_sharing_a_study_do_not_propose_each_others_running_trials(t
     assert other != running and second.state.tried[second.state.index[running.key()]]
 
 
+def test_the_sampler_never_runs_one_layout_twice_at_once_across_n_jobs_threads():
+    """Found by a new-user pass: with study.optimize(n_jobs=2) both threads ran the same layout at once (the
+    sampler was called from both threads, and a proposal's params reach the storage only when the objective
+    suggests them). Runs overlap in time here; no two overlapping runs share a layout."""
+    import threading
+    import time
+
+    sampler = AutotuneSampler("qwen3_30b", gpus=16, budget=40, seed=0)
+    lock, runs = threading.Lock(), []
+
+    def objective(trial):
+        layout = sampler.suggest_layout(trial)
+        start = time.monotonic()
+        time.sleep(0.05)
+        e = estimate(sampler.workload, layout)
+        with lock:
+            runs.append((start, time.monotonic(), layout.key()))
+        return e.tokens_per_s_per_gpu
+
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(objective, n_trials=16, n_jobs=2)
+    assert len(runs) == 16
+    overlapping = [(a[2], b[2]) for i, a in enumerate(runs) for b in runs[i + 1:] if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping and all(x != y for x, y in overlapping)
+    assert len({key for _, _, key in runs}) == 16  # and none repeated before the re-measurement window
+
+
+def test_the_sampler_proposes_only_legal_layouts_past_the_legal_set_and_refuses_what_it_cannot_serve():
+    """Found by a new-user pass: once every legal layout that may fit had run (n_trials above the legal set), Optuna's
+    random fallback drew each knob alone (14 of 40 trials of llama3_8b on 2 GPUs broke the legality rules, one
+    reported as the best); on 1 GPU (nothing fits) every trial did. A minimize or multi-objective study was
+    silently maximised, or failed inside Optuna."""
+    import warnings
+
+    from autotune.errors import ConfigError
+
+    sampler = AutotuneSampler("llama3_8b", gpus=2, budget=40, seed=0)
+    workload, chosen = sampler.workload, []
+
+    def objective(trial):
+        layout = sampler.suggest_layout(trial)
+        chosen.append(layout)
+        e = estimate(workload, layout)
+        if e.peak_mem_gib > workload.cluster.gpu.memory_gib:
+            trial.set_user_attr("oom", True)
+            raise optuna.TrialPruned()
+        return e.tokens_per_s_per_gpu
+
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(objective, n_trials=len(sampler.state.legal) + 10)
+    assert all(c.key() in sampler.state.index for c in chosen)  # every proposal legal
+    assert any("every legal layout that may fit has run" in str(w.message) for w in caught)
+    assert config_of_best(study) in sampler.state.index
+    with pytest.raises(ConfigError, match="predicted to fit"):
+        AutotuneSampler("llama3_8b", gpus=1)
+    for kwargs in ({"direction": "minimize"}, {"directions": ["maximize", "minimize"]}):
+        refusing = AutotuneSampler("qwen3_30b", gpus=16)
+        other = optuna.create_study(sampler=refusing, **kwargs)
+        with pytest.raises(ValueError, match="maximises one objective"):
+            refusing.suggest_layout(other.ask())
+
+
+def config_of_best(study) -> str:
+    from autotune.controller._optuna import config_of
+
+    return config_of(study.best_params).key()
+
+
 def test_physics_calibration_recovers_known_term_scales(qwen16):
     """A cluster whose compute is 20% slower and whose expert all-to-all is 80% slower than the model
     says: the fitted scales find both from 16 step times, and the calibrated model ranks the layouts
