@@ -438,11 +438,11 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         print(json.dumps({**board.summary, "elapsed_s": summary.elapsed_s, "stop_reason": summary.stop_reason,
                           "controller_s_per_trial": summary.controller_s_per_trial}, indent=2, default=str))
         return code
-    _print_final(board, summary)
+    _print_final(board, summary, args.storage)
     return code
 
 
-def _print_final(board, summary) -> None:
+def _print_final(board, summary, storage: str | None = None) -> None:
     import shlex
 
     from rich.markup import escape
@@ -488,8 +488,15 @@ def _print_final(board, summary) -> None:
     from autotune.space import study_space_and_workload
 
     fmt = "recipe" if study_space_and_workload(board.study)[0].model.exportable else "yaml"
+    # with the store the study is in when it is not the default (found by a new-user pass: the hint, copied,
+    # looked in the default store and found no such study); a password shown hidden, as everywhere
+    where = ""
+    if storage:
+        from sqlalchemy.engine import make_url
+
+        where = f" --storage {shlex.quote(make_url(storage).render_as_string(hide_password=True))}"
     console.print(escape(f"{summary.elapsed_s:.1f} s; controller overhead {1000 * summary.controller_s_per_trial:.0f} "
-                         f"ms/trial; export with `autotune export {shlex.quote(board.study.name)} --format {fmt}`"))
+                         f"ms/trial; export with `autotune export {shlex.quote(board.study.name)}{where} --format {fmt}`"))
 
 
 class _LiveView:

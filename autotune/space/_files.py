@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from autotune._paths import is_regular_file, require_file, shown
-from autotune.catalog import Architecture, ModelSpec, RecipeDefaults
+from autotune.catalog import Architecture, ModelSpec, RecipeDefaults, get_gpu
 from autotune.config import (KNOBS, MAX_NETWORK_GBPS, MAX_WORKLOAD_COUNT, MIN_NETWORK_GBPS, PERF_KNOBS, PRECISIONS,
                              LayoutConfig, coerce_knob, is_network_gbps)
 from autotune.errors import ConfigError
@@ -367,10 +367,15 @@ class _Reader:
                 raise self.fail(f"defaults.{key}", f"must be within 1..{MAX_WORKLOAD_COUNT:,}, got {str(d[key])[:40]}")
         if d["precision"] not in PRECISIONS:
             raise self.fail("defaults.precision", f"must be one of {', '.join(PRECISIONS)}")
+        layout_mapping = self.mapping(d["layout"], "defaults.layout", KNOBS)  # names its own key: not wrapped again
         try:
-            layout = LayoutConfig.from_mapping(self.mapping(d["layout"], "defaults.layout", KNOBS))
+            layout = LayoutConfig.from_mapping(layout_mapping)
         except ConfigError as exc:
             raise self.fail("defaults.layout", str(exc)) from None
+        try:  # the recipe's GPU, named with the file and key (new-user pass: `gpu: h800` was said without them)
+            get_gpu(str(d["gpu"]))
+        except ConfigError as exc:
+            raise self.fail("defaults.gpu", str(exc)) from None
         network = d.get("network_gbps")
         if network is not None:
             if not is_network_gbps(network):

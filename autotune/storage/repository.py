@@ -250,7 +250,9 @@ class Repository:
         with self._read() as s:
             row = s.scalar(select(StudyRow).where(StudyRow.name == name))
             if row is None:
-                raise StudyError(f"no study named {name!r} (see `autotune status`)")
+                # which store was read: a study made with --storage is not in the default one (new-user pass)
+                where = self.engine.url.render_as_string(hide_password=True)
+                raise StudyError(f"no study named {name!r} in {where} (see `autotune status`; another store: --storage)")
             return _study(row)
 
     def find_study(self, name: str) -> Study | None:

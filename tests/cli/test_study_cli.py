@@ -6,7 +6,9 @@ import csv
 import io
 import json
 import re
+import shlex
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,7 @@ def finished_study(tmp_path_factory):
 
 
 def test_start_prints_leaderboard_and_best_layout(finished_study):
-    _, result = finished_study
+    url, result = finished_study
     assert "best layout" in result.stdout and "tokens/s/GPU" in result.stdout
     assert "dispatched 6/6" in result.stdout
     progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
@@ -42,6 +44,21 @@ def test_start_prints_leaderboard_and_best_layout(finished_study):
     assert "baseline = the recipe's layout" in words  # the notes the board shows are explained
     assert "±: one run-to-run sd" in words  # so is the uncertainty beside each throughput
     assert re.search(r"best layout \(trial \d+\): .* -> [\d,]+ ±[\d,]+ tokens/s/GPU", words)
+    # the closing hint is a command that works as copied: it names the store the study is in (new-user pass)
+    hint = re.search(r"export with `([^`]+)`", words).group(1)
+    assert hint == f"autotune export demo --storage {url} --format recipe"
+    from tests.conftest import run_cli
+
+    copied = run_cli(*shlex.split(hint)[1:], "--output", str(Path(url.removeprefix("sqlite:///")).with_name("r.py")),
+                     env=ENV)
+    assert copied.returncode == 0, copied.stderr
+    # and a study looked for in another store is said to be missing from that one
+    from autotune.storage import Repository
+
+    empty = f"sqlite:///{Path(url.removeprefix('sqlite:///')).with_name('empty.db')}"
+    Repository.open(empty).close()
+    other = run_cli("export", "demo", "--format", "yaml", "--storage", empty, env=ENV)
+    assert other.returncode == 2 and f"no study named 'demo' in {empty}" in other.stderr
 
 
 def test_leaderboard_json_rows_and_summary(cli, finished_study):

@@ -46,12 +46,16 @@ def _write_variant(tmp_path, old: str, new: str):
     ("recipe:", "recipee:", "recipee"),
     ("  function: qwen3_30b_a3b_pretrain_config", "  function: x; import os", "recipe.function"),
     ("  target: megatron.bridge.recipes.qwen.h100.qwen3_moe:", "  target: os.system('x'):", "recipe.target"),
+    # found by a new-user pass: an unknown GPU was said without the file and key, and a typo in the recipe's layout
+    # named the file and the key twice
+    ("  gpu: h100", "  gpu: h800", "defaults.gpu"),
+    ("  layout: {tp: 1,", "  layout: {tpp: 1,", "defaults.layout.tpp"),
 ])
 def test_malformed_file_names_file_and_key(tmp_path, old, new, key):
     path = _write_variant(tmp_path, old, new)
     with pytest.raises(ConfigError) as info:
         load_space(str(path))
-    assert str(path) in str(info.value)
+    assert str(path) in str(info.value) and str(info.value).count(str(path)) == 1
     assert f"'{key}'" in str(info.value)
 
 
