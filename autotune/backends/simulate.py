@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -68,9 +69,34 @@ def landscape_from_options(opts: dict) -> Landscape | None:
                      memory_error=None if memory_error is None else float(memory_error))
 
 
+# each numeric option's range (a share, seconds): checked before a study stores them or resumes with them
+NUMERIC_OPTIONS = {"noise": 1.0, "knob_bias": 1.0, "layout_noise": 1.0, "memory_error": 1.0, "run_noise": 1.0,
+                   "stragglers": 1.0, "trace_noise": 1.0, "startup_s": 86400.0, "seconds_per_trial": 86400.0}
+
+
 class SimulateBackend(Backend):
     name = "simulate"
     cli_options = {**Backend.cli_options, "noise": "noise", "sim_seconds": "seconds_per_trial"}
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Numbers within their ranges, a known landscape, an integer seed (found by an adversarial pass: a
+        hand-edited `noise: "loud"` made every resumed trial fail with the backend's ValueError)."""
+        from autotune._numbers import is_finite_number
+        from autotune.errors import ConfigError
+
+        for key, high in NUMERIC_OPTIONS.items():
+            value = options.get(key)
+            if value is not None and not (is_finite_number(value) and not isinstance(value, bool)
+                                          and 0 <= value <= high):
+                raise ConfigError(f"simulate backend option {key} = {str(value)[:40]!r}: a number within 0..{high:g}")
+        seed = options.get("landscape_seed")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2 ** 32):
+            raise ConfigError(f"simulate backend option landscape_seed = {str(seed)[:40]!r}: an integer within 0..2^32")
+        if str(options.get("landscape", "knob")) not in FAMILIES:
+            raise ConfigError(f"simulate backend option landscape = {str(options.get('landscape'))[:40]!r} "
+                              f"(known: {', '.join(FAMILIES)})")
+        return options
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         from autotune.cost import estimate

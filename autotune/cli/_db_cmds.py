@@ -52,21 +52,18 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from autotune.errors import StorageError
-    from autotune.storage import current_revision, head_revision, upgrade
-    from autotune.storage.migrations import refuse_unversioned_tables
+    from autotune.storage import current_revision, head_revision
+    from autotune.storage.migrations import upgrade_from
 
     engine = _engine(args)
-    before = current_revision(engine)
-    if before is None:
-        refuse_unversioned_tables(engine)
+    before = current_revision(engine)  # for the messages below; upgrade_from reads it again under the lock
     try:
-        upgrade(engine)
+        before, after = upgrade_from(engine)
     except CommandError as exc:
         raise StorageError(f"cannot upgrade from revision {before}: {exc} (is it from a newer autotune?)") from None
     except SQLAlchemyError as exc:  # a table in the way, a permission: one line, the migration rolled back
         first = str(exc.orig if getattr(exc, "orig", None) is not None else exc).strip().splitlines()[0][:200]
         raise StorageError(f"cannot upgrade from revision {before or '(none)'}: {first}") from None
-    after = current_revision(engine)
     print(json.dumps({"from": before, "to": after}) if args.json else
           f"schema created at {after}" if before is None else
           f"schema upgraded from {before} to {after}" if before != after else

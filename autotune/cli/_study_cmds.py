@@ -260,8 +260,10 @@ def cmd_start(args: argparse.Namespace) -> int:
 def _start_header(args: argparse.Namespace, study, space, workload, repo) -> None:
     """What `start` says of the study it created before it runs (and of a replay table, what it covers)."""
     if not args.json:
+        from autotune.storage._engine import shown_url
+
         print(f"study {study.name}: {workload_summary(workload)}; budget {study.budget}, sampler {study.sampler}, "
-              f"backend {study.backend}; storage {repo.engine.url.render_as_string(hide_password=True)}")
+              f"backend {study.backend}; storage {shown_url(repo.engine.url)}")
         if args.backend == "replay":
             from autotune.controller.session import replay_coverage
 
@@ -345,6 +347,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_metrics_port(args.metrics_port)
     repo = open_repo(args, read_only=True, writes=True)  # resuming needs a store that exists
     study = repo.get_study(args.study)
+    _check_stored_backend(study)
     counts = repo.counts(study.id)
     if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
         raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials")
@@ -353,6 +356,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
     return _run(repo, study, args)
+
+
+def _check_stored_backend(study) -> None:
+    """The study's stored backend and its options, checked as `start` checks them before anything is written
+    (found by an adversarial pass: a hand-edited `backend_options` made every resumed trial fail with the
+    backend's traceback stored in its row, budget spent)."""
+    from autotune.controller.session import check_backend
+    from autotune.errors import ConfigError
+
+    try:
+        check_backend(study.backend, study.backend_options)
+    except ConfigError as exc:
+        raise ConfigError(f"study {study.name!r} holds backend {study.backend!r} options it cannot run with "
+                          f"(was the store edited by hand?): {exc}") from None
 
 
 MAX_LOCAL_TRIALS = 64  # a local Ray runs every trial's processes on this machine
@@ -492,11 +509,13 @@ def _print_final(board, summary, storage: str | None = None) -> None:
     # looked in the default store and found no such study); a password shown hidden, as everywhere
     where = ""
     if storage:
-        from sqlalchemy.engine import make_url
+        from autotune.storage._engine import shown_url
 
-        where = f" --storage {shlex.quote(make_url(storage).render_as_string(hide_password=True))}"
+        where = f" --storage {shlex.quote(shown_url(storage))}"
+    # soft_wrap: a command to copy is never broken by a newline of ours (the terminal wraps it for the eye)
     console.print(escape(f"{summary.elapsed_s:.1f} s; controller overhead {1000 * summary.controller_s_per_trial:.0f} "
-                         f"ms/trial; export with `autotune export {shlex.quote(board.study.name)}{where} --format {fmt}`"))
+                         f"ms/trial; export with `autotune export {shlex.quote(board.study.name)}{where} --format {fmt}`"),
+                  soft_wrap=True)
 
 
 class _LiveView:
@@ -583,14 +602,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     from autotune import leaderboard
 
     repo = open_repo(args, read_only=True)
-    studies = [repo.get_study(args.study)] if args.study else repo.list_studies()
-    from autotune.errors import ConfigError
+    from autotune.errors import ConfigError, StorageError
 
-    summaries, unusable = [], []
+    studies, unusable = ([repo.get_study(args.study)], []) if args.study else repo.list_studies_readable()
+    summaries = []
     for study in studies:
         try:
             summaries.append(leaderboard.build(repo, study, top=0).summary)
-        except ConfigError as exc:  # a hand-edited study (an unknown GPU type) does not hide the others
+        # a hand-edited study (an unknown GPU type, a trial row autotune does not write) does not hide the others
+        except (ConfigError, StorageError) as exc:
             if args.study:
                 raise
             unusable.append((study.name, str(exc)))
@@ -600,7 +620,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"autotune status: {terminal_safe(name)} left out: {terminal_safe(reason[:200])}", file=sys.stderr)
         return 0
     if not summaries and not unusable:
-        print(f"no studies yet in {repo.engine.url.render_as_string(hide_password=True)}; "
+        from autotune.storage._engine import shown_url
+
+        print(f"no studies yet in {shown_url(repo.engine.url)}; "
               "start one with `autotune start --model MODEL`")
         return 0
     from autotune._tables import Col, FittedTable, cell_text

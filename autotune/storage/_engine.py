@@ -30,13 +30,34 @@ def default_storage_url() -> str:
     return os.environ.get(STORAGE_ENV) or f"sqlite:///{data_dir() / 'autotune.db'}"
 
 
+SECRET_QUERY_KEYS = ("password", "passwd", "pass", "sslpassword")
+
+
+def shown_url(url) -> str:
+    """A store's URL (text or a SQLAlchemy URL) as autotune prints it: the password hidden whether it is in the
+    user part or a query parameter (libpq's `?password=`), even in a URL that does not parse, and on one line
+    (found by an adversarial pass: a query password, a malformed URL's and a missing driver's message showed it)."""
+    import re
+
+    from autotune._paths import one_line
+
+    try:
+        parsed = url if hasattr(url, "render_as_string") else make_url(str(url))
+        query = {k: ("***" if k.lower() in SECRET_QUERY_KEYS else v) for k, v in parsed.query.items()}
+        shown = parsed.set(query=query).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: hide what looks like a password all the same
+        shown = re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", str(url))
+    shown = re.sub(r"(?i)((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", shown)
+    return one_line(shown)
+
+
 def normalize_url(url: str) -> str:
     """Check the URL's form and pick our driver: postgresql:// means psycopg 3 here."""
     try:
         parsed = make_url(url)
         parsed.port  # noqa: B018 - a port that is not a number raises ValueError here, not at connect time
     except (ArgumentError, ValueError):
-        raise StorageError(f"--storage {url!r} is not a database URL (e.g. sqlite:///path.db, "
+        raise StorageError(f"--storage '{shown_url(url)}' is not a database URL (e.g. sqlite:///path.db, "
                            "postgresql+psycopg://user@host/db)") from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
@@ -44,11 +65,11 @@ def normalize_url(url: str) -> str:
     if backend == "sqlite" and parsed.query:
         # pysqlite would ignore ?mode=ro (with a warning) and write anyway; a `file:` URI would become a
         # folder named `file:`: a SQLite store is a plain path
-        raise StorageError(f"--storage {url!r}: a SQLite URL takes no options (?{'&'.join(parsed.query)}); "
+        raise StorageError(f"--storage '{shown_url(url)}': a SQLite URL takes no options (?{'&'.join(parsed.query)}); "
                            "give the file's path, e.g. sqlite:///path.db")
     if backend == "sqlite" and (not parsed.database or parsed.database == ":memory:"):
         # every connection (the controller's, Optuna's, a reader's) would open its own empty database
-        raise StorageError(f"--storage {url!r}: an in-memory SQLite database cannot hold a study; give a file, "
+        raise StorageError(f"--storage '{shown_url(url)}': an in-memory SQLite database cannot hold a study; give a file, "
                            "e.g. sqlite:///path.db")
     if backend == "sqlite" and (parsed.database or "").startswith("~"):
         # SQLite itself would open a folder named `~` under the current one, not the home the user means
@@ -56,7 +77,7 @@ def normalize_url(url: str) -> str:
         try:
             parsed = parsed.set(database=str(Path(parsed.database).expanduser()))
         except RuntimeError:  # `~nosuchuser/x.db`
-            raise StorageError(f"--storage {url!r}: {parsed.database.split('/')[0]!r} names no home folder here") from None
+            raise StorageError(f"--storage '{shown_url(url)}': {parsed.database.split('/')[0]!r} names no home folder here") from None
     if backend == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
@@ -71,6 +92,17 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def prepare_sqlite_file(url: str, create: bool) -> None:
+    """_prepare_sqlite_file, with a path the OS refuses outright (a part over 255 bytes: ENAMETOOLONG, which
+    Path.is_file raises rather than answers) said in one line (found by an adversarial pass: a traceback)."""
+    try:
+        _prepare_sqlite_file(url, create)
+    except OSError as exc:
+        path = sqlite_path(url)
+        raise StorageError(f"cannot use the store {str(path)[:80]}...: {exc.strerror or exc}" if len(str(path)) > 80
+                           else f"cannot use the store {path}: {exc.strerror or exc}") from None
+
+
+def _prepare_sqlite_file(url: str, create: bool) -> None:
     """Make the SQLite file's folder (create) or insist the file exists (read-only commands).
 
     A read-only command must not leave a new empty store (and its folders) behind a typo; a folder
@@ -168,6 +200,16 @@ def use_store_pragmas(engine: Engine) -> None:
     engine.dispose()  # a connection opened before the listener (the storage's own checks) is not reused
 
 
+def _server_text(text: str) -> str:
+    """A database server's message, which may quote the URL's names (a database called `\\x1b[31mX`): escapes
+    shown, not obeyed, and a password it quotes hidden."""
+    import re
+
+    from autotune._paths import one_line
+
+    return one_line(re.sub(r"(?i)((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", text))
+
+
 def make_engine(url: str, create: bool = True) -> Engine:
     """An engine for `url`, checked to answer (StorageError with one clear line otherwise).
 
@@ -178,7 +220,7 @@ def make_engine(url: str, create: bool = True) -> Engine:
     try:
         engine = create_engine(url, **engine_kwargs(url))
     except (ArgumentError, ImportError, ValueError) as exc:
-        raise StorageError(f"--storage {url!r}: {exc}") from None
+        raise StorageError(f"--storage '{shown_url(url)}': {exc}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
@@ -186,10 +228,10 @@ def make_engine(url: str, create: bool = True) -> Engine:
             connection.execute(text("SELECT 1"))
     except OperationalError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise StorageError(f"cannot reach storage {engine.url.render_as_string(hide_password=True)}: {first}") from None
+        raise StorageError(f"cannot reach storage {shown_url(engine.url)}: {_server_text(first)}") from None
     except (SQLAlchemyError, ValueError) as exc:
         # e.g. "file is not a database" (a text file given as the store), "embedded null character"
         reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0][:120]
-        raise StorageError(f"storage {engine.url.render_as_string(hide_password=True)} failed: "
-                           f"{exc.__class__.__name__}" + (f" ({reason})" if reason else "")) from None
+        raise StorageError(f"storage {shown_url(engine.url)} failed: "
+                           f"{exc.__class__.__name__}" + (f" ({_server_text(reason)})" if reason else "")) from None
     return engine

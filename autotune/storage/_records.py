@@ -14,6 +14,7 @@ pooling rather than making the whole study unreadable.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from autotune._numbers import is_finite_number, is_positive_finite
@@ -186,7 +187,7 @@ STUDY_RULES: dict[str, tuple[Check, str]] = {
     "sampler": (_printable(100), "1..100 printable characters"),
     "backend": (_printable(100), "1..100 printable characters"),
     "backend_options": (_mapping, "a JSON object"),
-    "options": (_mapping, "a JSON object"),
+    "options": (lambda v: _options(v), "a JSON object of study options, each of its type and range"),
     "optuna_study_name": (_text, "a text"),
     "status": (_one_of(StudyStatus), "a study status"),
     "controller_id": (_optional(_text), "a text"),
@@ -219,6 +220,36 @@ def check_trial_values(values: dict[str, Any]) -> dict[str, Any]:
     return _check(TRIAL_RULES, values, f"trial {_short(values.get('number'))} of study {_short(values.get('study_id'))}")
 
 
+def _options(value: Any) -> bool:
+    """A study's options as autotune writes them (controller/options.StudyOptions): each known key of its type
+    and range (found by an adversarial pass: a hand-edited `trial_timeout_s: "abc"` made `resume` fail with a
+    traceback and leave the study running, -5 timed out every run, `seed: "x"` failed inside numpy)."""
+    if not _mapping(value):
+        return False
+
+    def number(v, low=0.0, high=math.inf, low_open=True):
+        return is_finite_number(v) and not isinstance(v, bool) and (v > low if low_open else v >= low) and v <= high
+
+    def integer(v, low=0):
+        return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 10 ** 9
+
+    checks = {"seed": lambda v: v is None or integer(v, -2 ** 63) and abs(v) < 2 ** 63,
+              "trial_timeout_s": lambda v: number(v, 0.0, 10 ** 9),
+              "warmup_steps": integer, "measured_steps": lambda v: integer(v, 1), "validate_steps": integer,
+              "prune_slow": lambda v: isinstance(v, bool), "slow_margin": lambda v: number(v, 0.0, 100.0),
+              "memory_headroom_gib": lambda v: v is None or number(v, 0.0, 10 ** 6, low_open=False),
+              "knob_share": lambda v: number(v, 0.0, 1.0, low_open=False),
+              "benchmark_settings": lambda v: v is None or _mapping(v)}
+    return all(check(value[key]) for key, check in checks.items() if key in value)
+
+
 def check_study_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The same for a study row."""
-    return _check(STUDY_RULES, values, f"study {_short(values.get('name'))}")  # the name may be what is wrong
+    """The same for a study row; and its Optuna study must be its own (named as the study, or `autotune:NAME`,
+    as create_study names it): a hand edit naming another study's made `resume` and `import-log` write into
+    that study's Optuna study (found by an adversarial pass)."""
+    what = f"study {_short(values.get('name'))}"  # the name may be what is wrong
+    values = _check(STUDY_RULES, values, what)
+    name, optuna_name = values.get("name"), values.get("optuna_study_name")
+    if "name" in values and "optuna_study_name" in values and optuna_name not in (name, f"autotune:{name}"):
+        raise _refuse(what, "optuna_study_name", optuna_name, "the study's own name (or autotune:NAME)")
+    return values

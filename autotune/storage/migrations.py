@@ -7,6 +7,7 @@ upgrade") or newer ("upgrade autotune") than this code.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -51,12 +52,52 @@ def head_revision(engine: Engine) -> str:
 
 def current_revision(engine: Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
+    from alembic.util.exc import CommandError
 
     with engine.connect() as connection:
-        return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        try:
+            return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        except CommandError as exc:  # two rows in the version table (a hand edit, found by an adversarial pass)
+            raise StorageError(f"the database's {VERSION_TABLE} is not one revision ({exc}): autotune does not "
+                               "write that (was it edited by hand?); nothing was changed") from None
+
+
+# PostgreSQL: one schema change at a time, across every process sharing the database (found by an adversarial
+# pass: two `start` or `db upgrade` on a fresh database raced to create the tables, and the loser failed)
+_SCHEMA_LOCK_KEY = 0x6175746F74756E  # "autotun"
+
+
+@contextlib.contextmanager
+def _schema_lock(engine: Engine):
+    if engine.dialect.name != "postgresql":
+        yield  # SQLite: a writer holds the file's lock for the migration's transaction
+        return
+    with engine.connect() as lock:
+        lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+        try:
+            yield
+        finally:
+            lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+            lock.commit()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    with _schema_lock(engine):
+        _upgrade(engine, revision)
+
+
+def upgrade_from(engine: Engine) -> tuple[str | None, str | None]:
+    """`db upgrade`: (the revision before, after), read, refused (unversioned autotune tables) and upgraded under
+    the schema lock, so that another process creating the schema meanwhile is seen, not raced."""
+    with _schema_lock(engine):
+        before = current_revision(engine)
+        if before is None:
+            refuse_unversioned_tables(engine)
+        _upgrade(engine)
+        return before, current_revision(engine)
+
+
+def _upgrade(engine: Engine, revision: str = "head") -> None:
     from alembic import command
 
     config = _config(engine)
@@ -107,13 +148,18 @@ def ensure_schema(engine: Engine) -> None:
 
     if stamped_revision(engine) == SCHEMA_REVISION:  # the usual case, decided without Alembic
         return
+    with _schema_lock(engine):  # decided and done under the lock: another process may be creating it now
+        _ensure_schema(engine)
+
+
+def _ensure_schema(engine: Engine) -> None:
     current = current_revision(engine)
     head = head_revision(engine)
     if current == head:
         return
     if current is None:
         refuse_unversioned_tables(engine)
-        upgrade(engine)
+        _upgrade(engine)
         return
     if is_newer(engine, current):
         raise StorageError(f"the database schema is at revision {current}, newer than this autotune ({head}): "

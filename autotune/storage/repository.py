@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune._numbers import is_finite_number, is_positive_finite
 from autotune.errors import StorageError, StudyError
-from autotune.storage._engine import make_engine
+from autotune.storage._engine import make_engine, shown_url
 from autotune.storage._records import TRIAL_RULES, check_study_values, check_trial_values
 from autotune.storage.migrations import current_revision, ensure_schema, stamped_revision
 from autotune.storage.models import (REJECTED_BASE, SCHEMA_REVISION, TERMINAL_STATUSES, ClaimRefused, StudyRow,
@@ -152,6 +152,12 @@ def stored_step_times(step_times_s) -> list[float]:
     (_records) accepts, and what an import compares a log's times with."""
     return [float(t) for t in step_times_s if is_positive_finite(t)]
 
+# A heartbeat this far ahead of this machine's clock was written by no live controller (clocks of a cluster's
+# machines differ by seconds): stale, like a stopped one (found by an adversarial pass: a hand-edited heartbeat in
+# 9999 made `resume` wait for that trial for ever)
+FUTURE_HEARTBEAT_S = 3600.0
+
+
 class Repository:
     """autotune's tables in one database (SQLite file or PostgreSQL)."""
 
@@ -167,7 +173,7 @@ class Repository:
         SQLite file that does not exist) is a StorageError, and nothing is created.
         """
         engine = make_engine(url, create=create)
-        where = engine.url.render_as_string(hide_password=True)
+        where = shown_url(engine.url)
         try:
             # one plain-SQL read decides the usual case: Alembic is imported only for a store at another revision
             stamped = stamped_revision(engine)
@@ -193,7 +199,7 @@ class Repository:
         """One committed transaction. A unique-key clash (IntegrityError) reaches the caller, which
         treats it as a lost race; any other database error becomes a one-line StorageError, and so does
         a stored row that `_read()` or `_records` refuses (it names the store)."""
-        where = self.engine.url.render_as_string(hide_password=True)
+        where = shown_url(self.engine.url)
         try:
             with self._sessions.begin() as session:
                 yield session
@@ -251,7 +257,7 @@ class Repository:
             row = s.scalar(select(StudyRow).where(StudyRow.name == name))
             if row is None:
                 # which store was read: a study made with --storage is not in the default one (new-user pass)
-                where = self.engine.url.render_as_string(hide_password=True)
+                where = shown_url(self.engine.url)
                 raise StudyError(f"no study named {name!r} in {where} (see `autotune status`; another store: --storage)")
             return _study(row)
 
@@ -263,6 +269,18 @@ class Repository:
     def list_studies(self) -> list[Study]:
         with self._read() as s:
             return [_study(r) for r in s.scalars(select(StudyRow).order_by(StudyRow.created_at))]
+
+    def list_studies_readable(self) -> tuple[list[Study], list[tuple[str, str]]]:
+        """(the studies, in order of creation, whose rows autotune can read; (name, why) of the others): a listing
+        that one hand-edited row does not hide (found by an adversarial pass: `status` then listed nothing)."""
+        readable, unreadable = [], []
+        with self._read() as s:
+            for row in s.scalars(select(StudyRow).order_by(StudyRow.created_at)):
+                try:
+                    readable.append(_study(row))
+                except StorageError as exc:
+                    unreadable.append((str(row.name), str(exc)))
+        return readable, unreadable
 
     def set_study_status(self, study_id: int, status: StudyStatus | str) -> None:
         status = StudyStatus(status)  # a misspelt status is a bug here, not a new state in the table
@@ -376,20 +394,24 @@ class Repository:
 
     def stale_trials(self, study_id: int, older_than_s: float, exclude_controller: str) -> list[Trial]:
         """Dispatched, unfinished trials of other controllers whose heartbeat stopped."""
-        cutoff = utcnow() - dt.timedelta(seconds=older_than_s)
+        now = utcnow()
+        cutoff, future = now - dt.timedelta(seconds=older_than_s), now + dt.timedelta(seconds=FUTURE_HEARTBEAT_S)
         with self._read() as s:
             rows = s.scalars(select(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 (TrialRow.controller_id.is_(None)) | (TrialRow.controller_id != exclude_controller),
-                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < cutoff)).order_by(TrialRow.number))
+                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < cutoff)
+                | (TrialRow.heartbeat_at > future)).order_by(TrialRow.number))
             return [_trial(r) for r in rows]
 
     def adopt_trial(self, study_id: int, number: int, controller_id: str, stale_before: dt.datetime) -> bool:
         """Take over a stale trial (compare-and-set on its heartbeat, so two adopters cannot both win)."""
+        future = utcnow() + dt.timedelta(seconds=FUTURE_HEARTBEAT_S)
         with self.session() as s:
             result = s.execute(update(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
-                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < stale_before)).values(
+                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < stale_before)
+                | (TrialRow.heartbeat_at > future)).values(
                 controller_id=controller_id, heartbeat_at=utcnow()))
             return result.rowcount == 1
 

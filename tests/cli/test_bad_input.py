@@ -308,7 +308,7 @@ def test_names_with_rich_markup_are_shown_as_written(store):
     name = "z[/b][red]x"
     result = run_cli(*START, "--study", name, "--storage", url, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"{name}: top 10" in result.stdout and "autotune export 'z[/b][red]x' --format recipe" in result.stdout
+    assert f"{name}: top 10" in result.stdout and f"autotune export 'z[/b][red]x' --storage {url} --format recipe" in result.stdout
     board = run_cli("leaderboard", name, "--storage", url, env=ENV)
     assert board.returncode == 0 and f"{name}: leaderboard" in board.stdout, board.stderr[-2000:]
     space = home / "markup.yaml"

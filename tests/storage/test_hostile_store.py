@@ -1,0 +1,166 @@
+"""A store edited by hand, or by an attacker with write access to it: every command says what it cannot use in one
+line (exit 2) and changes nothing, the other studies stay readable, and no password of a store's URL is printed.
+
+Found by an adversarial pass over the storage boundary (2026-11-29): a study pointed at another study's Optuna
+study, stored options and backend options autotune cannot run with, a heartbeat in the year 9999, one bad row
+hiding every study from `status`, a version table of two rows, passwords in URL queries and driver errors, and two
+processes creating the schema of a fresh PostgreSQL database at once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import optuna
+import pytest
+
+from autotune.controller.session import build_controller, create_study
+from autotune.space import load_space, make_workload
+from autotune.storage import Repository
+from tests.conftest import POSTGRES_URL, _postgres_available, run_cli
+
+ENV = {"RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def two_studies(tmp_path_factory):
+    """A SQLite store with two finished simulated studies, A and B (3 runs each); tests copy it."""
+    path = tmp_path_factory.mktemp("hostile") / "store.db"
+    repo = Repository.open(f"sqlite:///{path}")
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    for name in ("A", "B"):
+        study = create_study(repo, name=name, space=space, workload=workload, budget=3, sampler="auto",
+                             backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+        build_controller(repo, study, dispatcher="inprocess").run()
+    repo.close()
+    with sqlite3.connect(path) as db:  # everything into the file itself: the tests copy the file alone
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return path
+
+
+def _copy(two_studies, tmp_path, *statements: str) -> str:
+    path = tmp_path / "edited.db"
+    path.write_bytes(two_studies.read_bytes())
+    with sqlite3.connect(path) as db:
+        for statement in statements:
+            db.execute(statement)
+    db.close()
+    return str(path)
+
+
+def _dump(path: str) -> list:
+    with sqlite3.connect(path) as db:
+        rows = [db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall() for table in
+                ("autotune_studies", "autotune_trials", "trials", "studies")]
+    db.close()
+    return rows
+
+
+@pytest.mark.parametrize("edit, needle", [
+    # resume wrote into B's Optuna study
+    ("UPDATE autotune_studies SET optuna_study_name = 'B', budget = 5 WHERE name = 'A'", "optuna_study_name"),
+    # a traceback, the study left running; every run timed out; numpy's TypeError
+    ("UPDATE autotune_studies SET options = json_set(options, '$.trial_timeout_s', 'abc'), budget = 5 "
+     "WHERE name = 'A'", "options"),
+    ("UPDATE autotune_studies SET options = json_set(options, '$.trial_timeout_s', -5), budget = 5 WHERE name = 'A'",
+     "options"),
+    ("UPDATE autotune_studies SET options = json_set(options, '$.seed', 'x'), budget = 5 WHERE name = 'A'", "options"),
+    # every resumed run failed with the backend's ValueError stored as its message
+    ("UPDATE autotune_studies SET backend_options = '{\"noise\": \"loud\"}', budget = 5 WHERE name = 'A'",
+     "simulate backend option noise"),
+])
+def test_resume_refuses_a_study_it_cannot_run_as_stored_and_changes_nothing(two_studies, tmp_path, edit, needle):
+    path = _copy(two_studies, tmp_path, edit)
+    before = _dump(path)
+    done = run_cli("resume", "A", "--storage", f"sqlite:///{path}", env=ENV, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1 and needle in done.stderr
+    assert _dump(path) == before
+    assert len(optuna.load_study(study_name="B", storage=f"sqlite:///{path}").trials) == 3
+
+
+def test_a_heartbeat_in_the_future_is_stale_not_a_live_controller(two_studies, tmp_path):
+    """`resume` waited for ever for a run whose (hand-edited) heartbeat lay in the year 9999."""
+    path = _copy(two_studies, tmp_path,
+                 "UPDATE autotune_studies SET budget = 4, status = 'interrupted' WHERE name = 'A'",
+                 "UPDATE autotune_trials SET status = 'dispatched', heartbeat_at = '9999-12-31 23:59:59.000000', "
+                 "controller_id = 'ghost', step_time_s = NULL, tokens_per_s_per_gpu = NULL, tflops_per_gpu = NULL, "
+                 "mfu = NULL, peak_mem_gib = NULL, finished_at = NULL "
+                 "WHERE number = 2 AND study_id = (SELECT id FROM autotune_studies WHERE name = 'A')")
+    done = run_cli("resume", "A", "--storage", f"sqlite:///{path}", "--json", env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    repo = Repository.open(f"sqlite:///{path}", create=False)
+    study = repo.get_study("A")
+    trial = repo.trial(study.id, 2)
+    assert trial.status == "completed" and trial.controller_id != "ghost" and study.status == "finished"
+    repo.close()
+
+
+def test_status_lists_the_other_studies_when_one_holds_a_row_it_cannot_read(two_studies, tmp_path):
+    for edit in ("UPDATE autotune_trials SET gpu_seconds = -5 WHERE number = 1 AND "
+                 "study_id = (SELECT id FROM autotune_studies WHERE name = 'A')",
+                 "UPDATE autotune_studies SET workload = '[1, 2]' WHERE name = 'A'"):
+        path = _copy(two_studies, tmp_path, edit)
+        done = run_cli("status", "--storage", f"sqlite:///{path}", env={**ENV, "COLUMNS": "200"})
+        assert done.returncode == 0, done.stderr
+        assert "│ B " in done.stdout and "A: cannot be shown" in " ".join(done.stdout.split())
+
+
+def test_a_version_table_of_two_rows_is_one_line_everywhere(two_studies, tmp_path):
+    path = _copy(two_studies, tmp_path, "INSERT INTO autotune_alembic_version VALUES ('0004_optuna_numbering')")
+    for argv in (["status"], ["db", "current"], ["db", "upgrade"]):
+        done = run_cli(*argv, "--storage", f"sqlite:///{path}", env=ENV)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (argv, done.stderr[-1500:])
+        assert len(done.stderr.strip().splitlines()) == 1 and "not one revision" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres@127.0.0.1:5432/no_such_db_autotune?password=QSECRET",  # libpq's query form
+    "postgresql+psycopg2://u:QSECRET@127.0.0.1/db",  # a driver that is not installed: its message quoted the URL
+    "postgresql://u:QSECRET@127.0.0.1:abc/db",  # a URL that does not parse
+])
+def test_no_password_of_a_storage_url_is_printed(url):
+    for env in ({}, {"AUTOTUNE_STORAGE": url}):
+        done = run_cli("status", *(["--storage", url] if not env else []), env={**ENV, **env})
+        assert done.returncode == 2 and "QSECRET" not in done.stderr + done.stdout, done.stderr
+        assert "***" in done.stderr
+
+
+@pytest.mark.skipif(not _postgres_available(), reason="no PostgreSQL server on 127.0.0.1:5432")
+def test_two_processes_creating_a_fresh_postgres_schema_at_once_both_succeed():
+    """The loser of the race failed ('duplicate key ... pg_type', or 'autotune tables but no version table'); the
+    schema is now made under an advisory lock, and the second opener finds it made."""
+    import psycopg
+
+    name = "autotune_schema_race"
+    admin = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        connection.execute(f"CREATE DATABASE {name}")
+    url = POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        for _ in range(3):
+            errors: list[BaseException] = []
+            barrier = threading.Barrier(2)
+
+            def open_store() -> None:
+                try:
+                    barrier.wait()
+                    Repository.open(url).close()
+                except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=open_store) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+            assert errors == []
+            with psycopg.connect(admin.replace("dbname=postgres", f"dbname={name}"), autocommit=True) as connection:
+                connection.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+    finally:
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
