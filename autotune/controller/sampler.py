@@ -83,7 +83,14 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
     def suggest_layout(self, trial: optuna.trial.Trial) -> LayoutConfig:
         """Suggest every knob through `trial` and return the layout (what this sampler chose)."""
         params = {name: trial.suggest_categorical(name, dist.choices) for name, dist in self.distributions.items()}
-        return config_of(params)
+        config = config_of(params)
+        if config.key() not in self.state.index:
+            # params fixed outside the sampler (study.enqueue_trial with part of a layout) over its proposal: the
+            # mix may break a rule (review: enqueued tp=8 ran with the sampler's pp=4 on 8 GPUs)
+            raise ValueError(f"the trial's layout {config.short()} is not legal for {self.workload.model.name} on "
+                             f"{self.workload.cluster.gpus} GPUs (a study.enqueue_trial with part of a layout? "
+                             "enqueue every knob of a legal layout)")
+        return config
 
     # --- BaseSampler ---------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ def shown_url(url) -> str:
         shown = parsed.set(query=query).render_as_string(hide_password=True)
     except Exception:  # not a URL SQLAlchemy reads: hide what looks like a password all the same
         shown = re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", str(url))
-    shown = re.sub(r"(?i)((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", shown)
+    shown = re.sub(r"(?i)(?<![a-z0-9_])((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", shown)
     return one_line(shown)
 
 
@@ -207,7 +207,7 @@ def _server_text(text: str) -> str:
 
     from autotune._paths import one_line
 
-    return one_line(re.sub(r"(?i)((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", text))
+    return one_line(re.sub(r"(?i)(?<![a-z0-9_])((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", text))
 
 
 def make_engine(url: str, create: bool = True) -> Engine:

@@ -233,10 +233,11 @@ def _options(value: Any) -> bool:
     def integer(v, low=0):
         return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 10 ** 9
 
-    checks = {"seed": lambda v: v is None or integer(v, -2 ** 63) and abs(v) < 2 ** 63,
+    checks = {"seed": lambda v: v is None or isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2 ** 63,
               "trial_timeout_s": lambda v: number(v, 0.0, 10 ** 9),
               "warmup_steps": integer, "measured_steps": lambda v: integer(v, 1), "validate_steps": integer,
-              "prune_slow": lambda v: isinstance(v, bool), "slow_margin": lambda v: number(v, 0.0, 100.0),
+              "prune_slow": lambda v: isinstance(v, bool),
+              "slow_margin": lambda v: number(v, 0.0, 100.0, low_open=False),
               "memory_headroom_gib": lambda v: v is None or number(v, 0.0, 10 ** 6, low_open=False),
               "knob_share": lambda v: number(v, 0.0, 1.0, low_open=False),
               "benchmark_settings": lambda v: v is None or _mapping(v)}

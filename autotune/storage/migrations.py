@@ -72,13 +72,14 @@ def _schema_lock(engine: Engine):
     if engine.dialect.name != "postgresql":
         yield  # SQLite: a writer holds the file's lock for the migration's transaction
         return
-    with engine.connect() as lock:
+    # autocommit: a session-level lock needs no transaction, and one left open while the migration runs is
+    # "idle in transaction", which a server's idle_in_transaction_session_timeout kills (review)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as lock:
         lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
         try:
             yield
         finally:
             lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK_KEY})
-            lock.commit()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

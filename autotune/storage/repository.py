@@ -274,12 +274,13 @@ class Repository:
         """(the studies, in order of creation, whose rows autotune can read; (name, why) of the others): a listing
         that one hand-edited row does not hide (found by an adversarial pass: `status` then listed nothing)."""
         readable, unreadable = [], []
-        with self._read() as s:
-            for row in s.scalars(select(StudyRow).order_by(StudyRow.created_at)):
-                try:
-                    readable.append(_study(row))
-                except StorageError as exc:
-                    unreadable.append((str(row.name), str(exc)))
+        with self._read() as s:  # the names alone first: a cell that is no JSON fails the whole row's load
+            names = list(s.scalars(select(StudyRow.name).order_by(StudyRow.created_at)))
+        for name in names:
+            try:
+                readable.append(self.get_study(name))
+            except StorageError as exc:
+                unreadable.append((str(name), str(exc)))
         return readable, unreadable
 
     def set_study_status(self, study_id: int, status: StudyStatus | str) -> None:

@@ -916,6 +916,13 @@ def test_the_sampler_proposes_only_legal_layouts_past_the_legal_set_and_refuses_
     assert config_of_best(study) in sampler.state.index
     with pytest.raises(ConfigError, match="predicted to fit"):
         AutotuneSampler("llama3_8b", gpus=1)
+    # an enqueued part of a layout over the sampler's proposal may break a rule (review: tp=8 with its pp=4 on 8
+    # GPUs): refused, not run
+    enqueued = optuna.create_study(direction="maximize", sampler=AutotuneSampler("llama3_8b", gpus=8, seed=0))
+    enqueued.enqueue_trial({"tp": 8})
+    with pytest.raises(ValueError, match="is not legal for llama3_8b on 8 GPUs"):
+        for _ in range(3):
+            enqueued.sampler.suggest_layout(enqueued.ask())
     for kwargs in ({"direction": "minimize"}, {"directions": ["maximize", "minimize"]}):
         refusing = AutotuneSampler("qwen3_30b", gpus=16)
         other = optuna.create_study(sampler=refusing, **kwargs)

@@ -102,7 +102,8 @@ def test_a_heartbeat_in_the_future_is_stale_not_a_live_controller(two_studies, t
 def test_status_lists_the_other_studies_when_one_holds_a_row_it_cannot_read(two_studies, tmp_path):
     for edit in ("UPDATE autotune_trials SET gpu_seconds = -5 WHERE number = 1 AND "
                  "study_id = (SELECT id FROM autotune_studies WHERE name = 'A')",
-                 "UPDATE autotune_studies SET workload = '[1, 2]' WHERE name = 'A'"):
+                 "UPDATE autotune_studies SET workload = '[1, 2]' WHERE name = 'A'",
+                 "UPDATE autotune_studies SET options = '{bad' WHERE name = 'A'"):  # no JSON: fails the row's load
         path = _copy(two_studies, tmp_path, edit)
         done = run_cli("status", "--storage", f"sqlite:///{path}", env={**ENV, "COLUMNS": "200"})
         assert done.returncode == 0, done.stderr
@@ -164,3 +165,20 @@ def test_two_processes_creating_a_fresh_postgres_schema_at_once_both_succeed():
     finally:
         with psycopg.connect(admin, autocommit=True) as connection:
             connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_what_start_and_the_python_api_store_is_read_back():
+    """Second review: the options rule first refused a seed above 10**9 (`start --seed` takes up to 2**32 - 1) and a
+    slow margin of 0 (a test's own study), which would have made such stores unreadable."""
+    from autotune.controller.options import StudyOptions
+    from autotune.storage._engine import shown_url
+    from autotune.storage._records import check_study_values
+
+    for options in ({"seed": 2 ** 32 - 1}, {"seed": None}, {"slow_margin": 0.0, "warmup_steps": 0},
+                    {"knob_share": 0.8, "memory_headroom_gib": 0.0, "benchmark_settings": {}},
+                    StudyOptions(seed=7).to_stored()):
+        values = {"name": "s", "optuna_study_name": "autotune:s", "options": options}
+        assert check_study_values(values) is values
+    # a query key that merely ends like one that holds a password is shown (review: `compass=1` was hidden)
+    shown = shown_url("postgresql+psycopg://u@h/db?compass=1&password=x&sslpassword=y")
+    assert "compass=1" in shown and "password=***" in shown and "sslpassword=***" in shown and "=x" not in shown
