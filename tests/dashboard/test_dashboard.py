@@ -30,7 +30,7 @@ def repo(tmp_path):
                                         "seq_length": 4096, "precision": "bf16"},
                               space={"domains": {}}, budget=4, sampler="auto", backend="simulate",
                               backend_options={"workdir": str(tmp_path / "runs")}, options={},
-                              optuna_study_name="autotune:demo", status="finished")
+                              optuna_study_name=f"autotune:demo{HOSTILE}", status="finished")
     report = study_dir(study.backend_options, study.name) / "trial1-attempt1" / "trace.nsys-rep"
     report.parent.mkdir(parents=True)
     report.write_bytes(b"NSYS")  # artifacts are served from the study's run folder only
@@ -281,7 +281,8 @@ def test_a_trial_view_groups_runs_as_the_recommendation_and_survives_hand_edited
     for argv in (["show", name, "2"], ["leaderboard", name], ["status", name]):
         broken = cli(*argv, "--storage", str(repo.engine.url))
         assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr[-500:]
-        assert "stores memory_headroom_gib = 'abc', not a size in GiB" in broken.stderr
+        # refused where the study's row is read (its options typed and in range), the value named
+        assert "holds options = {'memory_headroom_gib': 'abc'}, not a JSON object of study options" in broken.stderr
     listed = cli("status", "--storage", str(repo.engine.url), env={"COLUMNS": "200"})  # the others still listed
     assert listed.returncode == 0 and "cannot be shown" in listed.stdout
 
