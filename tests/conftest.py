@@ -97,3 +97,25 @@ def wait_for_study(path, name: str, process, timeout_s: float = 120.0) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"study {name!r} was not stored within {timeout_s:g} s")
+
+
+def run_in_threads(target, count: int = 2, timeout_s: float = 600.0) -> list[BaseException]:
+    """Run `target` in `count` threads started together (a barrier), wait for them, and return what they raised."""
+    import threading
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            target()
+        except BaseException as exc:  # noqa: BLE001 - returned to the test, which asserts on it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    return errors

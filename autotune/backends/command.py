@@ -93,9 +93,9 @@ class CommandBackend(Backend):
         times: list[float] = []
         readers = [threading.Thread(target=self._read_stdout,
                                     args=(process, spec, report, stdout_lines, times, results), daemon=True),
-                   threading.Thread(target=lambda: stderr_tail.extend(
-                       line for line in bounded_lines(process.stderr, TAIL_LINE_CHARS)),  # cut lines end in \n
-                       daemon=True)]
+                   # cut lines end in \n, so the tail's lines stay apart
+                   threading.Thread(target=lambda: stderr_tail.extend(bounded_lines(process.stderr, TAIL_LINE_CHARS)),
+                                    daemon=True)]
         for reader in readers:
             reader.start()
         try:

@@ -124,9 +124,7 @@ def prepare_trial_dir(options: dict[str, Any], spec: TrialSpec) -> Path:
     default = not options.get("workdir")
     if default:
         _require_own(workdir, allow_root=True)
-    folder = workdir
-    for part in (safe_name(spec.study), f"trial{spec.trial}-attempt{spec.attempt}"):
-        folder = folder / part
+    for folder in (study_dir(options, spec.study), trial_dir(options, spec)):
         try:
             folder.mkdir(mode=0o755)
         except FileExistsError:

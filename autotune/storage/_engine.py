@@ -33,6 +33,13 @@ def default_storage_url() -> str:
 SECRET_QUERY_KEYS = ("password", "passwd", "pass", "sslpassword")
 
 
+def _hide_query_passwords(text: str) -> str:
+    """`text` with the value of every `password=`-like parameter (SECRET_QUERY_KEYS, as a whole word) as ***."""
+    import re
+
+    return re.sub(r"(?i)(?<![a-z0-9_])((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", text)
+
+
 def shown_url(url) -> str:
     """A store's URL (text or a SQLAlchemy URL) as autotune prints it: the password hidden whether it is in the
     user part or a query parameter (libpq's `?password=`), even in a URL that does not parse, and on one line
@@ -47,8 +54,7 @@ def shown_url(url) -> str:
         shown = parsed.set(query=query).render_as_string(hide_password=True)
     except Exception:  # not a URL SQLAlchemy reads: hide what looks like a password all the same
         shown = re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", str(url))
-    shown = re.sub(r"(?i)(?<![a-z0-9_])((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", shown)
-    return one_line(shown)
+    return one_line(_hide_query_passwords(shown))
 
 
 def normalize_url(url: str) -> str:
@@ -97,9 +103,9 @@ def prepare_sqlite_file(url: str, create: bool) -> None:
     try:
         _prepare_sqlite_file(url, create)
     except OSError as exc:
-        path = sqlite_path(url)
-        raise StorageError(f"cannot use the store {str(path)[:80]}...: {exc.strerror or exc}" if len(str(path)) > 80
-                           else f"cannot use the store {path}: {exc.strerror or exc}") from None
+        from autotune._paths import shown
+
+        raise StorageError(f"cannot use the store {shown(str(sqlite_path(url)))}: {exc.strerror or exc}") from None
 
 
 def _prepare_sqlite_file(url: str, create: bool) -> None:
@@ -203,11 +209,9 @@ def use_store_pragmas(engine: Engine) -> None:
 def _server_text(text: str) -> str:
     """A database server's message, which may quote the URL's names (a database called `\\x1b[31mX`): escapes
     shown, not obeyed, and a password it quotes hidden."""
-    import re
-
     from autotune._paths import one_line
 
-    return one_line(re.sub(r"(?i)(?<![a-z0-9_])((?:" + "|".join(SECRET_QUERY_KEYS) + r")=)[^&\s]*", r"\1***", text))
+    return one_line(_hide_query_passwords(text))
 
 
 def make_engine(url: str, create: bool = True) -> Engine:

@@ -158,6 +158,13 @@ def stored_step_times(step_times_s) -> list[float]:
 FUTURE_HEARTBEAT_S = 3600.0
 
 
+def _heartbeat_stale(before: dt.datetime):
+    """The SQL condition of a trial whose controller is not heartbeating: none, older than `before`, or from the
+    future (FUTURE_HEARTBEAT_S); stale_trials and adopt_trial judge alike."""
+    future = utcnow() + dt.timedelta(seconds=FUTURE_HEARTBEAT_S)
+    return (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < before) | (TrialRow.heartbeat_at > future)
+
+
 class Repository:
     """autotune's tables in one database (SQLite file or PostgreSQL)."""
 
@@ -395,24 +402,20 @@ class Repository:
 
     def stale_trials(self, study_id: int, older_than_s: float, exclude_controller: str) -> list[Trial]:
         """Dispatched, unfinished trials of other controllers whose heartbeat stopped."""
-        now = utcnow()
-        cutoff, future = now - dt.timedelta(seconds=older_than_s), now + dt.timedelta(seconds=FUTURE_HEARTBEAT_S)
+        cutoff = utcnow() - dt.timedelta(seconds=older_than_s)
         with self._read() as s:
             rows = s.scalars(select(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 (TrialRow.controller_id.is_(None)) | (TrialRow.controller_id != exclude_controller),
-                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < cutoff)
-                | (TrialRow.heartbeat_at > future)).order_by(TrialRow.number))
+                _heartbeat_stale(cutoff)).order_by(TrialRow.number))
             return [_trial(r) for r in rows]
 
     def adopt_trial(self, study_id: int, number: int, controller_id: str, stale_before: dt.datetime) -> bool:
         """Take over a stale trial (compare-and-set on its heartbeat, so two adopters cannot both win)."""
-        future = utcnow() + dt.timedelta(seconds=FUTURE_HEARTBEAT_S)
         with self.session() as s:
             result = s.execute(update(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
-                (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < stale_before)
-                | (TrialRow.heartbeat_at > future)).values(
+                _heartbeat_stale(stale_before)).values(
                 controller_id=controller_id, heartbeat_at=utcnow()))
             return result.rowcount == 1
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import pytest
 
 from autotune.controller.session import build_controller, create_study
 from autotune.space import load_space, make_workload
 from autotune.storage import Repository
+from tests.conftest import run_in_threads
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -48,23 +48,15 @@ def test_a_worker_killed_mid_trial_is_retried_once(tmp_path):
 def test_two_controllers_on_one_postgres_study_never_dispatch_a_layout_twice(postgres_url):
     """Both controllers use the same seed, so they propose the same layouts and race for them."""
     repo, study = _study(postgres_url, "shared", budget=10, seconds_per_trial=0.3)
-    errors: list[BaseException] = []
     controller_ids: list[str] = []
 
     def run_controller() -> None:
-        try:
-            own_repo = Repository.open(postgres_url)
-            controller = build_controller(own_repo, own_repo.get_study("shared"), max_concurrent=1)
-            controller_ids.append(controller.controller_id)
-            controller.run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        own_repo = Repository.open(postgres_url)
+        controller = build_controller(own_repo, own_repo.get_study("shared"), max_concurrent=1)
+        controller_ids.append(controller.controller_id)
+        controller.run()
 
-    threads = [threading.Thread(target=run_controller) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
+    errors = run_in_threads(run_controller, 2, timeout_s=600)
     assert not errors, errors
     trials = repo.trials(study.id, dispatched_only=True)
     assert len(trials) == 10

@@ -10,7 +10,6 @@ processes creating the schema of a fresh PostgreSQL database at once.
 from __future__ import annotations
 
 import sqlite3
-import threading
 
 import optuna
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from autotune.controller.session import build_controller, create_study
 from autotune.space import load_space, make_workload
 from autotune.storage import Repository
-from tests.conftest import POSTGRES_URL, _postgres_available, run_cli
+from tests.conftest import POSTGRES_URL, _postgres_available, run_cli, run_in_threads
 
 ENV = {"RAY_AUTH_MODE": "disabled"}
 
@@ -144,22 +143,7 @@ def test_two_processes_creating_a_fresh_postgres_schema_at_once_both_succeed():
     url = POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
     try:
         for _ in range(3):
-            errors: list[BaseException] = []
-            barrier = threading.Barrier(2)
-
-            def open_store() -> None:
-                try:
-                    barrier.wait()
-                    Repository.open(url).close()
-                except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=open_store) for _ in range(2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(timeout=120)
-            assert errors == []
+            assert run_in_threads(lambda: Repository.open(url).close(), 2, timeout_s=120) == []
             with psycopg.connect(admin.replace("dbname=postgres", f"dbname={name}"), autocommit=True) as connection:
                 connection.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
     finally:
