@@ -112,6 +112,9 @@ def cmd_space(args: argparse.Namespace) -> int:
     return 0
 
 
+CHECK_FOUND_ILLEGAL = 1  # the exit code when a checked layout breaks a Megatron rule
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from autotune.space import policy_violations, violations
 
@@ -131,13 +134,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not given:  # found by review: an empty stdin printed nothing and exited 0, as if all were checked
             raise ConfigError("no layout to check: give one JSON object per line on stdin (echo '{\"tp\": 2}' | "
                               "autotune check ...) or knob flags (--tp 2 --ep 8)")
+    any_illegal = False
     for values in given:
         config, filled = with_recipe_defaults(values, workload, space.domains)
         bad = violations(config, workload)
         policy = policy_violations(config, workload, space.policy)
+        any_illegal = any_illegal or bool(bad)
         print(json.dumps({"config": config.to_dict(), "legal": not bad, "filled_from_recipe": filled,
                           "violations": [v.to_dict() for v in bad], "policy": [v.to_dict() for v in policy]}))
-    return 0
+    # exit 1 when a layout is illegal, as a linter does: `autotune check --tp 2 ... && submit` must not submit an
+    # illegal layout (it exited 0 with "legal": false). Exit 2 stays for input that could not be checked at all.
+    return CHECK_FOUND_ILLEGAL if any_illegal else 0
 
 
 def _stdin_has_text() -> bool:

@@ -42,7 +42,7 @@ def test_check_reads_json_lines(cli):
     stdin = "\n".join([json.dumps({"tp": 2, "ep": 8, "sp": True}), json.dumps({"tp": 2, "ep": 8, "sp": False}),
                        json.dumps({"tp": 1, "sp": True})])
     result = cli("check", "--model", "qwen3_30b", "--gpus", "16", stdin=stdin)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # two of them are illegal: exit 1, every line still answered
     rows = json_lines(result.stdout)
     assert [r["legal"] for r in rows] == [True, False, False]
     assert rows[1]["violations"][0]["rule"] == "ep_with_tp_needs_sp"
@@ -56,6 +56,18 @@ def test_check_from_flags(cli):
                  "--cp", "2", "--sp")
     assert result.returncode == 0, result.stderr
     assert json_lines(result.stdout)[0]["legal"] is True
+
+
+def test_check_exits_1_for_an_illegal_layout(cli):
+    # found in the storage pass's notes: an illegal layout answered "legal": false with exit 0, so a script's
+    # `autotune check ... && submit` went on. Exit 1 (checked: illegal), never 2 (which is for unusable input).
+    result = cli("check", "--model", "qwen3_30b", "--gpus", "16", "--tp", "1", "--sp")
+    assert result.returncode == 1, result.stderr
+    row = json_lines(result.stdout)[0]
+    assert row["legal"] is False and row["violations"][0]["rule"] == "sp_needs_tp"
+    assert result.stderr == ""
+    legal = cli("check", "--model", "qwen3_30b", "--gpus", "16", stdin=json.dumps({"tp": 2, "ep": 8, "sp": True}))
+    assert legal.returncode == 0, legal.stderr
 
 
 @pytest.mark.parametrize("args,stdin,needle", [
