@@ -349,6 +349,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     study = repo.get_study(args.study)
     _check_stored_backend(study)
     counts = repo.counts(study.id)
+    if counts["dispatched"] < study.budget or counts["running"]:  # before Ray starts (a finished one says so below)
+        from autotune.controller._optuna import require_optuna_study
+
+        require_optuna_study(repo.url, study.optuna_study_name)
     if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
         raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials")
     if not _ray_address(args):  # said before a word about starting Ray (second review)

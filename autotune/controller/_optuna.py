@@ -139,10 +139,27 @@ def _make_room(storage: optuna.storages.RDBStorage, name: str) -> None:
     storage.delete_study(study_id)
 
 
+def require_optuna_study(storage: optuna.storages.RDBStorage | str, study_name: str) -> None:
+    """A StudyError unless the store holds the Optuna study `study_name` (a storage, or a store URL).
+
+    Found by the storage pass: a deleted Optuna study was made anew, empty, and `resume` then ran its runs into
+    numbers its rows held ("could not allocate a trial number after 50 attempts"), the study left `running`.
+    """
+    if isinstance(storage, str):
+        storage = optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs(storage))
+    try:
+        storage.get_study_id_from_name(study_name)
+    except KeyError:
+        raise StudyError(f"the Optuna study {study_name!r} of this study is not in the store (deleted with "
+                         "`optuna delete-study`?): its trials of record are gone, so it cannot go on; start a new "
+                         "study") from None
+
+
 class OptunaStudy:
     """Optuna's view of an autotune study, in the same database as autotune's tables.
 
-    `create` makes the Optuna study (`_make_room` first); otherwise it is loaded (made if missing).
+    `create` makes the Optuna study (`_make_room` first); otherwise it is loaded, and a missing one is a
+    StudyError: the study's history of record is gone and cannot be resumed or imported into.
     `backend` (the autotune study's) is written on every trial this object ends or imports.
     """
 
@@ -152,6 +169,8 @@ class OptunaStudy:
         use_store_pragmas(self.storage.engine)  # WAL without an fsync per commit, as our own engine
         if create:
             _make_room(self.storage, study_name)
+        else:
+            require_optuna_study(self.storage, study_name)
         try:
             self.study = optuna.create_study(storage=self.storage, study_name=study_name, direction="maximize",
                                              sampler=make_sampler(sampler, seed), load_if_exists=not create)

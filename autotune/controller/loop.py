@@ -17,6 +17,8 @@ the database (see storage.repository).
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import os
 import socket
@@ -181,13 +183,16 @@ class Controller:
             # a broken pipe: the output the user read from (`autotune start | head`) is gone; the study
             # stops as after Ctrl-C, `resume` continues it (review: it was left `running`, a run stuck)
             stop_reason = "interrupted"
-            for number in list(self.running):
-                self.dispatcher.cancel(number)
-            # shown stopped at once, not `running` until their heartbeat went stale (review)
-            self.repo.release_trials(self.study.id, list(self.running))
-            self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)
+            self._stop_running()
             if isinstance(exc, BrokenPipeError):  # told apart from a pipe that breaks after the study ended
                 raise OutputClosed(str(exc)) from exc
+            raise
+        except Exception:
+            # found by the storage pass: a study stopped by an error (a store refusing a write, a lost Optuna
+            # study) stayed `running` with its runs dispatched until their heartbeat went stale. Stopped as
+            # after Ctrl-C where the store still answers; the error is what the user must hear of, not this.
+            with contextlib.suppress(Exception):
+                self._stop_running()
             raise
         finally:
             self.dispatcher.shutdown()
@@ -195,6 +200,14 @@ class Controller:
         finished = counts["running"] == 0 and (counts["dispatched"] >= self.study.budget or stop_reason == "exhausted")
         self.repo.set_study_status(self.study.id, StudyStatus.FINISHED if finished else StudyStatus.INTERRUPTED)
         return self.summary(time.monotonic() - started, stop_reason)
+
+    def _stop_running(self) -> None:
+        """Cancel the runs in flight and mark them and the study stopped (`resume` continues it)."""
+        for number in list(self.running):
+            self.dispatcher.cancel(number)
+        # shown stopped at once, not `running` until their heartbeat went stale (review)
+        self.repo.release_trials(self.study.id, list(self.running))
+        self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)
 
     def summary(self, elapsed_s: float, stop_reason: str) -> RunSummary:
         trials = self.repo.trials(self.study.id, dispatched_only=True)

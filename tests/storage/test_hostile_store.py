@@ -45,7 +45,7 @@ def _copy(two_studies, tmp_path, *statements: str) -> str:
     path.write_bytes(two_studies.read_bytes())
     with sqlite3.connect(path) as db:
         for statement in statements:
-            db.execute(statement)
+            db.executescript(statement) if ";" in statement else db.execute(statement)
     db.close()
     return str(path)
 
@@ -70,6 +70,10 @@ def _dump(path: str) -> list:
     # every resumed run failed with the backend's ValueError stored as its message
     ("UPDATE autotune_studies SET backend_options = '{\"noise\": \"loud\"}', budget = 5 WHERE name = 'A'",
      "simulate backend option noise"),
+    # its Optuna study gone (deleted, or renamed as here): made anew, empty, then "could not allocate a trial
+    # number after 50 attempts" with the study left running
+    ("UPDATE studies SET study_name = 'gone' WHERE study_name = 'A'; UPDATE autotune_studies SET budget = 5 "
+     "WHERE name = 'A'", "Optuna study 'A' of this study is not in the store"),
 ])
 def test_resume_refuses_a_study_it_cannot_run_as_stored_and_changes_nothing(two_studies, tmp_path, edit, needle):
     path = _copy(two_studies, tmp_path, edit)
@@ -166,3 +170,41 @@ def test_what_start_and_the_python_api_store_is_read_back():
     # a query key that merely ends like one that holds a password is shown (review: `compass=1` was hidden)
     shown = shown_url("postgresql+psycopg://u@h/db?compass=1&password=x&sslpassword=y")
     assert "compass=1" in shown and "password=***" in shown and "sslpassword=***" in shown and "=x" not in shown
+
+
+def test_import_log_refuses_a_study_whose_optuna_study_is_gone(two_studies, tmp_path):
+    path = _copy(two_studies, tmp_path, "UPDATE studies SET study_name = 'gone' WHERE study_name = 'A'")
+    from tests.workers.test_workers import LOG
+
+    log = tmp_path / "run.log"
+    log.write_text(LOG)
+    before = _dump(path)
+    done = run_cli("import-log", str(log), "--study", "A", "--storage", f"sqlite:///{path}", "--tp", "2", "--ep",
+                   "8", "--sp", "--dist-opt", env=ENV, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "Optuna study 'A' of this study is not in the store" in done.stderr
+    assert _dump(path) == before
+
+
+def test_a_study_stopped_by_an_error_is_left_interrupted_not_running(tmp_path):
+    """Found by the storage pass: an error inside the loop (a store refusing a write, say) left the study
+    `running` with its runs dispatched, shown live until their heartbeats went stale."""
+    from autotune.storage import StudyStatus
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'store.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="S", space=space, workload=make_workload(space, gpus=16), budget=6,
+                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    ticks = []
+
+    def fail_on_the_third_tick(controller):
+        ticks.append(len(controller.running))
+        if len(ticks) == 3:
+            raise RuntimeError("the store refused a write")
+
+    controller = build_controller(repo, study, dispatcher="inprocess", on_tick=fail_on_the_third_tick)
+    with pytest.raises(RuntimeError, match="refused a write"):
+        controller.run()
+    assert repo.get_study("S").status == StudyStatus.INTERRUPTED
+    assert repo.counts(study.id)["running"] == 0
+    repo.close()
