@@ -76,6 +76,29 @@ def main(argv: list[str] | None = None) -> int:
                              "`autotune resume` continues the study\n")
             return 141  # 128 + SIGPIPE, as a shell reports a pipeline's writer stopped by it
         return 0  # the output was all that was lost (a study that had ended stays finished)
+    except Exception as exc:  # after the clauses above: a `raise` here reaches none of them
+        failure = _store_failure(exc)
+        if failure is None:
+            raise
+        sys.stderr.write(f"autotune {args.subcommand}: error: {failure}\n")
+        return 2
+
+
+def _store_failure(exc: BaseException) -> str | None:
+    """One line for a database error that reached the top through Optuna's storage (our own Repository wraps
+    its errors as StorageError), None for anything else. Found by the storage pass: a table of another
+    application named `trials` made Optuna's first query a page of chained tracebacks."""
+    optuna = sys.modules.get("optuna")
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
+    kinds = tuple(k for k in (getattr(getattr(optuna, "exceptions", None), "StorageInternalError", None),
+                              getattr(sqlalchemy_exc, "SQLAlchemyError", None)) if k is not None)
+    if not kinds or not isinstance(exc, kinds):
+        return None
+    from autotune._paths import one_line
+
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    words = str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__]
+    return f"the store failed (in Optuna's storage): {one_line(words[0])[:200]}"
 
 
 if __name__ == "__main__":  # pragma: no cover

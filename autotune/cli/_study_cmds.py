@@ -186,8 +186,7 @@ def _check_positive(name: str, value: int | float | None) -> None:
 def cmd_start(args: argparse.Namespace) -> int:
     from autotune.backends._reach import check_reachable
     from autotune.megatron import benchmark_only
-    from autotune.controller.session import (check_name_free, check_study_inputs, check_study_name, create_study,
-                                             start_ray_dispatcher)
+    from autotune.controller.session import check_study_inputs, check_study_name
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
@@ -216,11 +215,56 @@ def cmd_start(args: argparse.Namespace) -> int:
     _check_metrics_port(args.metrics_port)
     if not address:
         _check_local_gpus(args.local_gpus, workload.cluster.gpus)
-    repo = open_repo(args)
+        backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
+    repo, new_file = _open_start_store(args)
+    try:
+        return _start_in(repo, args, space, workload, backend_options, options, address)
+    except BaseException:
+        _remove_unused_store(repo, new_file)
+        raise
+
+
+def _open_start_store(args: argparse.Namespace):
+    """`start`'s store, and the SQLite file it made (None: a store that was there, or PostgreSQL)."""
+    from autotune.storage import Repository
+    from autotune.storage._engine import normalize_url, sqlite_path
+
+    made = []
+
+    def opener(url: str):
+        path = sqlite_path(normalize_url(url))
+        if path is not None and not path.exists():
+            made.append(path)
+        return Repository.open(url)
+
+    repo = open_store(args, opener)
+    return repo, (made[0] if made else None)
+
+
+def _remove_unused_store(repo, path) -> None:
+    """Found by the storage pass: a `start` refused after its store was opened (Ray unreachable or too small,
+    the name taken by a start that won a race, Ctrl-C) left a new SQLite file holding only the schema behind
+    a typo of --storage. A file this start made and no study was stored in goes again."""
+    import contextlib
+
+    if path is None:
+        return
+    with contextlib.suppress(Exception):  # the refusal is what the user must hear of, not this
+        if repo.list_studies():
+            return  # another process stored a study in it meanwhile: theirs now
+        repo.close()
+        for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"),
+                     path.with_name(path.name + "-journal")):
+            file.unlink(missing_ok=True)
+
+
+def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: dict, options: dict,
+              address: str | None) -> int:
+    """`start` from its open store on: the study is stored once Ray is up, and run."""
+    from autotune.controller.session import check_name_free, create_study, start_ray_dispatcher
+
     if args.study is not None:
         check_name_free(repo, args.study)  # said at once, not after Ray has started
-    if not address:
-        backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
     # Ray before the study is stored: a cluster that cannot be reached, or is too small for one trial,
     # leaves no study behind
     if not args.json:

@@ -18,7 +18,6 @@ twice -> FAIL. When it ends, a trial's user attributes say what autotune recorde
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import time
 import warnings
 from typing import Any
@@ -38,8 +37,6 @@ OWNER_KEY = "autotune:study"  # study system attribute: the autotune study that 
 CREATED_KEY = "autotune:created_at"  # when (Unix time): a younger one may be another start's, half-way
 ORPHAN_AGE_S = 120.0  # an Optuna study without its autotune study for this long is a failed start's leftover
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-logging.getLogger("optuna").setLevel(logging.WARNING)
 
 
 def recompute_label(config: LayoutConfig) -> str:
@@ -139,6 +136,18 @@ def _make_room(storage: optuna.storages.RDBStorage, name: str) -> None:
     storage.delete_study(study_id)
 
 
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage on an autotune store, with the store's connection settings, for autotune's own commands."""
+    # Optuna's own log lines would interleave with autotune's output (its "[W] Caught an error from sqlalchemy
+    # ... Falling back" came before autotune's one-line error on a broken store). Set here, not when this module
+    # is imported: the Python API's AutotuneSampler imports it into a user's program, whose Optuna logging is
+    # the user's.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    use_store_pragmas(storage.engine)  # WAL without an fsync per commit, as our own engine
+    return storage
+
+
 def require_optuna_study(storage: optuna.storages.RDBStorage | str, study_name: str) -> None:
     """A StudyError unless the store holds the Optuna study `study_name` (a storage, or a store URL).
 
@@ -146,7 +155,7 @@ def require_optuna_study(storage: optuna.storages.RDBStorage | str, study_name: 
     numbers its rows held ("could not allocate a trial number after 50 attempts"), the study left `running`.
     """
     if isinstance(storage, str):
-        storage = optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs(storage))
+        storage = rdb_storage(storage)
     try:
         storage.get_study_id_from_name(study_name)
     except KeyError:
@@ -165,8 +174,7 @@ class OptunaStudy:
 
     def __init__(self, url: str, study_name: str, space: SearchSpace, sampler: str, seed: int | None,
                  create: bool, backend: str | None = None) -> None:
-        self.storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
-        use_store_pragmas(self.storage.engine)  # WAL without an fsync per commit, as our own engine
+        self.storage = rdb_storage(url)
         if create:
             _make_room(self.storage, study_name)
         else:

@@ -134,6 +134,55 @@ def _prepare_sqlite_file(url: str, create: bool) -> None:
     if path.exists() and not path.is_file():
         raise StorageError(f"cannot use the store {path}: it is not a file")
     _require_writable(path)
+    if path.exists() and path.stat().st_size:  # an empty file is an empty database
+        _refuse_foreign_file(path)
+
+
+# The tables an Optuna RDB storage makes (its own Alembic table included): a SQLite file holding only these is
+# an Optuna store, which autotune may share (optuna-dashboard then shows both). tests/storage check the list
+# against the installed Optuna's models, so a new Optuna table fails a test rather than a user's start.
+OPTUNA_TABLES = frozenset({
+    "studies", "study_directions", "study_system_attributes", "study_user_attributes", "trial_heartbeats",
+    "trial_intermediate_values", "trial_params", "trial_system_attributes", "trial_user_attributes", "trial_values",
+    "trials", "version_info", "alembic_version"})
+OPTUNA_VERSION_TABLE = "version_info"  # made with every Optuna RDB store
+
+
+def _refuse_foreign_file(path: Path) -> None:
+    """Found by the storage pass: `start --storage sqlite:///app.db` put autotune's and Optuna's tables (and
+    WAL mode) into another application's database. A SQLite file that holds tables, none of them autotune's
+    version table, and some neither autotune's nor Optuna's, is refused, read without writing to it. (A
+    PostgreSQL database is shared by design, each application with its own tables: not refused.)"""
+    from autotune._paths import one_line
+    from autotune.storage.migrations import VERSION_TABLE
+
+    tables = _sqlite_tables(path)
+    # Optuna's names are Optuna's only beside its version table: a `trials` table of another application
+    # made Optuna's first query fail (a traceback, "no such column: trials.trial_id")
+    optuna = OPTUNA_TABLES if OPTUNA_VERSION_TABLE in tables else frozenset()
+    foreign = sorted(t for t in tables - optuna if not t.startswith(("autotune_", "sqlite_")))
+    if VERSION_TABLE in tables or not foreign:
+        return
+    named = ", ".join(one_line(t)[:40] for t in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3
+                                                                else "")
+    raise StorageError(f"the SQLite file {path} holds another application's tables ({named}), not an autotune or "
+                       "Optuna store: give a new file for autotune's store")
+
+
+def _sqlite_tables(path: Path) -> set[str]:
+    """The table names of a SQLite file, read without writing to it (the engine's connect hook would switch it
+    to WAL, a write)."""
+    import sqlite3
+
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+        try:
+            return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "unable to open database file"
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        raise StorageError(f"cannot use the store {path}: {reason}") from None
 
 
 def require_writable_sqlite(url: str) -> None:
@@ -157,24 +206,10 @@ def _require_store_file(path: Path) -> None:
     """For a read-only command: the file is an autotune store, checked without writing to it. The
     engine's connect hook switches a database to WAL (a write), and SQLite turns an empty file into a
     database: a file refused as no store must be left as it was."""
-    import sqlite3
-
     from autotune.storage.migrations import VERSION_TABLE
 
     nothing = f"no autotune store at {path} (nothing to read; `autotune start` creates one)"
-    if path.stat().st_size == 0:
-        raise StorageError(nothing)
-    try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
-        try:
-            found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                               (VERSION_TABLE,)).fetchone()
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as exc:  # "file is not a database", "unable to open database file"
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        raise StorageError(f"cannot use the store {path}: {reason}") from None
-    if found is None:
+    if path.stat().st_size == 0 or VERSION_TABLE not in _sqlite_tables(path):
         raise StorageError(nothing)
 
 

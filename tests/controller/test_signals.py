@@ -105,7 +105,8 @@ def test_sigterm_interrupts_cleanly_and_resume_finishes(tmp_path, target):
 
 def test_sigterm_while_the_local_ray_starts_stops_it_all(tmp_path):
     """Review: a SIGTERM inside ray.init met Ray's own handler (exit 15, no word), and Ray's agents, children
-    of the half-started raylet, outlived the controller. The signal is sent as soon as Ray's GCS runs."""
+    of the half-started raylet, outlived the controller. The signal is sent as soon as Ray's GCS runs. A store
+    that was there before stays, with no study added."""
     url = f"sqlite:///{tmp_path / 'early.db'}"
     process = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget", "4",
                                 "--study", "early", "--storage", url], env=ENV, stdout=subprocess.PIPE,
@@ -123,7 +124,9 @@ def test_sigterm_while_the_local_ray_starts_stops_it_all(tmp_path):
     while _group_alive(groups) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _group_alive(groups) == []  # the agents too
-    assert Repository.open(url, create=False).find_study("early") is None  # Ray starts before the study is stored
+    # Ray starts before the study is stored, and the store file this start made is gone again (found by the
+    # storage pass: a refused start left a new file holding only the schema behind)
+    assert not list(tmp_path.glob("early.db*"))
 
 
 def _stop(process: subprocess.Popen) -> str:
@@ -157,3 +160,17 @@ def test_resume_of_stopped_runs_holds_a_slot_for_each(tmp_path):
         shown += resume.stdout.readline()
     shown += _stop(resume)
     assert "Ray is up (2 trial(s) at a time)" in shown, shown[-2000:]
+
+
+def test_a_refused_start_leaves_an_existing_store_and_its_studies(tmp_path):
+    """The new-file clean-up of a refused start removes only a file that start made: an existing store, with
+    its studies, stays as it was (here refused for a taken name, after the store was opened)."""
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    first = subprocess.run([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget", "1",
+                            "--study", "kept", "--storage", url, "--sim-seconds", "0", "--json"], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget", "1",
+                            "--study", "kept", "--storage", url], env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "already exists" in again.stderr, again.stderr[-2000:]
+    assert Repository.open(url, create=False).find_study("kept") is not None

@@ -208,3 +208,58 @@ def test_a_study_stopped_by_an_error_is_left_interrupted_not_running(tmp_path):
     assert repo.get_study("S").status == StudyStatus.INTERRUPTED
     assert repo.counts(study.id)["running"] == 0
     repo.close()
+
+
+def test_a_broken_optuna_table_is_one_line_not_a_page_of_tracebacks(two_studies, tmp_path):
+    """Optuna's storage errors reach the top as one line (our own store's errors were already StorageErrors):
+    a hand-renamed column of Optuna's `trials` table was a page of chained tracebacks."""
+    path = _copy(two_studies, tmp_path, "ALTER TABLE trials RENAME COLUMN state TO st; "
+                                        "UPDATE autotune_studies SET budget = 5 WHERE name = 'A'")
+    done = run_cli("resume", "A", "--storage", f"sqlite:///{path}", env=ENV, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "autotune resume: error: the store failed (in Optuna's storage): no such column: trials.state"], done.stderr
+
+
+@pytest.mark.parametrize("tables, refused", [
+    (["CREATE TABLE users (id INTEGER)"], "another application's tables (users)"),
+    # a `trials` table that is not Optuna's (no version_info beside it): Optuna's first query failed
+    (["CREATE TABLE trials (id INTEGER)"], "another application's tables (trials)"),
+    ([], None),  # an empty SQLite file is an empty database: the store is made in it
+])
+def test_start_refuses_another_applications_sqlite_file_and_leaves_it_as_it_was(tmp_path, tables, refused):
+    """Found by the storage pass: `start --storage sqlite:///app.db` added autotune's and Optuna's tables to
+    another application's database and switched it to WAL mode."""
+    path = tmp_path / "app.db"
+    path.touch()
+    with sqlite3.connect(path) as db:
+        for statement in tables:
+            db.execute(statement)
+    db.close()
+    before = path.read_bytes()
+    done = run_cli("start", "--model", "qwen3_30b", "--budget", "1", "--storage", f"sqlite:///{path}", "--study",
+                   "S", "--sim-seconds", "0", "--json", env=ENV, timeout=300)
+    if refused is None:
+        assert done.returncode == 0, done.stderr[-2000:]
+        return
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and refused in done.stderr, done.stderr
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_start_shares_an_optuna_store(tmp_path):
+    """A SQLite file of the user's own Optuna studies is a store autotune may share: both studies are there."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    optuna.create_study(storage=url, study_name="mine").optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    done = run_cli("start", "--model", "qwen3_30b", "--budget", "1", "--storage", url, "--study", "S",
+                   "--sim-seconds", "0", "--json", env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(optuna.get_all_study_names(url)) == ["S", "mine"]
+
+
+def test_the_optuna_table_list_is_the_installed_optunas():
+    from optuna.storages._rdb import models
+
+    from autotune.storage._engine import OPTUNA_TABLES, OPTUNA_VERSION_TABLE
+
+    assert set(models.BaseModel.metadata.tables) | {"alembic_version"} == OPTUNA_TABLES
+    assert OPTUNA_VERSION_TABLE in OPTUNA_TABLES
