@@ -273,6 +273,7 @@ def _as_bool(name: str, value: Any) -> bool:
 # The largest GPU count, global batch size or sequence length a workload may have (a billion): no cluster
 # or recipe comes near it, and beyond it the cost model's sums lose their meaning (10**400 overflows them).
 MAX_WORKLOAD_COUNT = 10**9
+MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
 
 
 # A cluster's own scale-out bandwidth per GPU, GB/s: at most four times a GB300 GPU's 800 Gb/s NIC, at

@@ -13,10 +13,9 @@ from typing import Callable
 
 from autotune._numbers import parse_float, parse_int
 from autotune.errors import ConfigError
-from autotune.config import MAX_WORKLOAD_COUNT
+from autotune.config import MAX_SEED, MAX_WORKLOAD_COUNT
 
 MAX_TRIAL_NUMBER = 2**31 - 1  # the INTEGER column trial numbers live in (32-bit on PostgreSQL)
-MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
 MAX_PORT = 65535
 
 

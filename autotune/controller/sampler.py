@@ -45,11 +45,16 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import LayoutConfig
+from autotune.config import MAX_SEED, LayoutConfig
+from autotune.errors import ConfigError
 from autotune.controller._optuna import config_of, distributions, params_of
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import AutoStrategy
 from autotune.space import load_space, make_workload
+
+
+# the workload's keyword arguments (make_workload's, except those only a stored study gives)
+WORKLOAD_KEYWORDS = ("gpus_per_node", "gpu", "global_batch_size", "seq_length", "precision", "network_gbps")
 
 
 class AutotuneSampler(optuna.samplers.BaseSampler):
@@ -60,11 +65,26 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, model: str, gpus: int | None = None, *, budget: int = 40, seed: int | None = None,
                  **workload: Any) -> None:
-        from autotune.controller.session import check_some_layout_fits, check_space_not_empty
+        from autotune.controller.session import MAX_BUDGET, check_some_layout_fits, check_space_not_empty
 
+        # found by the storage pass's notes: the Python API's errors named CLI flags ("--gpus 12 is not a multiple
+        # of --gpus-per-node 8"), an unknown keyword was make_workload's TypeError, and budget=0 was taken
+        unknown = sorted(set(workload) - set(WORKLOAD_KEYWORDS))
+        if unknown:
+            raise TypeError(f"AutotuneSampler() got unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
+                            f"(the workload's are: {', '.join(WORKLOAD_KEYWORDS)})")
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= MAX_BUDGET:
+            raise ConfigError(f"budget must be a positive number of trials up to {MAX_BUDGET:,}, got {budget!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+            # numpy's and Optuna's samplers take 32-bit seeds (2**40 failed in numpy at the first proposal)
+            raise ConfigError(f"seed must be None or an integer in [0, {MAX_SEED}], got {seed!r}")
+        for name in ("gpus", "gpus_per_node", "global_batch_size", "seq_length"):
+            value = gpus if name == "gpus" else workload.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
         space = load_space(model)
         self.space = space
-        self.workload = make_workload(space, gpus=gpus, **workload)
+        self.workload = make_workload(space, gpus=gpus, keyword_names=True, **workload)
         legal = check_space_not_empty(space, self.workload)
         check_some_layout_fits(self.workload, legal)
         self.state = SearchState.build(self.workload, legal)

@@ -14,15 +14,17 @@ from autotune.space._files import SearchSpace, space_from_document
 def make_workload(space: SearchSpace, *, gpus: int | None = None, gpus_per_node: int | None = None,
                   gpu: str | None = None, global_batch_size: int | None = None,
                   seq_length: int | None = None, precision: str | None = None,
-                  network_gbps: float | None = None, stored_in: str | None = None) -> Workload:
+                  network_gbps: float | None = None, stored_in: str | None = None,
+                  keyword_names: bool = False) -> Workload:
     """The workload of `space`'s model with the given overrides of its recipe defaults. `network_gbps`
     (the cluster's scale-out bandwidth per GPU, as a stored study or a trial spec carries it) overrides
     the space's `defaults.network_gbps`, which describes only the space's own GPU type. `stored_in` names
     where the values were read (a stored study): its errors then name the stored keys, not flags the user
-    never typed."""
+    never typed; so does `keyword_names` (the Python API, whose caller gave keyword arguments)."""
+    plain = stored_in is not None or keyword_names
     try:
         return _make_workload(space, gpus, gpus_per_node, gpu, global_batch_size, seq_length, precision,
-                              network_gbps, FLAGS if stored_in is None else {k: k for k in FLAGS})
+                              network_gbps, {k: k for k in FLAGS} if plain else FLAGS)
     except ConfigError as exc:
         if stored_in is None:
             raise

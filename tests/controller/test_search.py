@@ -1157,3 +1157,19 @@ def test_physics_calibration_analytic_fit_matches_finite_differences_and_ignores
     with_empty.fit(np.vstack([np.zeros(len(terms)), breakdown[sample]]), np.concatenate([[30.0], step]))
     assert with_empty.noise_log_std == clean.noise_log_std and with_empty.n_runs == 12
     assert np.allclose(with_empty.log_scale, clean.log_scale, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"gpus": 12}, "ConfigError", "gpus 12 is not a multiple of gpus_per_node 8"),  # was "--gpus 12 ... --gpus-per-node"
+    ({"gpus": 16, "seq_length": 0}, "ConfigError", "seq_length must be >= 1, got 0"),
+    ({"gpus": 16, "budget": 0}, "ConfigError", "budget must be a positive number of trials"),  # was taken
+    ({"gpus": 16, "seed": 2**40}, "ConfigError", "seed must be None or an integer in [0, 4294967295]"),  # numpy's
+    ({"gpus": "16"}, "ConfigError", "gpus must be an integer, got '16'"),
+    ({"gpus": 16, "seq_len": 4096}, "TypeError", "AutotuneSampler() got unexpected keyword argument(s) 'seq_len'"),
+])
+def test_the_python_api_names_its_own_arguments_not_cli_flags(kwargs, error, words):
+    """Found by the storage pass's notes: AutotuneSampler's errors named the CLI's flags, an unknown keyword was
+    make_workload's TypeError, budget=0 was taken and seed=2**40 failed inside numpy at the first proposal."""
+    with pytest.raises(Exception) as caught:
+        AutotuneSampler("qwen3_30b", **kwargs)
+    assert type(caught.value).__name__ == error and words in str(caught.value) and "--" not in str(caught.value)
