@@ -520,10 +520,22 @@ STYLES = {"completed": "green", "oom": "red", "pruned": "yellow", "failed": "mag
           "dispatched": "cyan", "rejected": "dim"}
 
 
+CREATED_UNSTARTED_S = 60.0  # a study still `created` this long after it was stored: its start died
+
+
 def controller_silence_s(study: Study) -> float | None:
-    """Seconds since the controller of a `running` study last wrote its heartbeat, when that is longer than
-    the staleness limit the controllers themselves use (its trials are then adoptable); else None."""
+    """Seconds since the controller of a `running` study last wrote its heartbeat (of a `created` one: since it
+    was created), when that is longer than the staleness limit the controllers themselves use (its trials are
+    then adoptable); else None."""
     beat = study.controller_heartbeat_at
+    if study.status == "created" and beat is None and study.created_at is not None:
+        # `start` stores its study only once Ray is up, and runs it at once: one still `created` past the limit
+        # is a start that died between the two (found by an adversarial pass: `leaderboard --watch` of it never
+        # ended); `resume` runs it
+        silent = _stale_s(study.created_at)
+        # with a margin: between storing the study and running it, start builds the controller (the legal set at
+        # 64 GPUs takes seconds, more on a loaded machine)
+        return silent if silent is not None and silent > CREATED_UNSTARTED_S else None
     if study.status != "running" or beat is None:
         return None
     return _stale_s(beat)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from autotune import leaderboard
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, StorageError
 from autotune.storage import Repository
 
 COUNTERS = (("dispatched", "trials dispatched to workers"), ("completed", "trials completed"),
@@ -32,30 +32,43 @@ class StudyCollector:
         best_se = GaugeMetricFamily("autotune_best_tokens_per_s_per_gpu_standard_error",
                                     "standard error of that mean (the study's run-to-run noise over the square root of "
                                     "its runs; absent on a backend whose runs repeat exactly)", labels=["study", "model"])
-        gpu = CounterMetricFamily("autotune_gpu_seconds", "GPU-seconds spent by dispatched trials",
-                                  labels=["study", "model"])
+        gpu = CounterMetricFamily("autotune_gpu_seconds", "GPU-seconds spent by dispatched trials (measured studies "
+                                  "only: a simulated or replayed study spends none)", labels=["study", "model"])
+        # apart, so that a sum of the spent series is what was spent (found by an adversarial pass: a simulated
+        # study's seconds were exported as spent)
+        not_spent = CounterMetricFamily("autotune_unspent_gpu_seconds", "GPU-seconds a simulated or replayed study's "
+                                        "trials stand for (none spent)", labels=["study", "model", "source"])
         budget = GaugeMetricFamily("autotune_budget_trials", "the study's budget", labels=["study", "model"])
         unreadable = GaugeMetricFamily("autotune_studies_unreadable", "studies left out: the store holds values this "
                                        "autotune cannot use for them (an unknown GPU type, malformed settings)")
-        skipped = 0
-        for study in self.repo.list_studies():
+        # one hand-edited study (its own row, or one of its trials) does not hide every other one's metrics (found
+        # by an adversarial pass: a trial row with a negative throughput made every scrape a 500 and a traceback
+        # in the controller's terminal)
+        studies, unreadable_rows = self.repo.list_studies_readable()
+        skipped = len(unreadable_rows)
+        for study in studies:
             try:
                 s = leaderboard.build(self.repo, study, top=0).summary
-            except ConfigError:  # one hand-edited study does not hide every other one's metrics
+            except (ConfigError, StorageError):
                 skipped += 1
                 continue
             labels = [study.name, study.model]
             for name, _ in COUNTERS:
                 families[name].add_metric(labels, s[name])
             running.add_metric(labels, s["running"])
-            best.add_metric(labels, s["best_tokens_per_s_per_gpu"] or 0.0)
+            if s["best_tokens_per_s_per_gpu"] is not None:  # nothing completed: no series, not a fake 0
+                best.add_metric(labels, s["best_tokens_per_s_per_gpu"])
             if s["best_tokens_per_s_per_gpu_se"] is not None:
                 best_se.add_metric(labels, s["best_tokens_per_s_per_gpu_se"])
-            gpu.add_metric(labels, s["gpu_seconds"])
+            source = s.get("metrics_source", "measured")
+            if source == "measured":
+                gpu.add_metric(labels, s["gpu_seconds"])
+            else:
+                not_spent.add_metric([*labels, source], s["gpu_seconds"])
             budget.add_metric(labels, study.budget)
         yield from families.values()
         unreadable.add_metric([], skipped)
-        yield from (running, best, best_se, gpu, budget, unreadable)
+        yield from (running, best, best_se, gpu, not_spent, budget, unreadable)
 
 
 def registry_for(repo: Repository) -> CollectorRegistry:
@@ -69,5 +82,10 @@ def render_latest(repo: Repository) -> bytes:
 
 
 def serve(repo: Repository, port: int, host: str = "127.0.0.1"):
-    """Expose the metrics on http://host:port/metrics (a daemon thread)."""
-    return start_http_server(port, addr=host, registry=registry_for(repo))
+    """Expose the metrics on http://host:port/metrics (a daemon thread). ConfigError when the port cannot be
+    bound (found by an adversarial pass: a port taken between the start's check and Ray being up was a
+    traceback, exit 1)."""
+    try:
+        return start_http_server(port, addr=host, registry=registry_for(repo))
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None

@@ -20,8 +20,15 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse quotes the value it could not use whole: a 5,000-digit number was 5,000 characters of error
+        # (found by an adversarial pass); the start of it says which value
+        if len(message) > ERROR_MAX_CHARS:
+            message = f"{message[:ERROR_MAX_CHARS - 60]}... ({len(message):,} characters)"
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
+
+
+ERROR_MAX_CHARS = 300  # of a usage error's message
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,11 +95,17 @@ def _store_failure(exc: BaseException) -> str | None:
     """One line for a database error that reached the top through Optuna's storage (our own Repository wraps
     its errors as StorageError), None for anything else. Found by the storage pass: a table of another
     application named `trials` made Optuna's first query a page of chained tracebacks."""
+    import traceback
+
     optuna = sys.modules.get("optuna")
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
     kinds = tuple(k for k in (getattr(getattr(optuna, "exceptions", None), "StorageInternalError", None),
                               getattr(sqlalchemy_exc, "SQLAlchemyError", None)) if k is not None)
     if not kinds or not isinstance(exc, kinds):
+        return None
+    # only an error raised inside Optuna's package: one from autotune's own code is a bug, and keeps its
+    # traceback (review: an IntegrityError the repository lets through was labelled Optuna's)
+    if not any("/optuna/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(exc.__traceback__)):
         return None
     from autotune._paths import one_line
 

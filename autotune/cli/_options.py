@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autotune.cli._checks import ascii_int, float_in, int_in, positive
+from autotune.cli._checks import ascii_int, float_in, int_in, knob_int, positive
 from autotune.config import (ALL_KNOBS, MAX_NETWORK_GBPS, MIN_NETWORK_GBPS, PERF_BOOL_KNOBS, PERF_CHOICES,
                              PERF_KNOBS, RECOMPUTE_MODULES, LayoutConfig, Workload, coerce_knob)
 from autotune.errors import ConfigError
@@ -46,13 +46,13 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
                           ("vpp", "virtual pipeline stages per pipeline rank (1: not interleaved)"),
                           ("cp", "context parallel size"), ("ep", "expert parallel size (MoE models)"),
                           ("etp", "expert tensor parallel size (MoE models)"), ("mbs", "micro-batch size")):
-        group.add_argument(f"--{name}", type=ascii_int, help=meaning)
+        group.add_argument(f"--{name}", type=knob_int(f"--{name}"), help=meaning)
     group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
     group.add_argument("--dist-opt", action=argparse.BooleanOptionalAction, default=None,
                        help="the distributed optimizer (optimizer state sharded over data-parallel ranks)")
     group.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
     group.add_argument("--recompute-method", choices=("uniform", "block"), help="how full recompute picks its layers")
-    group.add_argument("--recompute-num-layers", type=ascii_int,
+    group.add_argument("--recompute-num-layers", type=knob_int("--recompute-num-layers"),
                        help="full recompute: layers per recomputed group (uniform) or recomputed layers per "
                             "pipeline stage (block)")
     add_perf_knob_flags(parser)

@@ -216,54 +216,36 @@ def cmd_start(args: argparse.Namespace) -> int:
     if not address:
         _check_local_gpus(args.local_gpus, workload.cluster.gpus)
         backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
-    repo, new_file = _open_start_store(args)
-    try:
-        return _start_in(repo, args, space, workload, backend_options, options, address)
-    except BaseException:
-        _remove_unused_store(repo, new_file)
-        raise
+    repo = _open_existing_store(args)  # None: a new SQLite store, made once Ray is up
+    return _start_in(repo, args, space, workload, backend_options, options, address)
 
 
-def _open_start_store(args: argparse.Namespace):
-    """`start`'s store, and the SQLite file it made (None: a store that was there, or PostgreSQL)."""
+def _open_existing_store(args: argparse.Namespace):
+    """`start`'s store when it exists already (or is PostgreSQL); None for a SQLite file not made yet.
+
+    Found by the storage pass: a `start` refused after it opened its store (Ray unreachable or too small,
+    Ctrl-C while Ray starts) left a new SQLite file holding only the schema behind a typo of --storage. A new
+    file is made only once Ray is up and the study is about to be stored (removing it afterwards was tried and
+    undone: review showed a refused start deleting the file another start had opened meanwhile)."""
     from autotune.storage import Repository
     from autotune.storage._engine import normalize_url, sqlite_path
 
-    made = []
-
     def opener(url: str):
-        path = sqlite_path(normalize_url(url))
+        path = sqlite_path(normalize_url(url))  # a malformed URL is said at once
         if path is not None and not path.exists():
-            made.append(path)
+            return None
         return Repository.open(url)
 
-    repo = open_store(args, opener)
-    return repo, (made[0] if made else None)
-
-
-def _remove_unused_store(repo, path) -> None:
-    """Found by the storage pass: a `start` refused after its store was opened (Ray unreachable or too small,
-    the name taken by a start that won a race, Ctrl-C) left a new SQLite file holding only the schema behind
-    a typo of --storage. A file this start made and no study was stored in goes again."""
-    import contextlib
-
-    if path is None:
-        return
-    with contextlib.suppress(Exception):  # the refusal is what the user must hear of, not this
-        if repo.list_studies():
-            return  # another process stored a study in it meanwhile: theirs now
-        repo.close()
-        for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"),
-                     path.with_name(path.name + "-journal")):
-            file.unlink(missing_ok=True)
+    return open_store(args, opener)
 
 
 def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: dict, options: dict,
               address: str | None) -> int:
-    """`start` from its open store on: the study is stored once Ray is up, and run."""
+    """`start` from its store on (None: a new SQLite file, made after Ray is up): the study is stored once Ray
+    is up, and run."""
     from autotune.controller.session import check_name_free, create_study, start_ray_dispatcher
 
-    if args.study is not None:
+    if repo is not None and args.study is not None:
         check_name_free(repo, args.study)  # said at once, not after Ray has started
     # Ray before the study is stored: a cluster that cannot be reached, or is too small for one trial,
     # leaves no study behind
@@ -283,6 +265,10 @@ def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: 
             dispatcher.shutdown()
         raise
     try:
+        if repo is None:  # a new SQLite store: made now, so that a start refused before leaves no file
+            repo = open_repo(args)
+            if args.study is not None:
+                check_name_free(repo, args.study)  # another start may have made the file and the study meanwhile
         study = create_study(repo, name=args.study, space=space, workload=workload, budget=args.budget,
                              sampler=args.sampler, backend=args.backend, backend_options=backend_options,
                              seed=args.seed, options=options)
@@ -468,6 +454,9 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         except BaseException:
             if dispatcher is not None:  # started by `start`: nothing else would release it
                 dispatcher.shutdown()
+            # a port taken since the check before Ray started: the new study says it stopped, not `created`
+            # (found by an adversarial pass; `leaderboard --watch` of it never ended)
+            _interrupted_before_it_ran(repo, study)
             raise
     from autotune._signals import sigterm_as_interrupt
 
@@ -704,9 +693,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from autotune import leaderboard
 
+    if args.watch and args.format != "table":  # found by an adversarial pass: printed once, exit 0, as if watched
+        from autotune.errors import ConfigError
+
+        raise ConfigError(f"--watch refreshes the table: it takes no --format {args.format} (run the command again, "
+                          "or watch it with `watch`)")
     repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
-    if args.watch and args.format == "table":
+    if args.watch and not sys.stdout.isatty():
+        return _watch_lines(repo, args)
+    if args.watch:
         from rich.console import Console, Group
         from rich.live import Live
         from rich.text import Text
@@ -734,6 +730,30 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         if board.summary.get("validation_runs"):  # the rows show the runs; this line, what they decided
             console.print(leaderboard.validation_note(board.summary), markup=False)
     return 0
+
+
+def _watch_lines(repo, args: argparse.Namespace) -> int:
+    """`leaderboard --watch` into a pipe or a file: rich's live table does not refresh off a terminal (found by an
+    adversarial pass: a log got every line at the study's end), so one summary line, time-stamped, per change,
+    and the table once at the end."""
+    from autotune import leaderboard
+
+    last = None
+    while True:
+        study = repo.get_study(args.study)
+        board = leaderboard.build(repo, study, args.all, args.top)
+        line = leaderboard.summary_line(board.summary)
+        if line != last:
+            print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+            last = line
+        ended = study.status in ("finished", "interrupted") and board.summary["running"] == 0
+        if ended or board.summary["controller_silent_s"]:
+            if not ended:
+                print(leaderboard.silence_note(board.summary), flush=True)
+            console = wide_console()
+            console.print(leaderboard.rich_table(board))
+            return 0
+        time.sleep(1.0)
 
 
 def _show_calibration(repo, study, as_json: bool) -> int:
@@ -769,6 +789,10 @@ def _show_calibration(repo, study, as_json: bool) -> int:
     for term, fit in calibration["step_time_terms"].items():
         table.add_row(term, f"+-{fit['prior_sd_pct']:.0f}%", f"{fit['scale']:.2f}", f"{fit['change_pct']:+.1f}%")
     console = wide_console()
+    if not calibration["runs"]:  # found by an adversarial pass: a table of "fitted" 1.00s, as if fitted
+        console.print(f"{study.name}: no run has completed yet: nothing to fit, the cost model is the published "
+                      "calibration as it is", markup=False)
+        return 0
     console.print(table)
     unexplained = calibration["unexplained_step_time_log_sd"]
     if unexplained is not None:
@@ -803,6 +827,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     from autotune.errors import ConfigError
 
+    if args.calibration and args.trial is not None:  # found by an adversarial pass: the trial was ignored
+        raise ConfigError("show takes a TRIAL number or --calibration, not both (the calibration is the study's)")
     repo = open_repo(args, read_only=True)
     study = repo.get_study(args.study)
     if args.calibration:

@@ -27,7 +27,7 @@ from optuna.distributions import CategoricalDistribution, distribution_to_json
 from optuna.trial import TrialState
 
 from autotune.config import LayoutConfig
-from autotune.errors import StudyError
+from autotune.errors import StorageError, StudyError
 from autotune.space import SearchSpace
 from autotune.storage import engine_kwargs, use_store_pragmas
 
@@ -143,7 +143,13 @@ def rdb_storage(url: str) -> optuna.storages.RDBStorage:
     # is imported: the Python API's AutotuneSampler imports it into a user's program, whose Optuna logging is
     # the user's.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    try:
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    except RuntimeError as exc:  # review: Optuna's tables at another Optuna's schema were a traceback
+        from autotune._paths import one_line
+        from autotune.storage._engine import shown_url
+
+        raise StorageError(f"the store {shown_url(url)}: {one_line(str(exc))[:300]}") from None
     use_store_pragmas(storage.engine)  # WAL without an fsync per commit, as our own engine
     return storage
 

@@ -158,13 +158,13 @@ class Controller:
 
     def _run(self) -> RunSummary:
         started = time.monotonic()
-        self.repo.set_study_status(self.study.id, StudyStatus.RUNNING)
-        # at once: a study resumed after a kill still holds the dead controller's heartbeat, which readers
-        # would take for this controller being silent until the loop's first heartbeat
-        self.repo.controller_heartbeat(self.study.id, self.controller_id)
-        self._reconcile_optuna()
         stop_reason = "budget"
         try:
+            self.repo.set_study_status(self.study.id, StudyStatus.RUNNING)
+            # at once: a study resumed after a kill still holds the dead controller's heartbeat, which readers
+            # would take for this controller being silent until the loop's first heartbeat
+            self.repo.controller_heartbeat(self.study.id, self.controller_id)
+            self._reconcile_optuna()  # inside: a broken Optuna table left the study `running` (review)
             while True:
                 raise_if_terminated()  # a SIGTERM whose exception a finalizer swallowed
                 self._heartbeat()
@@ -191,8 +191,7 @@ class Controller:
             # found by the storage pass: a study stopped by an error (a store refusing a write, a lost Optuna
             # study) stayed `running` with its runs dispatched until their heartbeat went stale. Stopped as
             # after Ctrl-C where the store still answers; the error is what the user must hear of, not this.
-            with contextlib.suppress(Exception):
-                self._stop_running()
+            self._stop_running(best_effort=True)
             raise
         finally:
             self.dispatcher.shutdown()
@@ -201,13 +200,21 @@ class Controller:
         self.repo.set_study_status(self.study.id, StudyStatus.FINISHED if finished else StudyStatus.INTERRUPTED)
         return self.summary(time.monotonic() - started, stop_reason)
 
-    def _stop_running(self) -> None:
-        """Cancel the runs in flight and mark them and the study stopped (`resume` continues it)."""
-        for number in list(self.running):
-            self.dispatcher.cancel(number)
-        # shown stopped at once, not `running` until their heartbeat went stale (review)
-        self.repo.release_trials(self.study.id, list(self.running))
-        self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)
+    def _stop_running(self, best_effort: bool = False) -> None:
+        """Cancel the runs in flight and mark them and the study stopped (`resume` continues it). `best_effort`
+        (after an error): each step is tried whatever the others did (review: a cancel that raised, Ray gone,
+        left the study `running`), and none raises."""
+        numbers = list(self.running)
+        steps = [*(lambda n=n: self.dispatcher.cancel(n) for n in numbers),
+                 # shown stopped at once, not `running` until their heartbeat went stale (review)
+                 lambda: self.repo.release_trials(self.study.id, numbers),
+                 lambda: self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)]
+        for step in steps:
+            if not best_effort:
+                step()
+                continue
+            with contextlib.suppress(Exception):
+                step()
 
     def summary(self, elapsed_s: float, stop_reason: str) -> RunSummary:
         trials = self.repo.trials(self.study.id, dispatched_only=True)

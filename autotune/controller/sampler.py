@@ -38,6 +38,7 @@ process counts as in flight until the storage fails it: use an RDB storage with 
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any
 
@@ -45,12 +46,24 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import MAX_SEED, LayoutConfig
+from autotune.config import MAX_SEED, MAX_WORKLOAD_COUNT, LayoutConfig
 from autotune.errors import ConfigError
 from autotune.controller._optuna import config_of, distributions, params_of
 from autotune.controller.state import SearchState
 from autotune.controller.strategies import AutoStrategy
 from autotune.space import load_space, make_workload
+
+
+def _integer(name: str, value: Any) -> int | None:
+    """An integer argument as an int (numpy's integers too: review), None kept; a bool or a float refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
 
 
 # the workload's keyword arguments (make_workload's, except those only a stored study gives)
@@ -73,15 +86,19 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
         if unknown:
             raise TypeError(f"AutotuneSampler() got unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
                             f"(the workload's are: {', '.join(WORKLOAD_KEYWORDS)})")
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= MAX_BUDGET:
+        budget, seed = _integer("budget", budget), _integer("seed", seed)
+        gpus = _integer("gpus", gpus)
+        for name in ("gpus_per_node", "global_batch_size", "seq_length"):
+            workload[name] = _integer(name, workload.get(name))
+        workload = {k: v for k, v in workload.items() if v is not None}
+        if budget is None or not 0 < budget <= MAX_BUDGET:
             raise ConfigError(f"budget must be a positive number of trials up to {MAX_BUDGET:,}, got {budget!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        if seed is not None and not 0 <= seed <= MAX_SEED:
             # numpy's and Optuna's samplers take 32-bit seeds (2**40 failed in numpy at the first proposal)
             raise ConfigError(f"seed must be None or an integer in [0, {MAX_SEED}], got {seed!r}")
-        for name in ("gpus", "gpus_per_node", "global_batch_size", "seq_length"):
-            value = gpus if name == "gpus" else workload.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
+        for name, value in {"gpus": gpus, **workload}.items():
+            if isinstance(value, int) and value > MAX_WORKLOAD_COUNT:  # the CLI's bound: no cluster or batch is larger
+                raise ConfigError(f"{name} must be at most {MAX_WORKLOAD_COUNT:,}, got {value}")
         space = load_space(model)
         self.space = space
         self.workload = make_workload(space, gpus=gpus, keyword_names=True, **workload)

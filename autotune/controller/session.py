@@ -60,7 +60,7 @@ def check_space_not_empty(space: SearchSpace, workload: Workload) -> list[Layout
         # the space's own domains may leave nothing legal without any --fix (review: "with these --fix values"
         # was said to a user who had given none)
         raise ConfigError(f"no legal layout for {workload.model.name} on {workload.cluster.gpus} GPUs in this search "
-                          f"space (its domains and any --fix values): rule {rule} rejects most candidates (see "
+                          f"space (its knob domains and any fixed knob values): rule {rule} rejects most candidates (see "
                           f"`autotune space`)")
     return legal.configs
 

@@ -328,7 +328,7 @@ class OptunaSamplerStrategy(Strategy):
         import optuna
 
         if self._study is None:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            optuna.logging.set_verbosity(optuna.logging.ERROR)  # as autotune's other commands set it (_optuna.py)
             self._study = optuna.create_study(direction="maximize", sampler=self.make_sampler())
         return self._study
 

@@ -161,12 +161,41 @@ def _refuse_foreign_file(path: Path) -> None:
     # made Optuna's first query fail (a traceback, "no such column: trials.trial_id")
     optuna = OPTUNA_TABLES if OPTUNA_VERSION_TABLE in tables else frozenset()
     foreign = sorted(t for t in tables - optuna if not t.startswith(("autotune_", "sqlite_")))
-    if VERSION_TABLE in tables or not foreign:
+    if VERSION_TABLE in tables:
+        return
+    if not foreign:
+        if optuna:
+            _refuse_other_optuna_schema(path)
         return
     named = ", ".join(one_line(t)[:40] for t in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3
                                                                 else "")
     raise StorageError(f"the SQLite file {path} holds another application's tables ({named}), not an autotune or "
                        "Optuna store: give a new file for autotune's store")
+
+
+def _refuse_other_optuna_schema(path: Path) -> None:
+    """A file of the user's Optuna studies at another Optuna's schema: refused before autotune's tables go in
+    (review: Optuna's RuntimeError came only after autotune's tables and WAL mode were in the user's file)."""
+    import shlex
+    import sqlite3
+
+    from alembic.script import ScriptDirectory
+    from optuna.storages import _rdb
+
+    head = ScriptDirectory(str(Path(_rdb.__file__).parent / "alembic")).get_current_head()
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+        try:
+            found = db.execute("SELECT version_num FROM alembic_version").fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:  # no such table (an Optuna from before its Alembic), or unreadable
+        found = []
+    if [row[0] for row in found] != [head]:
+        at = found[0][0] if len(found) == 1 else "an unknown revision"
+        raise StorageError(f"the SQLite file {path} holds Optuna studies at Optuna's schema {at}, not this Optuna's "
+                           f"{head}: `optuna storage upgrade --storage {shlex.quote(f'sqlite:///{path}')}` upgrades it (or give a "
+                           "new file for autotune's store)")
 
 
 def _sqlite_tables(path: Path) -> set[str]:

@@ -585,3 +585,50 @@ def test_start_whose_output_is_closed_stops_the_study_as_an_interruption(cli, tm
         stderr = process.stderr.read()
         assert process.wait(timeout=300) == 0 and stderr == "", stderr[-2000:]
         assert repo_status(url, f"ended{len(json_flag)}") == "finished"
+
+
+def test_watch_into_a_pipe_and_a_study_that_never_started(cli, tmp_path):
+    """Found by an adversarial pass: `leaderboard --watch | cat` printed nothing until the study ended (rich's live
+    table does not refresh off a terminal), `--watch --format json` printed once as if watched, `show N
+    --calibration` ignored N, and a study left `created` by a start that died never ended a watch."""
+    import datetime as dt
+    import re
+
+    from autotune.storage.models import StudyRow
+    from tests.test_export import _study_with_trial
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True}, name="born")
+    with repo.session() as s:
+        row = s.get(StudyRow, study.id)
+        row.status, row.controller_heartbeat_at, row.created_at = "created", None, dt.datetime(2020, 1, 1)
+    watched = cli("leaderboard", "born", "--watch", "--storage", repo.url, env={"COLUMNS": "200"}, timeout=60)
+    assert watched.returncode == 0, watched.stderr[-500:]
+    lines = watched.stdout.splitlines()
+    assert re.match(r"\d\d:\d\d:\d\d \S", lines[0]) and "dispatched 1/" in lines[0], lines[:2]  # a line per change
+    assert "controller silent" in watched.stdout and "autotune resume born" in watched.stdout
+    assert "born: top" in watched.stdout or "┏" in watched.stdout  # and the table once at the end
+    for args, words in ((["leaderboard", "born", "--watch", "--format", "json"], "--watch refreshes the table"),
+                        (["show", "born", "0", "--calibration"], "not both")):
+        refused = cli(*args, "--storage", repo.url)
+        assert refused.returncode == 2 and words in refused.stderr and len(refused.stderr.splitlines()) == 1
+    with repo.session() as s:  # a study created a moment ago is a start still building its controller
+        s.get(StudyRow, study.id).created_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    assert "controller silent" not in cli("status", "--storage", repo.url, env={"COLUMNS": "200"}).stdout
+
+
+def test_calibration_of_a_study_with_no_completed_run_says_there_is_nothing_to_fit(cli, tmp_path):
+    from autotune.storage import Repository
+
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    repo = Repository.open(url)
+    repo.create_study(name="none[/]", model="qwen3_30b", workload={"gpus": 16, "gpus_per_node": 8, "gpu": "h100",
+                                                                  "global_batch_size": 1024, "seq_length": 4096,
+                                                                  "precision": "bf16"},
+                      space={"domains": {}}, budget=2, sampler="auto", backend="simulate", backend_options={},
+                      options={}, optuna_study_name="none[/]", status="created")
+    shown = cli("show", "none[/]", "--calibration", "--storage", url, env={"COLUMNS": "200"})
+    assert shown.returncode == 0 and "none[/]: no run has completed yet: nothing to fit" in shown.stdout, shown.stderr
+    assert "fitted scale" not in shown.stdout
+    for digits, words in ((40, "--tp must be at most 1,000,000,000"), (5000, "invalid int value")):
+        huge = cli("estimate", "--model", "qwen3_30b", "--tp", "9" * digits)  # was echoed whole
+        assert huge.returncode == 2 and words in huge.stderr and len(huge.stderr) < 400, huge.stderr[:500]

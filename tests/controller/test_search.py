@@ -1166,6 +1166,8 @@ def test_physics_calibration_analytic_fit_matches_finite_differences_and_ignores
     ({"gpus": 16, "seed": 2**40}, "ConfigError", "seed must be None or an integer in [0, 4294967295]"),  # numpy's
     ({"gpus": "16"}, "ConfigError", "gpus must be an integer, got '16'"),
     ({"gpus": 16, "seq_len": 4096}, "TypeError", "AutotuneSampler() got unexpected keyword argument(s) 'seq_len'"),
+    ({"gpus": 10**10}, "ConfigError", "gpus must be at most 1,000,000,000"),  # the CLI's bound
+    ({"gpus": 16, "budget": 4.0}, "ConfigError", "budget must be an integer, got 4.0"),
 ])
 def test_the_python_api_names_its_own_arguments_not_cli_flags(kwargs, error, words):
     """Found by the storage pass's notes: AutotuneSampler's errors named the CLI's flags, an unknown keyword was
@@ -1173,3 +1175,13 @@ def test_the_python_api_names_its_own_arguments_not_cli_flags(kwargs, error, wor
     with pytest.raises(Exception) as caught:
         AutotuneSampler("qwen3_30b", **kwargs)
     assert type(caught.value).__name__ == error and words in str(caught.value) and "--" not in str(caught.value)
+
+
+def test_the_python_api_takes_numpy_integers():
+    """Review: the first type checks refused numpy's integers (gpus=np.int64(16)), which worked before."""
+    import numpy as np
+
+    sampler = AutotuneSampler("qwen3_30b", gpus=np.int64(16), budget=np.int32(5), seed=np.uint32(3),
+                              seq_length=np.int64(4096))
+    assert sampler.workload.cluster.gpus == 16 and type(sampler.workload.cluster.gpus) is int
+    assert sampler.workload.seq_length == 4096

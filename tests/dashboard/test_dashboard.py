@@ -748,3 +748,49 @@ def test_trial_page_shows_the_measured_parts_stored_with_the_trial(repo, tmp_pat
     measured = bars["data"][1]
     assert measured["y"] == ["whole step", "compute (nsys)", "exposed communication (nsys)"]
     assert measured["x"] == pytest.approx([8.0, 6.0, 1.5])
+
+
+def test_metrics_leave_out_an_unreadable_study_and_never_fake_a_best_or_spent_gpu_time(repo):
+    """Found by an adversarial pass: one hand-edited trial row (a negative throughput) made every scrape a 500
+    with a traceback in the controller's terminal, a study with nothing completed exported a best of 0.0, and a
+    simulated study's GPU-seconds were exported as spent."""
+    from sqlalchemy import update
+
+    from autotune.metrics import render_latest
+    from autotune.storage.models import TrialRow
+
+    demo = repo.get_study(f"demo{HOSTILE}")
+    for name in ("broken", "empty"):
+        repo.create_study(name=name, model="qwen3_30b", workload=demo.workload, space={"domains": {}}, budget=2,
+                          sampler="auto", backend="simulate", backend_options={}, options={},
+                          optuna_study_name=name, status="finished")
+    broken = repo.get_study("broken")
+    layout = LayoutConfig.from_mapping({"ep": 16, "dist_opt": True})
+    trial = repo.claim_dispatch(broken.id, layout.to_dict(), layout.key(), None, "c", 2)
+    repo.finish_trial(broken.id, trial.number, "completed", metrics={"tokens_per_s_per_gpu": 7000.0})
+    with repo.session() as s:
+        s.execute(update(TrialRow).where(TrialRow.study_id == broken.id).values(tokens_per_s_per_gpu=-5.0))
+    text = render_latest(repo).decode()
+    assert re.search(r"^autotune_studies_unreadable 1\.0$", text, re.M), text  # broken, left out and counted
+    assert 'study="broken"' not in text and 'autotune_trials_completed_total{model="qwen3_30b",study="empty"} 0.0' in text
+    assert not re.search(r'^autotune_best_tokens_per_s_per_gpu\{[^}]*study="empty"', text, re.M)  # no fake 0
+    assert re.search(r'^autotune_best_tokens_per_s_per_gpu\{[^}]*study="demo', text, re.M)
+    # the simulated study's 4,000 GPU-seconds stand apart from the spent ones
+    assert not re.search(r"^autotune_gpu_seconds_total\{", text, re.M)
+    assert re.search(r'^autotune_unspent_gpu_seconds_total\{[^}]*source="simulated"[^}]*\} 4000\.0$', text, re.M), text
+
+
+def test_a_metrics_port_taken_after_the_check_is_one_line(repo):
+    import socket
+
+    from autotune.errors import ConfigError
+    from autotune.metrics import serve
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        with pytest.raises(ConfigError, match=r"--metrics-port \d+: cannot listen on 127\.0\.0\.1"):
+            serve(repo, taken.getsockname()[1])
+    finally:
+        taken.close()

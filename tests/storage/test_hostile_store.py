@@ -186,27 +186,39 @@ def test_import_log_refuses_a_study_whose_optuna_study_is_gone(two_studies, tmp_
     assert _dump(path) == before
 
 
-def test_a_study_stopped_by_an_error_is_left_interrupted_not_running(tmp_path):
-    """Found by the storage pass: an error inside the loop (a store refusing a write, say) left the study
-    `running` with its runs dispatched, shown live until their heartbeats went stale."""
+@pytest.mark.parametrize("cancel_raises", [False, True], ids=["cancel-works", "cancel-raises"])
+def test_a_study_stopped_by_an_error_is_left_interrupted_not_running(tmp_path, cancel_raises):
+    """Found by the storage pass: an error inside the loop (a store refusing a write, Ray losing a node) left the
+    study `running` with its runs dispatched, shown live until their heartbeats went stale. Review: also when the
+    cancel of a run in flight raised too (Ray gone)."""
+    from autotune.dispatch._inprocess import InProcessDispatcher
     from autotune.storage import StudyStatus
 
     repo = Repository.open(f"sqlite:///{tmp_path / 'store.db'}")
     space = load_space("qwen3_30b")
     study = create_study(repo, name="S", space=space, workload=make_workload(space, gpus=16), budget=6,
                          sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
-    ticks = []
 
-    def fail_on_the_third_tick(controller):
-        ticks.append(len(controller.running))
-        if len(ticks) == 3:
-            raise RuntimeError("the store refused a write")
+    class Dispatcher(InProcessDispatcher):
+        def cancel(self, number):
+            if cancel_raises:
+                raise RuntimeError("Ray is gone")
+            super().cancel(number)
 
-    controller = build_controller(repo, study, dispatcher="inprocess", on_tick=fail_on_the_third_tick)
-    with pytest.raises(RuntimeError, match="refused a write"):
+    in_flight = []
+
+    def fail_with_runs_in_flight(controller):
+        if controller.running:
+            in_flight.extend(controller.running)
+            raise RuntimeError("Ray lost its node")
+
+    controller = build_controller(repo, study, on_tick=fail_with_runs_in_flight,
+                                  dispatcher=Dispatcher("simulate", {"seconds_per_trial": 0.0}, concurrency=3))
+    with pytest.raises(RuntimeError, match="lost its node"):
         controller.run()
-    assert repo.get_study("S").status == StudyStatus.INTERRUPTED
-    assert repo.counts(study.id)["running"] == 0
+    assert in_flight and repo.get_study("S").status == StudyStatus.INTERRUPTED
+    stopped = [t for t in repo.trials(study.id) if t.number in in_flight]
+    assert stopped and all(t.status == "dispatched" and t.heartbeat_at is None for t in stopped)  # shown stopped
     repo.close()
 
 
@@ -219,6 +231,9 @@ def test_a_broken_optuna_table_is_one_line_not_a_page_of_tracebacks(two_studies,
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
         "autotune resume: error: the store failed (in Optuna's storage): no such column: trials.state"], done.stderr
+    with sqlite3.connect(path) as db:  # review: the error came before the loop's try, the study left running
+        assert db.execute("SELECT status FROM autotune_studies WHERE name = 'A'").fetchone() == ("interrupted",)
+    db.close()
 
 
 @pytest.mark.parametrize("tables, refused", [
