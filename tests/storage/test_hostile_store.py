@@ -278,3 +278,28 @@ def test_the_optuna_table_list_is_the_installed_optunas():
 
     assert set(models.BaseModel.metadata.tables) | {"alembic_version"} == OPTUNA_TABLES
     assert OPTUNA_VERSION_TABLE in OPTUNA_TABLES
+
+
+def test_an_optuna_store_of_another_optuna_schema_is_refused_before_autotune_writes_to_it(tmp_path):
+    """Review: a file of the user's Optuna studies made by an older Optuna got autotune's tables and WAL mode, then
+    Optuna's RuntimeError ("execute optuna storage upgrade") as a traceback, exit 1."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    optuna.create_study(storage=url, study_name="mine")
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.execute("UPDATE alembic_version SET version_num = 'v3.0.0.d'")
+    db.close()
+    before = (tmp_path / "old.db").read_bytes()
+    done = run_cli("start", "--model", "qwen3_30b", "--budget", "1", "--storage", url, "--sim-seconds", "0", env=ENV,
+                   timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "Optuna's schema v3.0.0.d" in done.stderr and "optuna storage upgrade --storage" in done.stderr
+    assert (tmp_path / "old.db").read_bytes() == before
+
+
+def test_an_autotune_store_whose_optuna_tables_are_of_another_optuna_is_one_line(two_studies, tmp_path):
+    """The same after the fact (an Optuna upgraded under an existing store): Optuna's RuntimeError is one line."""
+    path = _copy(two_studies, tmp_path, "UPDATE alembic_version SET version_num = 'v3.0.0.d'; "
+                                        "UPDATE autotune_studies SET budget = 5 WHERE name = 'A'")
+    done = run_cli("resume", "A", "--storage", f"sqlite:///{path}", env=ENV, timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "optuna storage upgrade" in done.stderr and "Traceback" not in done.stderr
