@@ -678,11 +678,20 @@ def summary_line(summary: dict[str, Any]) -> str:
             f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}{tag}")
 
 
+def silence_label(summary: dict[str, Any]) -> str:
+    """What a silent study's status adds: its controller went silent, or (`created`) it never started (review:
+    a study that never ran read "running, controller silent")."""
+    return "not started" if summary["status"] == "created" else "controller silent"
+
+
 def silence_note(summary: dict[str, Any]) -> str:
-    """`controller silent for 12 min (stopped?): autotune resume NAME continues the study`."""
+    """`controller silent for 12 min (stopped?): autotune resume NAME continues the study`, or for a study a
+    start stored and never ran, `not started 5 min after it was created (its start stopped?): ... runs it`."""
     import shlex
 
     silent = summary["controller_silent_s"]
     took = f"{silent:.0f} s" if silent < 120 else f"{silent / 60:.0f} min" if silent < 7200 else f"{silent / 3600:.1f} h"
-    return (f"controller silent for {took} (stopped?): `autotune resume {shlex.quote(summary['study'])}` "
-            "continues the study")
+    resume = f"`autotune resume {shlex.quote(summary['study'])}`"
+    if summary["status"] == "created":
+        return f"not started {took} after it was created (its start stopped?): {resume} runs it"
+    return f"controller silent for {took} (stopped?): {resume} continues the study"

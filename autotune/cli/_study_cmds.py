@@ -232,11 +232,29 @@ def _open_existing_store(args: argparse.Namespace):
 
     def opener(url: str):
         path = sqlite_path(normalize_url(url))  # a malformed URL is said at once
-        if path is not None and not path.exists():
+        if path is not None and _can_make_later(path):
             return None
-        return Repository.open(url)
+        return Repository.open(url)  # a store that is there, or an error about the path said before Ray starts
 
     return open_store(args, opener)
+
+
+def _can_make_later(path) -> bool:
+    """A SQLite store file that does not exist yet and that could be made: its name printable and accepted by
+    the OS, and the nearest folder of its path that exists a folder this user can write in (review: a file in
+    the way of the store's folder was said only after Ray had started). Otherwise False, and the store is opened
+    at once, which says what is wrong."""
+    import os
+
+    try:
+        if not str(path).isprintable() or path.exists() or path.is_symlink():
+            return False
+        folder = path.absolute().parent
+        while not folder.exists():
+            folder = folder.parent
+        return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+    except (OSError, ValueError):  # a name too long, a NUL byte: Repository.open says so in one line
+        return False
 
 
 def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: dict, options: dict,
@@ -670,7 +688,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in summaries:
         w = s["workload"]
         best = s["best_tokens_per_s_per_gpu"]
-        status = "running, controller silent" if s["controller_silent_s"] else s["status"]
+        status = f"{s['status']}, {leaderboard.silence_label(s)}" if s["controller_silent_s"] else s["status"]
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), status,
                       # completed, not "done": a column "done" counted pruned and failed runs among them
                       # (found by a new-user pass), and the other ends are the leaderboard's to tell
@@ -747,9 +765,7 @@ def _watch_lines(repo, args: argparse.Namespace) -> int:
             print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
             last = line
         ended = study.status in ("finished", "interrupted") and board.summary["running"] == 0
-        if ended or board.summary["controller_silent_s"]:
-            if not ended:
-                print(leaderboard.silence_note(board.summary), flush=True)
+        if ended or board.summary["controller_silent_s"]:  # the summary line said which (its silence note)
             console = wide_console()
             console.print(leaderboard.rich_table(board))
             return 0

@@ -249,9 +249,26 @@ def engine_kwargs(url: str) -> dict:
     return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
 
 
+WAL_SWITCH_TRIES = 100  # 5 s at 50 ms: the switch of a fresh file to WAL needs it alone for an instant
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    import sqlite3
+    import time
+
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers (dashboard, --watch) never block the controller
+    # readers (dashboard, --watch) never block the controller. Switching a fresh file to WAL takes an exclusive
+    # lock that SQLite refuses at once, without its busy handler, to a second connection doing the same (review:
+    # two starts opening one new file at once, "database is locked" in 20 of 120 opens): tried again, briefly;
+    # once the other has switched the file, the pragma only reads the mode
+    for attempt in range(WAL_SWITCH_TRIES):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == WAL_SWITCH_TRIES - 1:
+                raise
+            time.sleep(0.05)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
     cursor.execute("PRAGMA foreign_keys=ON")

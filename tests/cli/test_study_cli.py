@@ -605,7 +605,10 @@ def test_watch_into_a_pipe_and_a_study_that_never_started(cli, tmp_path):
     assert watched.returncode == 0, watched.stderr[-500:]
     lines = watched.stdout.splitlines()
     assert re.match(r"\d\d:\d\d:\d\d \S", lines[0]) and "dispatched 1/" in lines[0], lines[:2]  # a line per change
-    assert "controller silent" in watched.stdout and "autotune resume born" in watched.stdout
+    assert "not started" in watched.stdout and "(its start stopped?): `autotune resume born` runs it" in watched.stdout
+    assert watched.stdout.count("its start stopped?") == 1  # once (review: the note came twice)
+    assert "controller silent" not in watched.stdout  # review: a study that never ran read "running, controller silent"
+    assert "created, not started" in cli("status", "--storage", repo.url, env={"COLUMNS": "200"}).stdout
     assert "born: top" in watched.stdout or "┏" in watched.stdout  # and the table once at the end
     for args, words in ((["leaderboard", "born", "--watch", "--format", "json"], "--watch refreshes the table"),
                         (["show", "born", "0", "--calibration"], "not both")):
@@ -613,7 +616,7 @@ def test_watch_into_a_pipe_and_a_study_that_never_started(cli, tmp_path):
         assert refused.returncode == 2 and words in refused.stderr and len(refused.stderr.splitlines()) == 1
     with repo.session() as s:  # a study created a moment ago is a start still building its controller
         s.get(StudyRow, study.id).created_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    assert "controller silent" not in cli("status", "--storage", repo.url, env={"COLUMNS": "200"}).stdout
+    assert "not started" not in cli("status", "--storage", repo.url, env={"COLUMNS": "200"}).stdout
 
 
 def test_calibration_of_a_study_with_no_completed_run_says_there_is_nothing_to_fit(cli, tmp_path):

@@ -155,6 +155,16 @@ def test_two_processes_creating_a_fresh_postgres_schema_at_once_both_succeed():
             connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def test_two_openers_creating_a_fresh_sqlite_store_at_once_both_succeed(tmp_path):
+    """Review: SQLite's locks hold each transaction, not the migration: two processes opening one fresh file at once
+    failed in 13 of 40 opens ("table already exists", "autotune tables but no autotune_alembic_version"). The schema
+    is now made under an flock of the file, and the switch of a fresh file to WAL mode is tried again when the other
+    opener holds it for that instant ("database is locked" in 20 of 120 opens)."""
+    for attempt in range(8):
+        url = f"sqlite:///{tmp_path / f'fresh{attempt}.db'}"
+        assert run_in_threads(lambda url=url: Repository.open(url).close(), 2, timeout_s=120) == []
+
+
 def test_what_start_and_the_python_api_store_is_read_back():
     """Second review: the options rule first refused a seed above 10**9 (`start --seed` takes up to 2**32 - 1) and a
     slow margin of 0 (a test's own study), which would have made such stores unreadable."""
