@@ -199,6 +199,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         check_study_name(args.study)
     from autotune.backends import backend_class
 
+    _refuse_other_backends_flags(args)
     backend_options = backend_class(args.backend).options_from_cli(args)  # each backend reads its own flags
     _check_headroom(args.memory_headroom_gib, workload)
     if args.memory_headroom_gib is not None:
@@ -218,6 +219,20 @@ def cmd_start(args: argparse.Namespace) -> int:
         backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
     repo = _open_existing_store(args)  # None: a new SQLite store, made once Ray is up
     return _start_in(repo, args, space, workload, backend_options, options, address)
+
+
+def _refuse_other_backends_flags(args: argparse.Namespace) -> None:
+    """A flag of another backend than the study's is refused, naming the backend it belongs to (found by a
+    new-user pass: `start --replay sweep.csv` without `--backend replay` ran a simulated study, exit 0)."""
+    from autotune.backends import REGISTRY, backend_class
+    from autotune.errors import ConfigError
+
+    own = backend_class(args.backend).cli_options
+    for name in REGISTRY:
+        for dest in backend_class(name).cli_options:
+            if name != args.backend and dest not in own and getattr(args, dest, None) is not None:
+                raise ConfigError(f"--{dest.replace('_', '-')} is an option of the {name} backend, and this study's "
+                                  f"backend is {args.backend}: add --backend {name}")
 
 
 def _open_existing_store(args: argparse.Namespace):

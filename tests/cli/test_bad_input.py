@@ -21,7 +21,7 @@ from autotune.space import space_dir
 from tests.conftest import run_cli
 
 ENV = {"RAY_AUTH_MODE": "disabled"}
-START = ["start", "--model", "qwen3_30b", "--budget", "1", "--sim-seconds", "0"]
+START = ["start", "--model", "qwen3_30b", "--budget", "1"]  # no --sim-seconds: a simulate flag, refused with another --backend
 
 
 def _import(log: str) -> list[str]:
@@ -178,6 +178,11 @@ CASES = [  # (id, argv with placeholders, words of the error)
     ("import-log-unreadable", ["import-log", "/proc/self/mem", "--study", "demo", "--storage", "{url}"],
      "cannot be read"),
     ("replay-a-folder", [*START, "--backend", "replay", "--replay", "{tmp}", "--storage", "{url}"], "is a folder"),
+    # found by a new-user pass: --replay without --backend replay ran a simulated study, exit 0
+    ("replay-flag-without-its-backend", [*START, "--replay", "{tmp}", "--storage", "{url}"],
+     "--replay is an option of the replay backend, and this study's backend is simulate: add --backend replay"),
+    ("simulate-flag-with-another-backend", [*START, "--backend", "command", "--command", "true", "--sim-seconds", "0",
+                                            "--storage", "{url}"], "--sim-seconds is an option of the simulate backend"),
     ("import-log-3e30-ms", ["import-log", "{log_huge}", "--study", "demo", "--storage", "{url}"],
      "no training step runs that slowly"),
     ("space-binary-file", [*START, "--space", "{binary}", "--storage", "{url}"], "not a text file"),
