@@ -606,7 +606,24 @@ class _LiveView:
 
             self._live = Live(console=self.console, refresh_per_second=8, transient=False)
             self._live.__enter__()
+        elif not self.quiet:
+            self._earlier_runs()
         return self
+
+    def _earlier_runs(self) -> None:
+        """A resumed study's runs that ended before this controller: counted, said in one line, not listed as if
+        they ran now (found by a new-user pass: `resume` printed `[1/20] trial 0 completed` for each)."""
+        from autotune.controller.notes import IMPORTED, VALIDATION
+
+        ended = [t for t in self.repo.trials(self.study.id, dispatched_only=True) if t.status != "dispatched"]
+        if not ended:
+            return
+        self._reported.update(t.number for t in ended)
+        # named as the rows name them (leaderboard: a strategy's note, else an origin other than the study's)
+        self._in_budget = sum((t.strategy_note or (t.origin if t.origin != "study" else None)) not in (IMPORTED, VALIDATION)
+                              for t in ended)
+        print(f"{len(ended)} run(s) ended before this resume ({self._in_budget} of the budget of "
+              f"{self.study.budget}): not run again", flush=True)
 
     def __exit__(self, *exc) -> None:
         self.tick(None, force=True)

@@ -572,6 +572,12 @@ def test_start_whose_output_is_closed_stops_the_study_as_an_interruption(cli, tm
     resumed = cli("resume", "pipe", "--storage", url, env=ENV, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "dispatched 6/6" in resumed.stdout
+    # the runs that ended before are said in one line and counted, not listed as if run again (new-user pass)
+    ended = sum(r["status"] != "dispatched" for r in board["trials"])
+    if ended:
+        assert f"{ended} run(s) ended before this resume ({ended} of the budget of 6): not run again" in resumed.stdout
+    progress = [line for line in resumed.stdout.splitlines() if line.startswith("[")]
+    assert progress and progress[0].startswith(f"[{ended + 1}/6] ") and len(progress) == 6 - ended, progress
     # second review: a study whose output closes only after it ended (`--json | true`: its one line comes at
     # the end) finished; it is not called interrupted, and exits 0 (rich's own handler exited 1 in table mode)
     for json_flag in (["--json"], []):
