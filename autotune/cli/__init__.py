@@ -20,12 +20,34 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        message += self._hint(message)
         # argparse quotes the value it could not use whole: a 5,000-digit number was 5,000 characters of error
         # (found by an adversarial pass); the start of it says which value
         if len(message) > ERROR_MAX_CHARS:
             message = f"{message[:ERROR_MAX_CHARS - 60]}... ({len(message):,} characters)"
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
+
+
+    def _hint(self, message: str) -> str:
+        """For an unknown flag: the flag it is most like, or where a knob goes on a command that pins knobs with
+        --fix (found by a new-user pass: `start --tp 2` and `--budjet 3` got a bare "unrecognized arguments")."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        flags = [word.split("=", 1)[0] for word in message.removeprefix("unrecognized arguments: ").split()
+                 if word.startswith("--")]
+        if not flags:
+            return ""
+        own = [option for option in self._option_string_actions if option.startswith("--")]
+        from autotune.config import ALL_KNOBS
+
+        knob = flags[0][2:].replace("-", "_")
+        if "--fix" in own and knob in ALL_KNOBS:
+            return f" (pin a knob with --fix, e.g. --fix {knob}=2)"
+        close = difflib.get_close_matches(flags[0], own, n=1, cutoff=0.75)
+        return f" (did you mean {close[0]}?)" if close else ""
 
 
 ERROR_MAX_CHARS = 300  # of a usage error's message
@@ -37,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="autotune", description="Tune Megatron-Bridge parallel layouts.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=OneLineParser)
+    parser.commands = sub.choices  # the commands' own parsers, by name (main's unknown-flag error)
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"autotune.cli.{name}")
@@ -56,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and not (value.isascii() and value.isdigit()):
             del os.environ[name]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser: its name, and a hint from its own flags
+        commands = getattr(parser, "commands", {})
+        commands.get(getattr(args, "subcommand", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -637,3 +637,17 @@ def test_a_read_only_store_file_is_one_line_before_anything_starts(read_only_sto
     assert result.stderr.strip() == f"autotune {command[0]}: error: cannot write the store {path}: store.db is read-only"
     assert "Ray" not in result.stdout + result.stderr
     assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+
+
+@pytest.mark.parametrize("args, line", [
+    (["start", "--model", "qwen3_30b", "--tp", "2"],
+     "autotune start: error: unrecognized arguments: --tp 2 (pin a knob with --fix, e.g. --fix tp=2)"),
+    (["start", "--model", "qwen3_30b", "--budjet", "3"],
+     "autotune start: error: unrecognized arguments: --budjet 3 (did you mean --budget?)"),
+    (["status", "--bogus"], "autotune status: error: unrecognized arguments: --bogus"),
+])
+def test_an_unknown_flag_is_said_by_its_command_with_a_hint(args, line):
+    """Found by a new-user pass: `start --tp 2` (check and estimate take --tp) and `--budjet 3` got a bare
+    "autotune: error: unrecognized arguments"."""
+    result = run_cli(*args)
+    assert result.returncode == 2 and result.stderr.strip() == line
