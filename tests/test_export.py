@@ -823,3 +823,18 @@ def test_export_quotes_the_layouts_mean_as_every_other_command_does(tmp_path):
     for fmt in ("recipe", "overrides"):
         assert said in run_cli("export", "v4", "--trial", str(number), "--format", fmt, "--storage", url,
                                env=env).stdout
+
+
+@pytest.mark.parametrize("cuda_graph, said", [("full_iteration", True), ("none", False)])
+def test_export_says_when_the_layout_switches_a_safety_check_off(tmp_path, cuda_graph, said):
+    """Found by a new-user pass: the recipe of a full-iteration CUDA graph winner set check_for_nan_in_loss=False
+    (Megatron's validate() requires it) without a word, while benchmark-only settings are refused unless told."""
+    from tests.conftest import run_cli
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 8, "tp": 2, "sp": True, "mbs": 2, "dist_opt": True,
+                                                  "cuda_graph": cuda_graph})
+    for fmt in ("recipe", "overrides", "yaml"):
+        done = run_cli("export", "ex", "--storage", str(repo.engine.url), "--format", fmt)
+        assert done.returncode == 0, done.stderr[-1000:]
+        note = "note: the exported layout sets rerun_state_machine.check_for_nan_in_loss=False: full-iteration CUDA"
+        assert (note in done.stderr) is said, done.stderr

@@ -60,6 +60,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             text = export.render(repo, study, args.format, args.trial, args.allow_benchmark_settings, pick)
             # everything the note needs is read before the file is written
             what = _what(study, args, trial, pick)
+            from autotune.config import LayoutConfig
+            from autotune.megatron.overrides import safety_checks_off
+
+            for check in safety_checks_off(LayoutConfig.from_mapping(trial.config)):
+                print(f"note: the exported layout sets {check}", file=sys.stderr)
             if args.trial is not None:
                 warning = export.chosen_trial_risk(pick, trial)
                 if warning:

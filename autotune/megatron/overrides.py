@@ -136,6 +136,19 @@ def perf_fields(config: LayoutConfig) -> dict[str, Any]:
     return fields
 
 
+def safety_checks_off(config: LayoutConfig) -> list[str]:
+    """What the layout's overrides switch off of Megatron's run-time safety checks because a knob requires it
+    (not a benchmark-only setting, which export refuses unless told): said by `export` (found by a new-user pass:
+    the recipe of a full-iteration CUDA graph winner turned the NaN-loss check off without a word)."""
+    from autotune.space.perf_values import CUDA_GRAPHS
+
+    if config.cuda_graph is not None and CUDA_GRAPHS[config.cuda_graph][0] == "full_iteration":
+        return ["rerun_state_machine.check_for_nan_in_loss=False: full-iteration CUDA graphs require it (Megatron's "
+                "validate()), so a NaN loss will not stop the run; export --trial a layout without cuda_graph="
+                f"{config.cuda_graph} to keep the check"]
+    return []
+
+
 def layout_overrides(config: LayoutConfig, workload: Workload) -> list[str]:
     return [f"{path}={_value(value)}" for path, value in layout_fields(config, workload).items()]
 
