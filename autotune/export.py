@@ -23,7 +23,7 @@ import shlex
 from typing import Any
 
 from autotune import __version__
-from autotune.config import KNOBS, PERF_KNOBS, LayoutConfig
+from autotune.config import KNOBS, PERF_INT_KNOBS, PERF_KNOBS, LayoutConfig
 from autotune.space import study_space_and_workload
 from autotune.errors import ConfigError, IllegalLayoutError, StudyError
 from autotune.megatron.overrides import TorchDtype, layout_fields, layout_overrides
@@ -295,6 +295,9 @@ def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | Non
                     "error": terminal_safe(t.message) if t.message else t.message})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[*KNOBS, *perf, "status", *METRICS, "error"])
+    # integer knobs with empty cells stay integers (found by a new-user pass: recompute_num_layers read `1.0`)
+    for knob in ("recompute_num_layers", *(k for k in PERF_INT_KNOBS if k in perf)):
+        frame[knob] = frame[knob].astype("Int64")
     if benchmark:
         frame["benchmark_only"] = benchmark_only.label(benchmark)
     return frame

@@ -838,3 +838,20 @@ def test_export_says_when_the_layout_switches_a_safety_check_off(tmp_path, cuda_
         assert done.returncode == 0, done.stderr[-1000:]
         note = "note: the exported layout sets rerun_state_machine.check_for_nan_in_loss=False: full-iteration CUDA"
         assert (note in done.stderr) is said, done.stderr
+
+
+def test_a_replay_table_writes_integer_knobs_as_integers(tmp_path):
+    """Found by a new-user pass: a column with empty cells (a layout without recompute) wrote recompute_num_layers
+    as `1.0`."""
+    import io
+
+    import pandas as pd
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True})
+    layout = LayoutConfig.from_mapping(FULL)
+    trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), 1, "c", 2)
+    repo.finish_trial(study.id, trial.number, "completed", metrics={"step_time_s": 30.0, "tokens_per_s_per_gpu": 8000.0,
+                                                                    "peak_mem_gib": 70.0})
+    text = export.table_frame(repo, repo.get_study("ex"), {}).to_csv(index=False)
+    column = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)["recompute_num_layers"].tolist()
+    assert column == ["", str(FULL["recompute_num_layers"])], column  # the empty cell stays empty, the 2 is "2"

@@ -240,10 +240,13 @@ class DashboardApp:
         if s.get("best_risk"):  # nothing kept the headroom: the recommendation is at risk too
             margin += f"; at risk: {escape(leaderboard.best_risk_note(s))}"
         runs = leaderboard.runs_note(s) or "one run"
+        # a replay table without a memory column (found by a new-user pass: "peak GiB", no number), as the CLI says
+        peak = (f"peak {num(s['best_peak_mem_gib'], '.1f')} GiB" if s["best_peak_mem_gib"] is not None
+                else "peak memory not measured")
         return (f"<p class='pick' id='pick'>recommended: <a href='{fig.trial_url(name, s['best_trial'])}'>trial "
                 f"{s['best_trial']}</a> <b>{escape(layout)}</b>, "
                 f"{escape(leaderboard.best_with_se(s, flag_risk=False))} "
-                f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), peak {num(s['best_peak_mem_gib'], '.1f')} GiB"
+                f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), {peak}"
                 f"{versus}{margin}</p>"
                 + (f"<p class='muted' id='validation'>{escape(leaderboard.validation_note(s))}</p>"
                    if s.get("validation_runs") else ""))

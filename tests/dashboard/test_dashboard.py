@@ -794,3 +794,16 @@ def test_a_metrics_port_taken_after_the_check_is_one_line(repo):
             serve(repo, taken.getsockname()[1])
     finally:
         taken.close()
+
+
+def test_the_recommendation_banner_says_when_no_peak_was_measured(repo):
+    """Found by a new-user pass: a replay table without a memory column gave "peak GiB", no number."""
+    from sqlalchemy import update
+
+    from autotune.storage.models import TrialRow
+
+    with repo.session() as s:
+        s.execute(update(TrialRow).values(peak_mem_gib=None))
+    html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode()
+    pick = re.search(r"<p class='pick' id='pick'>.*?</p>", html, re.S).group(0)
+    assert "peak memory not measured" in pick and "peak  GiB" not in pick and "peak GiB" not in pick
