@@ -81,6 +81,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("resume", help="continue an interrupted study up to its budget")
     p.add_argument("study", help="the study's name (see `autotune status`)")
+    p.add_argument("--budget", type=int_in(1, 10**6, "--budget"),
+                   help="a new budget of runs for the study, at least those it has dispatched: extends a finished "
+                        "study (the search plans for the new budget from here on)")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
     add_storage_option(p)
     add_ray_options(p)
@@ -412,14 +415,26 @@ def cmd_resume(args: argparse.Namespace) -> int:
     study = repo.get_study(args.study)
     _check_stored_backend(study)
     counts = repo.counts(study.id)
-    if counts["dispatched"] < study.budget or counts["running"]:  # before Ray starts (a finished one says so below)
+    budget = study.budget if args.budget is None else args.budget
+    if budget < counts["dispatched"]:
+        from autotune.errors import ConfigError
+
+        raise ConfigError(f"--budget {budget}: study {study.name!r} has dispatched {counts['dispatched']} runs already")
+    if counts["dispatched"] < budget or counts["running"]:  # before Ray starts (a finished one says so below)
         from autotune.controller._optuna import require_optuna_study
 
         require_optuna_study(repo.url, study.optuna_study_name)
-    if study.status == "finished" and counts["dispatched"] >= study.budget and counts["running"] == 0:
-        raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials")
+    if study.status == "finished" and counts["dispatched"] >= budget and counts["running"] == 0:
+        import shlex
+
+        # found by a new-user pass: a finished study could not be given more runs
+        raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials (`autotune resume "
+                         f"{shlex.quote(study.name)} --budget {study.budget + 10}` gives it 10 more)")
     if not _ray_address(args):  # said before a word about starting Ray (second review)
         _check_local_gpus(args.local_gpus, study.workload["gpus"])
+    if budget != study.budget:  # every check passed: the one change resume makes before it runs
+        repo.set_study_budget(study.id, budget)
+        study = repo.get_study(study.name)
     if not args.json:
         print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
     return _run(repo, study, args)

@@ -296,6 +296,13 @@ class Repository:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status.value,
                                                                              updated_at=utcnow()))
 
+    def set_study_budget(self, study_id: int, budget: int) -> None:
+        """A new budget (`resume --budget`): at least the runs the study has dispatched, which the caller checks."""
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise ValueError(f"a budget is a count of at least 1, got {budget!r}")  # a bug of the caller
+        with self.session() as s:
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(budget=budget, updated_at=utcnow()))
+
     def set_pooled_cache(self, study_id: int, cache: dict[str, Any]) -> None:
         """Store the pooled estimates of the study's last recommendation (recommend.pooled_cache_entry).
         `updated_at` stays: a cache is no change of the study."""

@@ -641,3 +641,20 @@ def test_calibration_of_a_study_with_no_completed_run_says_there_is_nothing_to_f
     for digits, words in ((40, "--tp must be at most 1,000,000,000"), (5000, "invalid int value")):
         huge = cli("estimate", "--model", "qwen3_30b", "--tp", "9" * digits)  # was echoed whole
         assert huge.returncode == 2 and words in huge.stderr and len(huge.stderr) < 400, huge.stderr[:500]
+
+
+def test_resume_with_a_larger_budget_extends_a_finished_study(cli, tmp_path):
+    """Found by a new-user pass: a finished study could not be given more runs (a new study started from nothing)."""
+    url = f"sqlite:///{tmp_path / 'ext.db'}"
+    started = cli("start", "--model", "qwen3_30b", "--budget", "3", "--study", "ext", "--storage", url,
+                  "--sim-seconds", "0", "--json", env=ENV, timeout=300)
+    assert started.returncode == 0, started.stderr[-2000:]
+    again = cli("resume", "ext", "--storage", url, env=ENV)
+    assert again.returncode == 2 and "`autotune resume ext --budget 13` gives it 10 more" in again.stderr
+    below = cli("resume", "ext", "--storage", url, "--budget", "2", env=ENV)
+    assert below.returncode == 2 and "has dispatched 3 runs already" in below.stderr
+    assert json.loads(cli("status", "ext", "--json", "--storage", url).stdout)[0]["budget"] == 3  # nothing changed
+    extended = cli("resume", "ext", "--storage", url, "--budget", "5", "--json", env=ENV, timeout=300)
+    assert extended.returncode == 0, extended.stderr[-2000:]
+    summary = json.loads(extended.stdout)
+    assert (summary["budget"], summary["dispatched"], summary["status"]) == (5, 5, "finished")
