@@ -172,6 +172,9 @@ class Backend(ABC):
     # `autotune start` flags (argparse destinations) this backend reads -> its option keys; `workdir`,
     # the study's run folder (outcomes, artifacts the dashboard serves), belongs to every backend
     cli_options: dict[str, str] = {"workdir": "workdir"}
+    # `autotune start` flags this backend reads itself in options_from_cli (destination -> the value the flag has
+    # when not given): a study of another backend refuses them as it refuses the ones above
+    own_cli_flags: dict[str, Any] = {}
 
     @classmethod
     def options_from_cli(cls, args: Any) -> dict[str, Any]:

@@ -173,6 +173,7 @@ class MegatronBackend(Backend):
 
     runs_the_recipe = True
     cli_options = {**Backend.cli_options, "worker_python": "python", "dispatcher": "dispatcher"}
+    own_cli_flags = {"nsys_ranks": None, "memory_snapshot": False}
 
     @classmethod
     def options_from_cli(cls, args: Any) -> dict[str, Any]:

@@ -36,17 +36,22 @@ class OneLineParser(argparse.ArgumentParser):
 
         if not message.startswith("unrecognized arguments: "):
             return ""
-        flags = [word.split("=", 1)[0] for word in message.removeprefix("unrecognized arguments: ").split()
-                 if word.startswith("--")]
-        if not flags:
+        words = message.removeprefix("unrecognized arguments: ").split()
+        at = next((i for i, word in enumerate(words) if word.startswith("--")), None)
+        if at is None:
             return ""
+        flag, _, value = words[at].partition("=")
         own = [option for option in self._option_string_actions if option.startswith("--")]
-        from autotune.config import ALL_KNOBS
+        from autotune.config import BOOL_KNOBS, KNOBS
 
-        knob = flags[0][2:].replace("-", "_")
-        if "--fix" in own and knob in ALL_KNOBS:
-            return f" (pin a knob with --fix, e.g. --fix {knob}=2)"
-        close = difflib.get_close_matches(flags[0], own, n=1, cutoff=0.75)
+        knob = flag[2:].replace("-", "_")
+        if "--fix" in own and knob in KNOBS:  # a layout knob (performance knobs are the knob phase's, not --fix's)
+            if not value:
+                following = words[at + 1] if at + 1 < len(words) else ""
+                value = following if following and not following.startswith("-") else (
+                    "true" if knob in BOOL_KNOBS else "VALUE")
+            return f" (a layout knob is pinned with --fix: --fix {knob}={value})"
+        close = difflib.get_close_matches(flag, own, n=1, cutoff=0.75)
         return f" (did you mean {close[0]}?)" if close else ""
 
 

@@ -230,10 +230,13 @@ def _refuse_other_backends_flags(args: argparse.Namespace) -> None:
     from autotune.backends import REGISTRY, backend_class
     from autotune.errors import ConfigError
 
-    own = backend_class(args.backend).cli_options
+    chosen = backend_class(args.backend)
+    own = {**chosen.cli_options, **chosen.own_cli_flags}
     for name in REGISTRY:
-        for dest in backend_class(name).cli_options:
-            if name != args.backend and dest not in own and getattr(args, dest, None) is not None:
+        other = backend_class(name)
+        unset = {**dict.fromkeys(other.cli_options), **other.own_cli_flags}  # each flag's value when not given
+        for dest, default in unset.items():
+            if name != args.backend and dest not in own and getattr(args, dest, default) != default:
                 raise ConfigError(f"--{dest.replace('_', '-')} is an option of the {name} backend, and this study's "
                                   f"backend is {args.backend}: add --backend {name}")
 
@@ -416,10 +419,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_stored_backend(study)
     counts = repo.counts(study.id)
     budget = study.budget if args.budget is None else args.budget
-    if budget < counts["dispatched"]:
-        from autotune.errors import ConfigError
-
-        raise ConfigError(f"--budget {budget}: study {study.name!r} has dispatched {counts['dispatched']} runs already")
+    if budget < counts["dispatched"]:  # said before Ray starts; Repository.set_study_budget checks it again locked
+        raise StudyError(f"--budget {budget}: study {study.name!r} has dispatched {counts['dispatched']} runs already")
     if counts["dispatched"] < budget or counts["running"]:  # before Ray starts (a finished one says so below)
         from autotune.controller._optuna import require_optuna_study
 
@@ -433,7 +434,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not _ray_address(args):  # said before a word about starting Ray (second review)
         _check_local_gpus(args.local_gpus, study.workload["gpus"])
     if budget != study.budget:  # every check passed: the one change resume makes before it runs
-        repo.set_study_budget(study.id, budget)
+        import datetime as dt
+
+        from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
+        from autotune.storage.models import utcnow
+
+        # checked again under the study's lock, with whether another controller runs it (review)
+        repo.set_study_budget(study.id, budget, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S))
         study = repo.get_study(study.name)
     if not args.json:
         print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")

@@ -296,12 +296,31 @@ class Repository:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status.value,
                                                                              updated_at=utcnow()))
 
-    def set_study_budget(self, study_id: int, budget: int) -> None:
-        """A new budget (`resume --budget`): at least the runs the study has dispatched, which the caller checks."""
+    def set_study_budget(self, study_id: int, budget: int, live_after: dt.datetime) -> None:
+        """A new budget (`resume --budget`), decided under the lock of the study row that claim_dispatch takes: a
+        StudyError when the study has dispatched more runs than `budget`, or when a controller heartbeat newer
+        than `live_after` says another controller runs it (its own budget would then disagree with the stored
+        one: review). A `finished` study given runs to make becomes `interrupted` in the same transaction, so a
+        resume that stops before its first run leaves it resumable."""
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise ValueError(f"a budget is a count of at least 1, got {budget!r}")  # a bug of the caller
         with self.session() as s:
-            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(budget=budget, updated_at=utcnow()))
+            row = s.execute(select(StudyRow.name, StudyRow.status, StudyRow.controller_heartbeat_at)
+                            .where(StudyRow.id == study_id).with_for_update()).one()
+            dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
+                TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), IN_BUDGET))
+            if budget < dispatched:
+                raise StudyError(f"--budget {budget}: study {row.name!r} has dispatched {dispatched} runs already")
+            beat = row.controller_heartbeat_at
+            if beat is not None and beat.tzinfo is not None:  # stored naive UTC; a server may hand it back aware
+                beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            if row.status == StudyStatus.RUNNING.value and beat is not None and live_after < beat:
+                raise StudyError(f"study {row.name!r} is running under another controller (its heartbeat is fresh): "
+                                 "change its budget once that one has stopped")
+            values: dict[str, Any] = {"budget": budget, "updated_at": utcnow()}
+            if row.status == StudyStatus.FINISHED.value and dispatched < budget:
+                values["status"] = StudyStatus.INTERRUPTED.value
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(**values))
 
     def set_pooled_cache(self, study_id: int, cache: dict[str, Any]) -> None:
         """Store the pooled estimates of the study's last recommendation (recommend.pooled_cache_entry).
@@ -372,10 +391,12 @@ class Repository:
         dispatch_key = dispatch_key or config_key
 
         def write(s: Session) -> Trial | ClaimRefused:
-            s.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+            # the stored budget too, read under the lock: `resume --budget` may have lowered it since this
+            # controller read the study (review)
+            stored = s.scalar(select(StudyRow.budget).where(StudyRow.id == study_id).with_for_update())
             dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), IN_BUDGET))
-            if dispatched >= budget and origin == TrialOrigin.STUDY:
+            if dispatched >= min(budget, stored if stored is not None else budget) and origin == TrialOrigin.STUDY:
                 return ClaimRefused.BUDGET
             if s.scalar(select(func.count()).select_from(TrialRow).where(
                     TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):

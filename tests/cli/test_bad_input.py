@@ -641,7 +641,11 @@ def test_a_read_only_store_file_is_one_line_before_anything_starts(read_only_sto
 
 @pytest.mark.parametrize("args, line", [
     (["start", "--model", "qwen3_30b", "--tp", "2"],
-     "autotune start: error: unrecognized arguments: --tp 2 (pin a knob with --fix, e.g. --fix tp=2)"),
+     "autotune start: error: unrecognized arguments: --tp 2 (a layout knob is pinned with --fix: --fix tp=2)"),
+    (["start", "--model", "qwen3_30b", "--recompute", "full"],
+     "autotune start: error: unrecognized arguments: --recompute full (a layout knob is pinned with --fix: --fix recompute=full)"),
+    (["start", "--model", "qwen3_30b", "--cuda-graph", "none"],  # a performance knob: not --fix's
+     "autotune start: error: unrecognized arguments: --cuda-graph none"),
     (["start", "--model", "qwen3_30b", "--budjet", "3"],
      "autotune start: error: unrecognized arguments: --budjet 3 (did you mean --budget?)"),
     (["status", "--bogus"], "autotune status: error: unrecognized arguments: --bogus"),

@@ -658,3 +658,29 @@ def test_resume_with_a_larger_budget_extends_a_finished_study(cli, tmp_path):
     assert extended.returncode == 0, extended.stderr[-2000:]
     summary = json.loads(extended.stdout)
     assert (summary["budget"], summary["dispatched"], summary["status"]) == (5, 5, "finished")
+    # review: a budget changed under a live controller (another resume of a PostgreSQL study) would disagree with
+    # the one that controller read; refused while its heartbeat is fresh, checked under the study's lock
+    import datetime as dt
+
+    from autotune.errors import StudyError
+    from autotune.storage import Repository, StudyStatus
+
+    repo = Repository.open(url, create=False)
+    study = repo.get_study("ext")
+    repo.set_study_status(study.id, StudyStatus.RUNNING)
+    repo.controller_heartbeat(study.id, "other:1")
+    with pytest.raises(StudyError, match="running under another controller"):
+        repo.set_study_budget(study.id, 9, dt.datetime(2020, 1, 1))
+    with pytest.raises(StudyError, match="has dispatched 5 runs already"):
+        repo.set_study_budget(study.id, 4, dt.datetime(2020, 1, 1))
+    repo.set_study_status(study.id, StudyStatus.FINISHED)
+    repo.set_study_budget(study.id, 7, dt.datetime(2020, 1, 1))  # finished, given runs to make: interrupted
+    assert (repo.get_study("ext").budget, repo.get_study("ext").status) == (7, "interrupted")
+    # a controller that read a larger budget than the stored one dispatches no more than the stored one
+    repo.set_study_budget(study.id, 5, dt.datetime(2020, 1, 1))
+    from autotune.config import LayoutConfig
+    from autotune.storage import ClaimRefused
+
+    layout = LayoutConfig.from_mapping({"tp": 4, "ep": 4, "sp": True})
+    assert repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 9) == ClaimRefused.BUDGET
+    repo.close()
