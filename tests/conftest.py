@@ -119,3 +119,14 @@ def run_in_threads(target, count: int = 2, timeout_s: float = 600.0) -> list[Bas
     for thread in threads:
         thread.join(timeout=timeout_s)
     return errors
+
+
+def allow_runs(repo, study_id: int, budget: int) -> None:
+    """Raise a study's stored budget, for a test that records more runs than the study was made with
+    (claim_dispatch honours the stored budget, whatever budget its caller read)."""
+    from sqlalchemy import update
+
+    from autotune.storage.models import StudyRow
+
+    with repo.session() as s:
+        s.execute(update(StudyRow).where(StudyRow.id == study_id).values(budget=budget))

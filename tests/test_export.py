@@ -17,6 +17,7 @@ from autotune.config import LayoutConfig
 from autotune.errors import StudyError
 from autotune.megatron.overrides import config_from_overrides, parse_overrides
 from autotune.storage import Repository
+from tests.conftest import allow_runs
 
 # Every ConfigContainer path the exporter and the workers may set, as read from Megatron-Bridge 0.6 /
 # Megatron-Core 0.19 (ConfigContainer in training/config.py, TransformerConfig / GPTModelProvider).
@@ -429,6 +430,7 @@ def test_export_takes_the_recommendation_and_warns_about_a_faster_layout_inside_
     # warning, which also said "inside the margin"; it now says why
     with repo.engine.begin() as c:
         c.exec_driver_sql("UPDATE autotune_trials SET peak_mem_gib = NULL")
+    allow_runs(repo, study.id, 10)
     again = repo.claim_dispatch(study.id, risky.to_dict(), risky.key(), 3, "c", 10, dispatch_key="again")
     repo.finish_trial(study.id, again.number, "oom", reason="out_of_memory", metrics={"peak_mem_gib": 81.0})
     oom = cli("export", "ex", "--format", "json", "--storage", url)
@@ -468,6 +470,7 @@ def test_a_chosen_trial_is_at_risk_by_its_own_peak_or_its_layouts_and_a_validati
     from autotune.storage import TrialOrigin
 
     repo, study, safe = _study_with_trial(tmp_path, FULL)  # trial 1: 8,000 tokens/s at 70.5 GiB (limit 76.4)
+    allow_runs(repo, study.id, 4)
     url = str(repo.engine.url)
 
     def run(layout, peak, tokens=8000.0, origin=TrialOrigin.STUDY, key=None):

@@ -26,6 +26,7 @@ from autotune.controller.surrogate import MemoryFeasibility, ResidualGP
 from autotune.cost import estimate, estimate_many
 from autotune.space import enumerate_legal, load_space, make_workload
 from autotune.storage import Repository, Trial
+from tests.conftest import allow_runs
 
 
 @pytest.fixture(scope="module")
@@ -739,6 +740,7 @@ def test_a_controller_learns_what_another_controller_of_its_study_measured_and_r
     assert second.state.n_runs == len(completed)
     # a run another controller has in flight: tried, believed (pending) at the next proposal
     untried = next(c for c in second.state.legal if not second.state.tried[second.state.index[c.key()]])
+    allow_runs(repo, study.id, 100)  # the other controller's run, past the 8 this study was made with
     repo.claim_dispatch(study.id, untried.to_dict(), untried.key(), None, "elsewhere:1:x", 100, {}, "refine")
     monkeypatch.setattr(loop, "HEARTBEAT_S", 0.0)  # the sync runs at every heartbeat, not only when called
     second._heartbeat()

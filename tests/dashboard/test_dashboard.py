@@ -17,6 +17,7 @@ from autotune.controller.surrogate import NOISE_LOG_STD
 from autotune.dashboard.server import DashboardApp, serve_in_background
 from autotune.backends.runs import study_dir
 from autotune.storage import Repository
+from tests.conftest import allow_runs
 
 HOSTILE = "<script>alert('x')</script>"
 
@@ -182,6 +183,7 @@ def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_a
     name = f"demo{HOSTILE}"
     study = repo.get_study(name)
     layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True, "mbs": 2})  # trial 2's layout, run again
+    allow_runs(repo, study.id, 5)
     again = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 5, dispatch_key=layout.key() + "#run2",
                                 predicted={"tokens_per_s_per_gpu": 7000.0, "peak_mem_gib": 70.0}, strategy_note="remeasure")
     repo.finish_trial(study.id, again.number, "completed", gpu_seconds=1000.0, metrics={
@@ -227,6 +229,7 @@ def test_a_straggler_run_is_named_and_left_out_of_the_run_noise_everywhere_it_is
     study = repo.get_study(name)
     layout = LayoutConfig.from_mapping({"ep": 8, "dist_opt": True, "mbs": 2})  # trial 2's layout (7,900)
     numbers = []
+    allow_runs(repo, study.id, 6)
     for run, speed in enumerate((8100.0, 5000.0)):
         t = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 6,
                                 dispatch_key=f"{layout.key()}#run{run + 2}", predicted={"tokens_per_s_per_gpu": 7000.0},
@@ -581,6 +584,7 @@ def test_stored_values_the_code_cannot_use_never_take_a_page_down(repo):
     # a third run between them: stragglers stay a minority, so the run-to-run sd is enormous (it overflowed
     # when the store read 1e308), and the page still shows every run with its bar
     layout = LayoutConfig.from_mapping(json.loads(first[0]) if isinstance(first[0], str) else first[0])
+    allow_runs(repo, study.id, 5)
     third = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 5, dispatch_key="third",
                                 strategy_note="remeasure")
     repo.finish_trial(study.id, third.number, "completed", gpu_seconds=1.0, metrics={"tokens_per_s_per_gpu": 1.0})
