@@ -274,6 +274,7 @@ def _as_bool(name: str, value: Any) -> bool:
 # or recipe comes near it, and beyond it the cost model's sums lose their meaning (10**400 overflows them).
 MAX_WORKLOAD_COUNT = 10**9
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
+MAX_BUDGET = 10**6  # runs of one study: the budget is an INTEGER column; far beyond any real study
 
 
 # A cluster's own scale-out bandwidth per GPU, GB/s: at most four times a GB300 GPU's 800 Gb/s NIC, at

@@ -44,6 +44,12 @@ class Board:
     pinned: list[dict[str, Any]] = field(default_factory=list)
 
 
+def row_note(trial: Trial) -> str | None:
+    """A row's note: the strategy's word for the run, else its origin when it is not the study's own (imported,
+    validation)."""
+    return trial.strategy_note or (trial.origin if trial.origin != "study" else None)
+
+
 def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None,
          study_status: str = "running", backend: str = "") -> dict[str, Any]:
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
@@ -58,7 +64,7 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
         "tflops_per_gpu": trial.tflops_per_gpu if speed else None, "mfu": trial.mfu if speed else None,
         "peak_mem_gib": trial.peak_mem_gib, "gpu_seconds": trial.gpu_seconds,
         "speedup_vs_baseline": _ratio(speed, baseline_speed),
-        "note": trial.strategy_note or (trial.origin if trial.origin != "study" else None), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
+        "note": row_note(trial), "message": trial.message, "implied_by_trial": trial.implied_by_trial,
         # measured, simulated or replayed: in every row, so a CSV read alone says it (review: only JSON did)
         "source": metrics_source(backend, trial.origin) if trial.dispatched else None,  # a rejected one never ran
     }

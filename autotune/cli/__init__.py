@@ -28,7 +28,6 @@ class OneLineParser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
 
-
     def _hint(self, message: str) -> str:
         """For an unknown flag: the flag it is most like, or where a knob goes on a command that pins knobs with
         --fix (found by a new-user pass: `start --tp 2` and `--budjet 3` got a bare "unrecognized arguments")."""

@@ -11,6 +11,7 @@ from autotune.cli._checks import ascii_int, float_in, int_in, port, positive, se
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
 from autotune._tables import terminal_safe
 from autotune.controller.options import DEFAULTS
+from autotune.config import MAX_BUDGET
 
 
 def add_storage_option(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +82,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("resume", help="continue an interrupted study up to its budget")
     p.add_argument("study", help="the study's name (see `autotune status`)")
-    p.add_argument("--budget", type=int_in(1, 10**6, "--budget"),
+    p.add_argument("--budget", type=int_in(1, MAX_BUDGET, "--budget"),
                    help="a new budget of runs for the study, at least those it has dispatched: extends a finished "
                         "study (the search plans for the new budget from here on)")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
@@ -420,7 +421,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     counts = repo.counts(study.id)
     budget = study.budget if args.budget is None else args.budget
     if budget < counts["dispatched"]:  # said before Ray starts; Repository.set_study_budget checks it again locked
-        raise StudyError(f"--budget {budget}: study {study.name!r} has dispatched {counts['dispatched']} runs already")
+        from autotune.storage.repository import budget_below_dispatched
+
+        raise budget_below_dispatched(study.name, budget, counts["dispatched"])
     if counts["dispatched"] < budget or counts["running"]:  # before Ray starts (a finished one says so below)
         from autotune.controller._optuna import require_optuna_study
 
@@ -636,14 +639,13 @@ class _LiveView:
         """A resumed study's runs that ended before this controller: counted, said in one line, not listed as if
         they ran now (found by a new-user pass: `resume` printed `[1/20] trial 0 completed` for each)."""
         from autotune.controller.notes import IMPORTED, VALIDATION
+        from autotune.leaderboard import row_note
 
         ended = [t for t in self.repo.trials(self.study.id, dispatched_only=True) if t.status != "dispatched"]
         if not ended:
             return
         self._reported.update(t.number for t in ended)
-        # named as the rows name them (leaderboard: a strategy's note, else an origin other than the study's)
-        self._in_budget = sum((t.strategy_note or (t.origin if t.origin != "study" else None)) not in (IMPORTED, VALIDATION)
-                              for t in ended)
+        self._in_budget = sum(row_note(t) not in (IMPORTED, VALIDATION) for t in ended)  # as tick counts the rows
         print(f"{len(ended)} run(s) ended before this resume ({self._in_budget} of the budget of "
               f"{self.study.budget}): not run again", flush=True)
 

@@ -18,7 +18,6 @@ the database (see storage.repository).
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import os
 import socket

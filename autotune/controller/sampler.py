@@ -46,7 +46,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import MAX_SEED, MAX_WORKLOAD_COUNT, LayoutConfig
+from autotune.config import MAX_BUDGET, MAX_SEED, MAX_WORKLOAD_COUNT, LayoutConfig
 from autotune.errors import ConfigError
 from autotune.controller._optuna import config_of, distributions, params_of
 from autotune.controller.state import SearchState
@@ -78,7 +78,7 @@ class AutotuneSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, model: str, gpus: int | None = None, *, budget: int = 40, seed: int | None = None,
                  **workload: Any) -> None:
-        from autotune.controller.session import MAX_BUDGET, check_some_layout_fits, check_space_not_empty
+        from autotune.controller.session import check_some_layout_fits, check_space_not_empty
 
         # found by the storage pass's notes: the Python API's errors named CLI flags ("--gpus 12 is not a multiple
         # of --gpus-per-node 8"), an unknown keyword was make_workload's TypeError, and budget=0 was taken

@@ -12,7 +12,7 @@ import datetime as dt
 from typing import Any, Callable
 
 from autotune.backends import ResourceRequest, backend_class
-from autotune.config import LayoutConfig, Workload
+from autotune.config import MAX_BUDGET, LayoutConfig, Workload
 from autotune.controller.knobs import with_knob_phase
 from autotune.controller.loop import Controller
 from autotune.controller.options import StudyOptions
@@ -21,7 +21,6 @@ from autotune.errors import ConfigError, StudyError
 from autotune.space import SearchSpace, enumerate_legal, study_space_and_workload  # noqa: F401 (re-exported)
 from autotune.storage import MAX_STUDY_NAME, Repository, Study, StudyStatus, TrialNumbering, is_study_name
 
-MAX_BUDGET = 10**6  # the budget is an INTEGER column; far beyond any real study
 
 
 def check_backend(backend: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -177,19 +177,14 @@ def _refuse_other_optuna_schema(path: Path) -> None:
     """A file of the user's Optuna studies at another Optuna's schema: refused before autotune's tables go in
     (review: Optuna's RuntimeError came only after autotune's tables and WAL mode were in the user's file)."""
     import shlex
-    import sqlite3
 
     from alembic.script import ScriptDirectory
     from optuna.storages import _rdb
 
     head = ScriptDirectory(str(Path(_rdb.__file__).parent / "alembic")).get_current_head()
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
-        try:
-            found = db.execute("SELECT version_num FROM alembic_version").fetchall()
-        finally:
-            db.close()
-    except sqlite3.DatabaseError:  # no such table (an Optuna from before its Alembic), or unreadable
+        found = _sqlite_rows(path, "SELECT version_num FROM alembic_version")
+    except StorageError:  # no such table (an Optuna from before its Alembic), or unreadable
         found = []
     if [row[0] for row in found] != [head]:
         at = found[0][0] if len(found) == 1 else "an unknown revision"
@@ -199,14 +194,19 @@ def _refuse_other_optuna_schema(path: Path) -> None:
 
 
 def _sqlite_tables(path: Path) -> set[str]:
-    """The table names of a SQLite file, read without writing to it (the engine's connect hook would switch it
-    to WAL, a write)."""
+    """The table names of a SQLite file, read without writing to it."""
+    return {row[0] for row in _sqlite_rows(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _sqlite_rows(path: Path, query: str) -> list[tuple]:
+    """The rows of `query` on a SQLite file opened read-only: the engine's connect hook would switch it to WAL (a
+    write). StorageError with SQLite's first line when the file cannot be read so."""
     import sqlite3
 
     try:
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
         try:
-            return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return db.execute(query).fetchall()
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:  # "file is not a database", "unable to open database file"

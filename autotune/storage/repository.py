@@ -165,6 +165,11 @@ def _heartbeat_stale(before: dt.datetime):
     return (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < before) | (TrialRow.heartbeat_at > future)
 
 
+def budget_below_dispatched(study: str, budget: int, dispatched: int) -> StudyError:
+    """The refusal of a budget below the runs a study has dispatched (`resume --budget`)."""
+    return StudyError(f"--budget {budget}: study {study!r} has dispatched {dispatched} runs already")
+
+
 class Repository:
     """autotune's tables in one database (SQLite file or PostgreSQL)."""
 
@@ -310,7 +315,7 @@ class Repository:
             dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), IN_BUDGET))
             if budget < dispatched:
-                raise StudyError(f"--budget {budget}: study {row.name!r} has dispatched {dispatched} runs already")
+                raise budget_below_dispatched(row.name, budget, dispatched)
             beat = row.controller_heartbeat_at
             if beat is not None and beat.tzinfo is not None:  # stored naive UTC; a server may hand it back aware
                 beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
