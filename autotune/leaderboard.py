@@ -19,6 +19,7 @@ from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
 from autotune.controller.recommend import VALIDATION, RunNoise, study_recommendation
 from autotune.storage import Repository, Study, Trial
+from autotune.storage.repository import heartbeat_ahead_s
 
 # new columns go last: a script reading the CSV by position keeps working
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
@@ -86,6 +87,8 @@ def _stale_s(beat: dt.datetime) -> float | None:
 
     if beat.tzinfo is not None:
         beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    if heartbeat_ahead_s(beat) is not None:
+        return math.inf  # dated past any clock skew: no live controller wrote it (the store's own rule)
     silent = (utcnow() - beat).total_seconds()
     return silent if silent > STALE_AFTER_HEARTBEATS * HEARTBEAT_S else None
 
@@ -158,6 +161,9 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "best_risk": None if pick is None or pick.safe else pick.risk(pick.best),
         # a running study whose controller stopped heartbeating (killed, its machine gone): `resume` continues it
         "controller_silent_s": controller_silence_s(study),
+        # its heartbeat is dated past any clock skew (a hand edit, a broken clock): controller_silent_s is then how
+        # far ahead it lies, not how long ago
+        "controller_heartbeat_ahead": _heartbeat_ahead(study),
         # the winner's longer runs after the budget (--validate-steps), reported apart from the screening
         "validation_runs": _validation_runs(pick, study, dispatched),
         "baseline_trial": baseline.number if baseline else None,
@@ -544,7 +550,14 @@ def controller_silence_s(study: Study) -> float | None:
         return silent if silent is not None and silent > CREATED_UNSTARTED_S else None
     if study.status != "running" or beat is None:
         return None
-    return _stale_s(beat)
+    silent = _stale_s(beat)
+    # a heartbeat dated in the future: how far ahead it lies (finite, for strict JSON; the summary flags it)
+    return heartbeat_ahead_s(beat) if silent == math.inf else silent
+
+
+def _heartbeat_ahead(study: Study) -> bool:
+    beat = study.controller_heartbeat_at
+    return study.status == "running" and beat is not None and heartbeat_ahead_s(beat) is not None
 
 
 def shown_status(row: dict[str, Any]) -> str:
@@ -700,4 +713,6 @@ def silence_note(summary: dict[str, Any]) -> str:
     resume = f"`autotune resume {shlex.quote(summary['study'])}`"
     if summary["status"] == "created":
         return f"not started {took} after it was created (its start stopped?): {resume} runs it"
+    if summary.get("controller_heartbeat_ahead"):
+        return f"controller heartbeat dated {took} ahead of this clock (no live controller): {resume} continues it"
     return f"controller silent for {took} (stopped?): {resume} continues the study"

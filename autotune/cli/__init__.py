@@ -20,7 +20,10 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        message += self._hint(message)
+        from autotune._paths import one_line
+
+        # argparse quotes what it refused as given: an ESC or a newline in a flag reached the terminal raw (review)
+        message = one_line(message + self._hint(message))
         # argparse quotes the value it could not use whole: a 5,000-digit number was 5,000 characters of error
         # (found by an adversarial pass); the start of it says which value
         if len(message) > ERROR_MAX_CHARS:

@@ -99,7 +99,7 @@ def load_space(name_or_path: str) -> SearchSpace:
     candidate = space_dir() / f"{name_or_path}.yaml"
     if not is_regular_file(candidate):
         known = ", ".join(available_space_names())
-        raise ConfigError(f"unknown model {shown(name_or_path)!r} (known: {known})")
+        raise ConfigError(f"unknown model '{shown(name_or_path)}' (known: {known})")
     return _load_path(str(candidate))
 
 

@@ -158,6 +158,17 @@ def stored_step_times(step_times_s) -> list[float]:
 FUTURE_HEARTBEAT_S = 3600.0
 
 
+def heartbeat_ahead_s(beat: dt.datetime) -> float | None:
+    """Seconds a heartbeat (naive UTC, or aware from a server) lies ahead of this machine's clock when that is
+    more than FUTURE_HEARTBEAT_S (no live controller wrote it), else None: the Python side of _heartbeat_stale's
+    future test, for set_study_budget and the readers' silence (review: both took a heartbeat in 9999 for a
+    live controller, so `resume --budget` refused for ever and the board never said the study was silent)."""
+    if beat.tzinfo is not None:
+        beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    ahead = (beat - utcnow()).total_seconds()
+    return ahead if ahead > FUTURE_HEARTBEAT_S else None
+
+
 def _heartbeat_stale(before: dt.datetime):
     """The SQL condition of a trial whose controller is not heartbeating: none, older than `before`, or from the
     future (FUTURE_HEARTBEAT_S); stale_trials and adopt_trial judge alike."""
@@ -319,7 +330,8 @@ class Repository:
             beat = row.controller_heartbeat_at
             if beat is not None and beat.tzinfo is not None:  # stored naive UTC; a server may hand it back aware
                 beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
-            if row.status == StudyStatus.RUNNING.value and beat is not None and live_after < beat:
+            live = beat is not None and live_after < beat and heartbeat_ahead_s(beat) is None
+            if row.status == StudyStatus.RUNNING.value and live:
                 raise StudyError(f"study {row.name!r} is running under another controller (its heartbeat is fresh): "
                                  "change its budget once that one has stopped")
             values: dict[str, Any] = {"budget": budget, "updated_at": utcnow()}

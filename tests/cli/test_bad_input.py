@@ -649,6 +649,8 @@ def test_a_read_only_store_file_is_one_line_before_anything_starts(read_only_sto
     (["start", "--model", "qwen3_30b", "--budjet", "3"],
      "autotune start: error: unrecognized arguments: --budjet 3 (did you mean --budget?)"),
     (["status", "--bogus"], "autotune status: error: unrecognized arguments: --bogus"),
+    # review: argparse quotes what it refused as given; an ESC reached the terminal raw
+    (["status", "--bo\x1b[2Jgus\n"], "autotune status: error: unrecognized arguments: --bo\\x1b[2Jgus\\n"),
 ])
 def test_an_unknown_flag_is_said_by_its_command_with_a_hint(args, line):
     """Found by a new-user pass: `start --tp 2` (check and estimate take --tp) and `--budjet 3` got a bare

@@ -486,6 +486,12 @@ def test_a_study_whose_controller_went_silent_is_shown_so_and_watch_ends(cli, tm
                       optuna_study_name="autotune:unknown-gpu", status="finished")
     listed = cli("status", "--storage", repo.url, env={"COLUMNS": "200"})  # one unusable study hides no other
     assert listed.returncode == 0 and "unknown-gpu: cannot be shown" in listed.stdout and "killed" in listed.stdout
+    with repo.session() as s:  # review: a heartbeat dated 9999 was read as a live controller, never silent
+        s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime(9999, 1, 1)
+    ahead = json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]
+    assert ahead["controller_heartbeat_ahead"] and ahead["controller_silent_s"] > 1e10
+    board = cli("leaderboard", "killed[/]", "--storage", repo.url, env={"COLUMNS": "300"})
+    assert "controller heartbeat dated" in board.stdout and "ahead of this clock" in board.stdout, board.stdout[-800:]
     with repo.session() as s:  # a live controller (a fresh heartbeat) is not called silent
         s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["controller_silent_s"] is None
@@ -673,6 +679,13 @@ def test_resume_with_a_larger_budget_extends_a_finished_study(cli, tmp_path):
         repo.set_study_budget(study.id, 9, dt.datetime(2020, 1, 1))
     with pytest.raises(StudyError, match="has dispatched 5 runs already"):
         repo.set_study_budget(study.id, 4, dt.datetime(2020, 1, 1))
+    from autotune.storage.models import StudyRow
+
+    with repo.session() as s:  # review: a heartbeat dated 9999 (a hand edit, a broken clock) refused it for ever
+        s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime(9999, 1, 1)
+    repo.set_study_budget(study.id, 6, dt.datetime(2020, 1, 1))
+    assert repo.get_study("ext").budget == 6
+    repo.set_study_status(study.id, StudyStatus.FINISHED)
     repo.set_study_status(study.id, StudyStatus.FINISHED)
     repo.set_study_budget(study.id, 7, dt.datetime(2020, 1, 1))  # finished, given runs to make: interrupted
     assert (repo.get_study("ext").budget, repo.get_study("ext").status) == (7, "interrupted")
