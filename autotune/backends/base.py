@@ -203,6 +203,13 @@ class Backend(ABC):
         with --ray-address they run on other nodes, whose folders may differ). Default: nothing."""
 
     @classmethod
+    def startup_seconds(cls, options: dict[str, Any]) -> float | None:
+        """Seconds a run of this backend holds its GPUs before its first step, when the backend knows it (a
+        simulated or replayed run is charged a set start-up), else None (a real launch: the study's cost
+        forecast assumes one). Default: None."""
+        return None
+
+    @classmethod
     def answerable_layouts(cls, options: dict[str, Any]) -> set[str] | None:
         """Canonical keys of the only layouts this backend can answer (a replay table's), or None
         when it can run any legal layout. The search then spends its budget only on these."""

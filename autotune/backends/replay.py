@@ -278,6 +278,12 @@ class ReplayBackend(Backend):
     def answerable_layouts(cls, options: dict[str, Any]) -> set[str]:
         return table_keys(options["replay"])
 
+    @classmethod
+    def startup_seconds(cls, options: dict[str, Any]) -> float:
+        from autotune.backends.simulate import startup_seconds
+
+        return startup_seconds(options)  # charged as a simulated run is (run below)
+
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self._index = _index(table_groups(self.options["replay"]))

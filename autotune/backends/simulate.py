@@ -98,6 +98,10 @@ class SimulateBackend(Backend):
                               f"(known: {', '.join(FAMILIES)})")
         return options
 
+    @classmethod
+    def startup_seconds(cls, options: dict[str, Any]) -> float:
+        return startup_seconds(options)
+
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         from autotune.cost import estimate
 

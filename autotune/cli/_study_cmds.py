@@ -351,6 +351,23 @@ def _start_header(args: argparse.Namespace, study, space, workload, repo) -> Non
                   f"{lacking} legal layouts; {foreign} of its layouts are not legal here{knobs}{merged}")
 
 
+def _forecast_line(study, runs: int, slots: int | None) -> str:
+    """The cost forecast of a study's `runs` runs still to make (controller/forecast.py), as `start`, `resume`
+    and `--dry-run` print it before the first run."""
+    from autotune.backends import backend_class
+    from autotune.controller.forecast import forecast
+    from autotune.controller.options import StudyOptions
+    from autotune.leaderboard import metrics_source
+    from autotune.space import study_space_and_workload
+
+    space, workload = study_space_and_workload(study)
+    backend = backend_class(study.backend)
+    estimate = forecast(space, workload, max(0, runs), StudyOptions.from_stored(study.options),
+                        backend.startup_seconds(study.backend_options))
+    source = metrics_source(study.backend)
+    return estimate.line(slots, None if source == "measured" else source)
+
+
 def _check_headroom(headroom_gib: float | None, workload) -> None:
     import math
 
@@ -404,6 +421,7 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
                              backend_options=backend_options, seed=args.seed, options=options)
         print(f"dry run: {workload_summary(workload)}; {study.budget} trial(s). Nothing runs and no database is "
               f"written; the spec.json files the commands name are written under {specs}/")
+        print(_forecast_line(study, study.budget, None))
         build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options)).run()
         repo.close()
     return 0
@@ -537,6 +555,9 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
             _interrupted_before_it_ran(repo, study)
             raise
         slots = getattr(controller.dispatcher, "capacity", 0)
+        if left > 0:
+            view.say(_forecast_line(study, left, slots))
+        view.slots = slots
         view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
             summary = controller.run()
@@ -622,6 +643,7 @@ class _LiveView:
         self._last = 0.0
         self._reported: set[int] = set()
         self._in_budget = 0  # the runs of the budget reported so far (the count in `[3/40]`)
+        self.slots = 0  # runs at a time, once Ray is up: the time left is told from it
 
     def __enter__(self):
 
@@ -656,6 +678,15 @@ class _LiveView:
             self._live.transient = exc[0] is None
             self._live.__exit__(*exc)
 
+    def say(self, text: str) -> None:
+        """A line that stays above the live view (printed as is: it may quote names)."""
+        if self.quiet:
+            return
+        if self._live is not None:
+            self._live.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
     def starting(self, text: str) -> None:
         """What is happening before the first trial: a spinner on a terminal, one line otherwise."""
         if self.quiet:
@@ -685,9 +716,10 @@ class _LiveView:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
             from rich.text import Text
 
-            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn())
+            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
             done = board.summary["dispatched"] - board.summary["running"]
-            progress.add_task("", total=self.study.budget, completed=done)
+            progress.add_task(_time_left(board, self.study.budget - done, self.slots), total=self.study.budget,
+                              completed=done)
             # the summary as text under the table: in the progress row an 80-column terminal cut it short
             summary = Text(leaderboard.summary_line(board.summary))
             self._live.update(Group(progress, leaderboard.rich_table(board), summary))
@@ -707,6 +739,20 @@ class _LiveView:
                     place = f"{self._in_budget}/{self.study.budget}"
                 print(f"[{place}] trial {row['trial']} {row['status']}: "
                       f"{LayoutConfig.from_mapping(row['config']).short()} {speed or ''}", flush=True)
+
+
+def _time_left(board, runs_left: int, slots: int) -> str:
+    """`about 2.1 h left` from the mean time the study's ended runs held their GPUs (simulated or replayed time
+    for those backends, said so), for the live view's progress row; empty before the first run ends."""
+    summary = board.summary
+    ended = summary["dispatched"] - summary["running"]  # the live board holds the top rows only: its summary all
+    if ended <= 0 or runs_left <= 0 or slots <= 0 or not summary["gpu_seconds"]:
+        return ""
+    hours = summary["gpu_seconds"] / board.study.workload["gpus"] / ended * runs_left / slots / 3600
+    source = summary.get("metrics_source", "measured")
+    clock = "" if source == "measured" else f"{source} "
+    took = f"{hours * 60:.0f} {clock}min" if hours < 2 else f"{hours:.1f} {clock}h"
+    return f"about {took} left"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

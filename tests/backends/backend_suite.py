@@ -51,6 +51,19 @@ class BackendContract:
         for report in reports:
             assert StepReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
 
+    def test_its_start_up_is_unknown_or_what_a_run_holds_before_its_steps(self):
+        """The forecast (controller/forecast.py) takes a backend's start-up: None, or no more than a run that
+        ended at once held its GPUs (a finite number of seconds, at least 0)."""
+        import math
+
+        backend = self.backend()
+        startup = type(backend).startup_seconds(backend.options)
+        if startup is None:
+            return
+        assert isinstance(startup, float) and math.isfinite(startup) and startup >= 0
+        outcome, _ = self.run(self.spec())
+        assert outcome.wall_time_s >= startup
+
     def test_reports_come_in_step_order(self):
         _, reports = self.run(self.spec())
         steps = [r.step for r in reports]

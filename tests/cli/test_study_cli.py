@@ -39,6 +39,9 @@ def test_start_prints_leaderboard_and_best_layout(finished_study):
     # while Ray starts (10-30 s) the user reads what is happening, before the first trial's line
     starting = result.stdout.index("starting a local Ray with 16 logical GPUs ...")
     assert starting < result.stdout.index("Ray is up (") < result.stdout.index(progress[0])
+    # and what the study would cost on a cluster, before its first run
+    forecast = result.stdout.index("forecast: simulated study, no GPU time is spent; on a cluster it would take about")
+    assert forecast < result.stdout.index("Ray is up (") and "6 run(s)" in result.stdout[forecast:].splitlines()[0]
     words = " ".join(result.stdout.split())  # the legend wraps
     assert "simulated GPU-hours" in words and "MFU: % of dense BF16 peak" in words
     assert "baseline = the recipe's layout" in words  # the notes the board shows are explained
@@ -503,6 +506,21 @@ def test_start_holds_no_more_slots_than_runs_left(cli, tmp_path):
                  "--storage", f"sqlite:///{tmp_path / 's.db'}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Ray is up (2 trial(s) at a time)" in result.stdout
+
+
+def test_the_live_view_tells_the_time_left_from_the_runs_that_ended(finished_study):
+    from autotune import leaderboard
+    from autotune.cli._study_cmds import _time_left
+    from autotune.storage import Repository
+
+    url, _ = finished_study
+    repo = Repository.open(url, create=False)
+    board = leaderboard.build(repo, repo.get_study("demo"), top=2)  # the live board: its top rows only
+    repo.close()
+    s = board.summary
+    per_run_min = s["gpu_seconds"] / 16 / (s["dispatched"] - s["running"]) / 60
+    assert _time_left(board, 4, 2) == f"about {per_run_min * 2:.0f} simulated min left"
+    assert _time_left(board, 0, 2) == "" and _time_left(board, 4, 0) == ""
 
 
 def test_a_piped_leaderboard_is_as_wide_as_columns_says(cli, finished_study):
