@@ -708,11 +708,14 @@ def silence_note(summary: dict[str, Any]) -> str:
     start stored and never ran, `not started 5 min after it was created (its start stopped?): ... runs it`."""
     import shlex
 
+    from autotune.controller.forecast import duration
+
     silent = summary["controller_silent_s"]
-    took = f"{silent:.0f} s" if silent < 120 else f"{silent / 60:.0f} min" if silent < 7200 else f"{silent / 3600:.1f} h"
+    took = duration(silent)
     resume = f"`autotune resume {shlex.quote(summary['study'])}`"
     if summary["status"] == "created":
         return f"not started {took} after it was created (its start stopped?): {resume} runs it"
     if summary.get("controller_heartbeat_ahead"):
-        return f"controller heartbeat dated {took} ahead of this clock (no live controller): {resume} continues it"
+        return (f"controller heartbeat dated {took} ahead of this clock (no live controller wrote it, or a clock "
+                f"is wrong): {resume} continues it once no controller runs it")
     return f"controller silent for {took} (stopped?): {resume} continues the study"

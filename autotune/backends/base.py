@@ -206,7 +206,21 @@ class Backend(ABC):
     def startup_seconds(cls, options: dict[str, Any]) -> float | None:
         """Seconds a run of this backend holds its GPUs before its first step, when the backend knows it (a
         simulated or replayed run is charged a set start-up), else None (a real launch: the study's cost
-        forecast assumes one). Default: None."""
+        forecast, controller/forecast.py, assumes one). Default: None."""
+        return None
+
+    @classmethod
+    def held_seconds(cls, options: dict[str, Any], step_time_s: float, warmup_steps: int,
+                     measured_steps: int) -> float | None:
+        """Seconds a completed run of `warmup_steps + measured_steps` steps of about `step_time_s` holds its GPUs,
+        when this backend knows how it charges a run (simulated, replayed), else None (the forecast assumes a
+        start-up and a slow first step). Default: None."""
+        return None
+
+    @classmethod
+    def known_step_seconds(cls, options: dict[str, Any], key: str) -> float | None:
+        """The step time this backend would report for the layout of canonical key `key`, when it knows it
+        without a run (a replay table's row), else None (the forecast takes the cost model's). Default: None."""
         return None
 
     @classmethod

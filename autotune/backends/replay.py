@@ -269,8 +269,12 @@ class ReplayBackend(Backend):
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from autotune.backends.simulate import NUMERIC_OPTIONS, check_numbers
+
         if not options.get("replay"):
             raise ConfigError("--backend replay needs --replay FILE (CSV or Parquet)")
+        # a replayed run is charged the simulate backend's start-up (run below)
+        check_numbers(options, {"startup_s": NUMERIC_OPTIONS["startup_s"]}, "replay")
         _index(table_groups(options["replay"]))  # every row checked, and merged as a run would be
         return options
 
@@ -283,6 +287,20 @@ class ReplayBackend(Backend):
         from autotune.backends.simulate import startup_seconds
 
         return startup_seconds(options)  # charged as a simulated run is (run below)
+
+    @classmethod
+    def held_seconds(cls, options: dict[str, Any], step_time_s: float, warmup_steps: int,
+                     measured_steps: int) -> float:
+        return cls.startup_seconds(options) + (warmup_steps + measured_steps) * step_time_s  # as run charges it
+
+    @classmethod
+    def known_step_seconds(cls, options: dict[str, Any], key: str) -> float | None:
+        """The step time the table's row of this layout gives (a completed row), else None."""
+        row = _index(table_groups(options["replay"])).get(key)
+        if row is None or row.get("status") != "completed":
+            return None
+        step = row.get("step_time_s")
+        return float(step) if is_positive_finite(step) else None
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)

@@ -42,6 +42,21 @@ from autotune.config import LayoutConfig, Workload
 STARTUP_S = 90.0
 
 
+# a run's first step compiles and warms the allocator, its later warm-up steps are a little slow: a simulated run
+# charges them this many steady steps (a real run's first step is of that order; controller/forecast.py assumes it)
+FIRST_STEP_FACTOR = 3.0
+WARMUP_STEP_FACTOR = 1.1
+
+
+def charged_steps(warmup_steps: int, measured_steps: int) -> float:
+    """The steps of a run in steady steps, as `run` charges them: the first FIRST_STEP_FACTOR, the other warm-ups
+    WARMUP_STEP_FACTOR (noise aside)."""
+    warmup, steps = max(0, int(warmup_steps)), max(0, int(warmup_steps)) + max(0, int(measured_steps))
+    if steps == 0:
+        return 0.0
+    return FIRST_STEP_FACTOR + WARMUP_STEP_FACTOR * max(0, warmup - 1) + (steps - max(1, warmup))
+
+
 def startup_seconds(options: dict) -> float:
     """The start-up a simulated or replayed run is charged (`startup_s` in the backend's options)."""
     return float(options.get("startup_s", STARTUP_S))
@@ -74,6 +89,21 @@ NUMERIC_OPTIONS = {"noise": 1.0, "knob_bias": 1.0, "layout_noise": 1.0, "memory_
                    "stragglers": 1.0, "trace_noise": 1.0, "startup_s": 86400.0, "seconds_per_trial": 86400.0}
 
 
+def check_numbers(options: dict[str, Any], ranges: dict[str, float], backend: str) -> None:
+    """Each option of `ranges` that is given a number within 0..its high (ConfigError naming it); an option
+    given as null counts as given (found by review: a hand-edited `startup_s: null` was skipped here and made
+    `resume` raise float(None)'s TypeError), except `memory_error`, whose null means the landscape's default."""
+    from autotune._numbers import is_finite_number
+    from autotune.errors import ConfigError
+
+    for key, high in ranges.items():
+        if key not in options or (options[key] is None and key == "memory_error"):
+            continue
+        value = options[key]
+        if not (is_finite_number(value) and not isinstance(value, bool) and 0 <= value <= high):
+            raise ConfigError(f"{backend} backend option {key} = {str(value)[:40]!r}: a number within 0..{high:g}")
+
+
 class SimulateBackend(Backend):
     name = "simulate"
     cli_options = {**Backend.cli_options, "noise": "noise", "sim_seconds": "seconds_per_trial"}
@@ -82,14 +112,9 @@ class SimulateBackend(Backend):
     def check_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Numbers within their ranges, a known landscape, an integer seed (found by an adversarial pass: a
         hand-edited `noise: "loud"` made every resumed trial fail with the backend's ValueError)."""
-        from autotune._numbers import is_finite_number
         from autotune.errors import ConfigError
 
-        for key, high in NUMERIC_OPTIONS.items():
-            value = options.get(key)
-            if value is not None and not (is_finite_number(value) and not isinstance(value, bool)
-                                          and 0 <= value <= high):
-                raise ConfigError(f"simulate backend option {key} = {str(value)[:40]!r}: a number within 0..{high:g}")
+        check_numbers(options, NUMERIC_OPTIONS, "simulate")
         seed = options.get("landscape_seed")
         if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2 ** 32):
             raise ConfigError(f"simulate backend option landscape_seed = {str(seed)[:40]!r}: an integer within 0..2^32")
@@ -101,6 +126,11 @@ class SimulateBackend(Backend):
     @classmethod
     def startup_seconds(cls, options: dict[str, Any]) -> float:
         return startup_seconds(options)
+
+    @classmethod
+    def held_seconds(cls, options: dict[str, Any], step_time_s: float, warmup_steps: int,
+                     measured_steps: int) -> float:
+        return startup_seconds(options) + step_time_s * charged_steps(warmup_steps, measured_steps)
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         from autotune.cost import estimate
@@ -135,7 +165,7 @@ class SimulateBackend(Backend):
                 return TrialOutcome(spec.trial, TrialStatus.PRUNED, step_times_s=times,
                                     wall_time_s=startup_s + sum(times), error="cancelled by the controller")
             warmup = step <= spec.warmup_steps
-            slowdown = 3.0 if step == 1 else (1.1 if warmup else 1.0)
+            slowdown = FIRST_STEP_FACTOR if step == 1 else (WARMUP_STEP_FACTOR if warmup else 1.0)
             seconds = step_time_s * slowdown * max(0.5, 1.0 + noise * rng.standard_normal())
             times.append(seconds)
             if pause_s:

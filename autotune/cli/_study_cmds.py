@@ -351,20 +351,21 @@ def _start_header(args: argparse.Namespace, study, space, workload, repo) -> Non
                   f"{lacking} legal layouts; {foreign} of its layouts are not legal here{knobs}{merged}")
 
 
-def _forecast_line(study, runs: int, slots: int | None) -> str:
-    """The cost forecast of a study's `runs` runs still to make (controller/forecast.py), as `start`, `resume`
-    and `--dry-run` print it before the first run."""
+def _forecast(controller, runs: int):
+    """The cost forecast of the controller's study for its `runs` runs still to make (controller/forecast.py),
+    taken once the controller holds the legal set and the cost model's predictions, before its first run."""
     from autotune.backends import backend_class
     from autotune.controller.forecast import forecast
-    from autotune.controller.options import StudyOptions
-    from autotune.leaderboard import metrics_source
-    from autotune.space import study_space_and_workload
 
-    space, workload = study_space_and_workload(study)
-    backend = backend_class(study.backend)
-    estimate = forecast(space, workload, max(0, runs), StudyOptions.from_stored(study.options),
-                        backend.startup_seconds(study.backend_options))
-    source = metrics_source(study.backend)
+    study = controller.study
+    return forecast(controller.state, controller.baseline, runs, controller.options, backend_class(study.backend),
+                    study.backend_options)
+
+
+def _forecast_line(estimate, backend: str, slots: int | None) -> str:
+    from autotune.leaderboard import metrics_source
+
+    source = metrics_source(backend)
     return estimate.line(slots, None if source == "measured" else source)
 
 
@@ -421,8 +422,9 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
                              backend_options=backend_options, seed=args.seed, options=options)
         print(f"dry run: {workload_summary(workload)}; {study.budget} trial(s). Nothing runs and no database is "
               f"written; the spec.json files the commands name are written under {specs}/")
-        print(_forecast_line(study, study.budget, None))
-        build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options)).run()
+        controller = build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options))
+        print(_forecast_line(_forecast(controller, study.budget), study.backend, 1))
+        controller.run()
         repo.close()
     return 0
 
@@ -555,8 +557,9 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
             _interrupted_before_it_ran(repo, study)
             raise
         slots = getattr(controller.dispatcher, "capacity", 0)
-        if left > 0:
-            view.say(_forecast_line(study, left, slots))
+        estimate = _forecast(controller, left) if left > 0 else None
+        if estimate is not None:
+            view.say(_forecast_line(estimate, study.backend, slots))
         view.slots = slots
         view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
@@ -569,7 +572,10 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     code = 0 if board.summary["best_config"] is not None else 1
     if args.json:
         print(json.dumps({**board.summary, "elapsed_s": summary.elapsed_s, "stop_reason": summary.stop_reason,
-                          "controller_s_per_trial": summary.controller_s_per_trial}, indent=2, default=str))
+                          "controller_s_per_trial": summary.controller_s_per_trial,
+                          # what was forecast before the first run, beside what the runs cost (gpu_seconds)
+                          "forecast": estimate.to_dict() if estimate is not None else None},
+                         indent=2, default=str))
         return code
     _print_final(board, summary, args.storage)
     return code
@@ -700,6 +706,18 @@ class _LiveView:
         else:
             print(f"{text} ...", flush=True)
 
+    def _time_left(self, board, done: int) -> str:
+        from autotune.controller.notes import IMPORTED, VALIDATION
+        from autotune.controller.options import StudyOptions
+        from autotune.leaderboard import row_note
+
+        gpus = self.study.workload["gpus"]
+        held = [t.gpu_seconds / gpus for t in self.repo.trials(self.study.id, dispatched_only=True)
+                if t.status != "dispatched" and t.gpu_seconds and row_note(t) not in (IMPORTED, VALIDATION)]
+        validating = StudyOptions.from_stored(self.study.options).validate_steps > 0
+        return _time_left(held, self.study.budget - done, self.slots, board.summary.get("metrics_source", "measured"),
+                          validating)
+
     def tick(self, _controller, force: bool = False) -> None:
         if self.quiet or (not force and time.monotonic() - self._last < 0.25):
             return
@@ -718,8 +736,7 @@ class _LiveView:
 
             progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
             done = board.summary["dispatched"] - board.summary["running"]
-            progress.add_task(_time_left(board, self.study.budget - done, self.slots), total=self.study.budget,
-                              completed=done)
+            progress.add_task(self._time_left(board, done), total=self.study.budget, completed=done)
             # the summary as text under the table: in the progress row an 80-column terminal cut it short
             summary = Text(leaderboard.summary_line(board.summary))
             self._live.update(Group(progress, leaderboard.rich_table(board), summary))
@@ -741,18 +758,17 @@ class _LiveView:
                       f"{LayoutConfig.from_mapping(row['config']).short()} {speed or ''}", flush=True)
 
 
-def _time_left(board, runs_left: int, slots: int) -> str:
-    """`about 2.1 h left` from the mean time the study's ended runs held their GPUs (simulated or replayed time
-    for those backends, said so), for the live view's progress row; empty before the first run ends."""
-    summary = board.summary
-    ended = summary["dispatched"] - summary["running"]  # the live board holds the top rows only: its summary all
-    if ended <= 0 or runs_left <= 0 or slots <= 0 or not summary["gpu_seconds"]:
+def _time_left(held_s: list[float], runs_left: int, slots: int, source: str, validating: bool) -> str:
+    """`about 2.1 h left` from `held_s`, the seconds each ended run of the budget held its GPUs (runs outside it,
+    imported and validation runs, are no sample of a screening run: review), for the live view's progress row;
+    simulated or replayed time said so; empty before the first run ends."""
+    from autotune.controller.forecast import duration
+
+    if not held_s or runs_left <= 0 or slots <= 0:
         return ""
-    hours = summary["gpu_seconds"] / board.study.workload["gpus"] / ended * runs_left / slots / 3600
-    source = summary.get("metrics_source", "measured")
-    clock = "" if source == "measured" else f"{source} "
-    took = f"{hours * 60:.0f} {clock}min" if hours < 2 else f"{hours:.1f} {clock}h"
-    return f"about {took} left"
+    seconds = sum(held_s) / len(held_s) * runs_left / min(slots, runs_left)
+    clock = "" if source == "measured" else f" of {source} time"
+    return f"about {duration(seconds)}{clock} left" + (" before the validation runs" if validating else "")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

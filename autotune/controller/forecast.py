@@ -1,23 +1,26 @@
-"""What a study will cost before it runs: GPU-hours and wall time, from the cost model's step time.
+"""What a study will cost before it runs: GPU-hours and wall time, from the study's first layout.
 
 Found by a new-user pass: `start --backend megatron --budget 40` said nothing of what it would spend until the
-GPU-hours were spent. The forecast is the cost model's step time of the recipe's own layout (the first run of a
-study), times the steps of a run, plus a start-up per run, for every run of the budget (and the validation runs).
-It is a forecast, not a bound: a study's layouts run faster and slower than the recipe's, an OOM ends at its
+GPU-hours were spent. The forecast takes the layout the study runs first (the recipe's own, when it is legal
+here and may fit; else a layout of median predicted step time among those that may fit), its step time (the
+backend's own figure when it has one, a replay table's row; else the cost model's), and what a run of that step
+holds its GPUs (the backend's charge for simulated and replayed runs; for a real launch an assumed start-up and a
+slow first step), capped at the trial timeout, for every run of the budget and the validation runs.
+It is a forecast, not a bound: a study's layouts run faster and slower than the first, an OOM ends at its
 start-up and a pruned run early, and on a real cluster the model's step time may be off by tens of percent
-(README, "How good is the cost model"). The bound is the trial timeout, printed beside it.
+(README, "How good is the cost model"). The bound is every run at its timeout, printed beside it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from autotune.controller.options import StudyOptions
 
-# a run's first step compiles and warms the allocator: the simulate backend charges it 3 steps and each further
-# warm-up step 1.1 (backends/simulate.py); a real run's first step is of that order
-FIRST_STEP_FACTOR = 3.0
-WARMUP_STEP_FACTOR = 1.1
 # start-up of a real run (model build, NCCL initialisation, data loader) before its first step, assumed: the
 # simulate backend's default, which no measurement here has checked
 ASSUMED_STARTUP_S = 90.0
@@ -27,80 +30,126 @@ MAX_VALIDATION_RUNS = 2
 
 @dataclass(frozen=True)
 class Forecast:
-    """The expected cost of a study's runs. `run_s` is None when the cost model has no step time for the
-    recipe's layout (illegal for this workload): only the timeout bound is then known."""
+    """The expected cost of a study's runs still to make (see the module doc)."""
     runs: int
     gpus: int
-    run_s: float | None
-    validation_run_s: float | None
-    validation_runs: int
+    layout: str  # the layout priced (LayoutConfig.short())
+    priced: str  # whose layout and step time: e.g. "the cost model's step time of the recipe's layout"
+    step_s: float
+    run_s: float  # one screening run, capped at the trial timeout
+    uncapped_run_s: float
     timeout_s: float
-    startup_s: float
     startup_assumed: bool
+    startup_s: float | None
+    validation_runs: int = 0
+    validation_run_s: float = 0.0
+    validation_timeout_s: float = 0.0
+    open_layouts: int | None = None  # layouts the study may still run, when fewer than its runs
 
     @property
-    def gpu_hours(self) -> float | None:
-        if self.run_s is None:
-            return None
-        seconds = self.runs * self.run_s + self.validation_runs * (self.validation_run_s or 0.0)
-        return seconds * self.gpus / 3600
+    def gpu_hours(self) -> float:
+        return (self.runs * self.run_s + self.validation_runs * self.validation_run_s) * self.gpus / 3600
 
     @property
     def bound_gpu_hours(self) -> float:
-        """Every run at the trial timeout (a run past it is stopped)."""
-        return (self.runs + self.validation_runs) * self.timeout_s * self.gpus / 3600
+        """Every run at its timeout (a run past it is stopped)."""
+        return (self.runs * self.timeout_s + self.validation_runs * self.validation_timeout_s) * self.gpus / 3600
 
-    def wall_hours(self, concurrency: int) -> float | None:
-        hours = self.gpu_hours
-        return None if hours is None else hours / self.gpus / max(1, concurrency)
+    @property
+    def over_timeout(self) -> bool:
+        return self.uncapped_run_s > self.timeout_s
+
+    def wall_hours(self, concurrency: int) -> float:
+        """Screening runs in rounds of `concurrency`, then the validation runs one after the other."""
+        rounds = math.ceil(self.runs / max(1, concurrency))
+        return (rounds * self.run_s + self.validation_runs * self.validation_run_s) / 3600
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "gpus": self.gpus, "layout": self.layout, "priced": self.priced,
+                "step_time_s": self.step_s, "run_s": self.run_s, "gpu_hours": self.gpu_hours,
+                "bound_gpu_hours": self.bound_gpu_hours, "trial_timeout_s": self.timeout_s,
+                "over_timeout": self.over_timeout, "startup_s": self.startup_s, "startup_assumed": self.startup_assumed,
+                "validation_runs": self.validation_runs, "validation_run_s": self.validation_run_s,
+                "open_layouts": self.open_layouts}
 
     def line(self, concurrency: int | None, simulated: str | None) -> str:
-        """One line for `start`'s header and `--dry-run`; `simulated` names the backend's source of figures
-        (simulated, replayed) when the study spends no GPU time itself."""
-        bound = f"at most {_hours(self.bound_gpu_hours)} GPU-hours if every run reached the {self.timeout_s:g} s timeout"
-        validation = f" and up to {self.validation_runs} validation run(s)" if self.validation_runs else ""
-        if self.gpu_hours is None:
-            return (f"forecast: no step time for the recipe's layout on this workload; {self.runs} run(s){validation} "
-                    f"on {self.gpus} GPUs, {bound}")
-        if self.validation_run_s is not None:
-            validation += f" of about {self.validation_run_s / 60:.1f} min"
-        startup = f"{self.startup_s:g} s start-up" + (" assumed" if self.startup_assumed else "")
-        wall = f", about {_hours(self.wall_hours(concurrency))} h of wall time at {concurrency} at a time" \
+        """One line for `start`'s and `resume`'s header and `--dry-run`; `simulated` names the backend's source of
+        figures (simulated, replayed) when the study spends no GPU time itself."""
+        where = f"{simulated} study, no GPU time is spent; on a cluster it would take " if simulated else ""
+        validation = (f" and up to {self.validation_runs} validation run(s) of {duration(self.validation_run_s)}"
+                      if self.validation_runs else "")
+        wall = f", about {duration(self.wall_hours(concurrency) * 3600)} of wall time running {concurrency} at a time" \
             if concurrency else ""
-        where = (f"{simulated} study, no GPU time is spent; on a cluster it would take " if simulated else "")
-        return (f"forecast: {where}about {_hours(self.gpu_hours)} GPU-hours for {self.runs} run(s) of about "
-                f"{self.run_s / 60:.1f} min{validation} on {self.gpus} GPUs{wall} (the cost model's step time of "
-                f"the recipe's layout, {startup}; {bound})")
+        startup = "" if self.startup_s is None else \
+            f", {self.startup_s:,.0f} s start-up" + (" assumed" if self.startup_assumed else "")
+        text = (f"forecast: {where}about {gpu_hours(self.gpu_hours)} GPU-hours for {self.runs:,} run(s) of "
+                f"{duration(self.run_s)}{validation} on {self.gpus:,} GPUs{wall} ({self.priced}, {self.layout}"
+                f"{startup}; at most {gpu_hours(self.bound_gpu_hours)} GPU-hours if every run reached its timeout)")
+        if self.over_timeout:  # found by review: every run timed out, and nothing had said it would
+            text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
+                     "--trial-timeout: most runs will time out")
+        if self.open_layouts is not None:
+            text += (f"; the space holds {self.open_layouts:,} layout(s) that may fit and are not run yet: "
+                     "the study may stop before its budget")
+        return text
 
 
-def _hours(value: float | None) -> str:
-    if value is None:
-        return "?"
+def duration(seconds: float) -> str:
+    """`45 s`, `6.9 min`, `2.1 h`, `3.4 days`, `12 years`: a length of time a reader takes in at once."""
+    if not math.isfinite(seconds):
+        return "an unbounded time"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 31_557_600:
+        return f"{seconds / 86_400:,.1f} days"
+    return f"{seconds / 31_557_600:,.0f} years"
+
+
+def gpu_hours(value: float) -> str:
+    if value < 0.01:
+        return "less than 0.01"
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}" if value < 1 else f"{value:.1f}"
 
 
-def forecast(space, workload, budget: int, options: StudyOptions, startup_s: float | None) -> Forecast:
-    """The forecast of a study of `budget` runs. `startup_s` is the backend's own start-up per run when it has
-    one (simulate, replay), else None: ASSUMED_STARTUP_S."""
-    from autotune.controller.session import recipe_baseline
-    from autotune.cost import estimate
-    from autotune.space import violations
+def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend_options: dict[str, Any]) -> Forecast:
+    """The forecast of `runs` runs of a study whose controller holds `state` (its SearchState: the legal set, the
+    cost model's predictions, what ran), `baseline` the recipe's layout, `backend` the backend class."""
+    from autotune.backends.simulate import charged_steps
+    from autotune.controller._spec import validation_timeout_s
 
-    layout = recipe_baseline(space)
-    step_s = None if violations(layout, workload) else estimate(workload, layout).step_time_s
-    assumed = startup_s is None
-    start = ASSUMED_STARTUP_S if startup_s is None else startup_s
+    open_ = state.candidates()
+    i = state.index.get(baseline.key()) if baseline is not None else None
+    if i is not None and open_[i]:
+        whose = "the recipe's layout"
+    else:  # the study starts elsewhere: a typical layout of those it may run
+        rows = np.flatnonzero(open_) if open_.any() else np.arange(len(state.legal))
+        steps = state.predicted.step_time_s[rows]
+        i = int(rows[np.argsort(steps)[len(rows) // 2]])
+        whose = "a layout of median predicted step time"
+    layout = state.legal[i]
+    known = backend.known_step_seconds(backend_options, layout.key())
+    step_s = known if known is not None else float(state.predicted.step_time_s[i])
+    source = "the replay table's step time" if known is not None else "the cost model's step time"
 
-    def run_s(measured_steps: int) -> float | None:
-        if step_s is None:
-            return None
-        warmups = max(0, options.warmup_steps - 1) * WARMUP_STEP_FACTOR
-        first = FIRST_STEP_FACTOR if options.warmup_steps else 0.0
-        steps = first + warmups + measured_steps
-        return start + step_s * steps
+    def held(measured_steps: int) -> tuple[float, float | None, bool]:
+        charged = backend.held_seconds(backend_options, step_s, options.warmup_steps, measured_steps)
+        if charged is not None:
+            return charged, backend.startup_seconds(backend_options), False
+        return ASSUMED_STARTUP_S + step_s * charged_steps(options.warmup_steps, measured_steps), ASSUMED_STARTUP_S, True
 
+    run_s, startup_s, assumed = held(options.measured_steps)
     validations = MAX_VALIDATION_RUNS if options.validate_steps else 0
-    return Forecast(runs=budget, gpus=workload.cluster.gpus, run_s=run_s(options.measured_steps),
-                    validation_run_s=run_s(options.validate_steps) if validations else None,
-                    validation_runs=validations, timeout_s=options.trial_timeout_s, startup_s=start,
-                    startup_assumed=assumed)
+    validation_s, validation_timeout = 0.0, 0.0
+    if validations:
+        validation_timeout = validation_timeout_s(options, step_s)
+        validation_s = min(held(options.validate_steps)[0], validation_timeout)
+    may_run = int(open_.sum())
+    return Forecast(runs=runs, gpus=state.workload.cluster.gpus, layout=layout.short(), priced=f"{source} of {whose}",
+                    step_s=step_s, run_s=min(run_s, options.trial_timeout_s), uncapped_run_s=run_s,
+                    timeout_s=options.trial_timeout_s, startup_assumed=assumed, startup_s=startup_s,
+                    validation_runs=validations, validation_run_s=validation_s,
+                    validation_timeout_s=validation_timeout, open_layouts=may_run if may_run < runs else None)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from autotune.backends import Backend, StepReport, TrialOutcome, TrialSpec, TrialStatus
 from autotune.config import LayoutConfig
 from autotune.megatron.overrides import layout_overrides
@@ -51,18 +53,25 @@ class BackendContract:
         for report in reports:
             assert StepReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
 
-    def test_its_start_up_is_unknown_or_what_a_run_holds_before_its_steps(self):
-        """The forecast (controller/forecast.py) takes a backend's start-up: None, or no more than a run that
-        ended at once held its GPUs (a finite number of seconds, at least 0)."""
+    def test_what_it_says_a_run_holds_is_unknown_or_what_a_run_held(self):
+        """The cost forecast (controller/forecast.py) takes a backend's charge for a run: None (a real launch,
+        whose length nobody knows before it runs), or what a completed run of that step time held its GPUs
+        (within the step noise), its start-up included, and its own step time for a layout when it knows one."""
         import math
 
         backend = self.backend()
-        startup = type(backend).startup_seconds(backend.options)
-        if startup is None:
-            return
-        assert isinstance(startup, float) and math.isfinite(startup) and startup >= 0
-        outcome, _ = self.run(self.spec())
-        assert outcome.wall_time_s >= startup
+        spec = self.spec()
+        kind = type(backend)
+        outcome, _ = self.run(spec)
+        held = kind.held_seconds(backend.options, outcome.step_time_s, spec.warmup_steps, spec.measured_steps)
+        startup = kind.startup_seconds(backend.options)
+        if held is None:
+            assert startup is None
+        else:
+            assert isinstance(held, float) and math.isfinite(held) and held >= (startup or 0.0) >= 0
+            assert held == pytest.approx(outcome.wall_time_s, rel=0.1)
+        known = kind.known_step_seconds(backend.options, LayoutConfig.from_mapping(spec.config).key())
+        assert known is None or known == pytest.approx(outcome.step_time_s)
 
     def test_reports_come_in_step_order(self):
         _, reports = self.run(self.spec())

@@ -480,8 +480,9 @@ def test_dry_run_cli_prints_two_node_commands(cli, tmp_path):
     first = result.stdout.splitlines()[0]
     assert first.startswith("dry run: Qwen3-30B-A3B on 16x") and "dry-run:" not in first
     # what the study would spend, before anything is launched (found by a new-user pass: nothing said it)
-    assert re.match(r"forecast: about [\d.]+ GPU-hours for 3 run\(s\) of about [\d.]+ min on 16 GPUs .*"
-                    r"90 s start-up assumed; at most 48 GPU-hours if every run reached the 3600 s timeout",
+    assert re.match(r"forecast: about [\d.]+ GPU-hours for 3 run\(s\) of [\d.]+ min on 16 GPUs, about [\d.]+ min of "
+                    r"wall time running 1 at a time \(the cost model's step time of the recipe's layout, TP1 PP1 EP16 "
+                    r"MBS1 DO, 90 s start-up assumed; at most 48 GPU-hours if every run reached its timeout\)$",
                     result.stdout.splitlines()[1]), result.stdout.splitlines()[1]
     nodes = [line for line in result.stdout.splitlines() if line.strip().startswith("node ")]
     assert len(nodes) == 6 and all("--nnodes=2" in line for line in nodes)
