@@ -123,6 +123,9 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
               if baseline and baseline.number not in {r["trial"] for r in rows} else [])
     counts = repo.counts(study.id)
     stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them
+    from autotune.controller.options import StudyOptions
+
+    cap = StudyOptions.from_stored(study.options).max_gpu_hours
     best = pick.trial if pick else None
     best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
     summary = {
@@ -135,6 +138,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         # runs outside the budget and the counts above: imported logs and the winner's validation runs
         "imported": counts["imported"], "validation": counts["validation"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
+        # the study's --max-gpu-hours (None: no cap), and whether its runs have held it: no run starts
+        "max_gpu_hours": cap, "gpu_hour_cap_reached": cap is not None and repo.gpu_seconds_spent(study.id) >= cap * 3600,
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
         # benchmark-only settings the user turned on for every run: never part of a tuned result
         "benchmark_only": benchmark_label(study),
@@ -685,6 +690,9 @@ def summary_line(summary: dict[str, Any]) -> str:
     outside = [f"{summary[k]} {k}" for k in ("imported", "validation") if summary.get(k)]
     if outside:  # found by review: imported rows on the table, but not in these counts, without a word
         tag += f" | outside the budget: {', '.join(outside)}"
+    if summary.get("max_gpu_hours") is not None:
+        tag += f" | cap {summary['max_gpu_hours']:,.4g} GPU-hours" + (
+            " (reached: no run starts)" if summary.get("gpu_hour_cap_reached") else "")
     if summary.get("controller_silent_s"):
         tag += f" | {silence_note(summary)}"
     if summary.get("stopped"):

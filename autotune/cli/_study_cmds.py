@@ -13,6 +13,9 @@ from autotune._tables import terminal_safe
 from autotune.controller.options import DEFAULTS
 from autotune.config import MAX_BUDGET
 
+# a GPU-hour cap: more than nothing, at most what the store's check of the options takes (storage/_records.py)
+GPU_HOURS = float_in(0.0, 1e9, low_open=True, what="--max-gpu-hours")
+
 
 def add_storage_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", help="database URL (default: $AUTOTUNE_STORAGE if not empty, else a SQLite file in the "
@@ -48,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--measured-steps", type=int_in(1, 10**6, "--measured-steps"), default=DEFAULTS.measured_steps,
                    help=f"steps per trial whose median is its step time (default {DEFAULTS.measured_steps})")
     p.add_argument("--no-prune", action="store_true", help="never stop slow trials early")
+    p.add_argument("--max-gpu-hours", type=GPU_HOURS, metavar="H",
+                   help="no run starts once the study's runs have held H GPU-hours (runs in flight finish, so the "
+                        "study may end above it by one round of runs; validation runs included); default: no cap")
     p.add_argument("--validate-steps", type=int_in(0, 10**6, "--validate-steps"), default=DEFAULTS.validate_steps,
                    metavar="N",
                    help="after the budget, run the winner (and the runner-up when within the noise) again "
@@ -85,6 +91,9 @@ def register(sub) -> None:
     p.add_argument("--budget", type=int_in(1, MAX_BUDGET, "--budget"),
                    help="a new budget of runs for the study, at least those it has dispatched: extends a finished "
                         "study (the search plans for the new budget from here on)")
+    p.add_argument("--max-gpu-hours", type=GPU_HOURS, metavar="H",
+                   help="a new GPU-hour cap for the study (see `start --max-gpu-hours`): continues a study its cap "
+                        "stopped")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
     add_storage_option(p)
     add_ray_options(p)
@@ -211,6 +220,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     options = {"trial_timeout_s": args.trial_timeout, "warmup_steps": args.warmup_steps,
                "measured_steps": args.measured_steps, "prune_slow": not args.no_prune,
                "validate_steps": args.validate_steps, "memory_headroom_gib": args.memory_headroom_gib,
+               "max_gpu_hours": args.max_gpu_hours,
                "benchmark_settings": benchmark_only.parse(args.benchmark_setting), "knob_share": args.knob_share}
     check_study_inputs(space, workload, args.budget, args.sampler, args.backend, backend_options)
     if args.dry_run:
@@ -359,7 +369,7 @@ def _forecast(controller, runs: int):
 
     study = controller.study
     return forecast(controller.state, controller.baseline, runs, controller.options, backend_class(study.backend),
-                    study.backend_options)
+                    study.backend_options, controller.repo.gpu_seconds_spent(study.id) / 3600)
 
 
 def _forecast_line(estimate, backend: str, slots: int | None) -> str:
@@ -448,6 +458,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from autotune.controller._optuna import require_optuna_study
 
         require_optuna_study(repo.url, study.optuna_study_name)
+    from autotune.controller.options import StudyOptions
+
+    cap = StudyOptions.from_stored(study.options).max_gpu_hours if args.max_gpu_hours is None else args.max_gpu_hours
+    spent_h = repo.gpu_seconds_spent(study.id) / 3600
+    if cap is not None and spent_h >= cap and counts["running"] == 0 and counts["dispatched"] < budget:
+        import shlex
+
+        # said before Ray starts: the controller would stop at once (a study its cap stopped, or a cap below the
+        # hours spent)
+        raise StudyError(f"study {study.name!r} has spent {spent_h:,.2f} of its {cap:,.4g} GPU-hour cap (`autotune resume "
+                         f"{shlex.quote(study.name)} --max-gpu-hours {_raised_cap(spent_h)}` raises it)")
     if study.status == "finished" and counts["dispatched"] >= budget and counts["running"] == 0:
         import shlex
 
@@ -456,18 +477,31 @@ def cmd_resume(args: argparse.Namespace) -> int:
                          f"{shlex.quote(study.name)} --budget {study.budget + 10}` gives it 10 more)")
     if not _ray_address(args):  # said before a word about starting Ray (second review)
         _check_local_gpus(args.local_gpus, study.workload["gpus"])
-    if budget != study.budget:  # every check passed: the one change resume makes before it runs
+    if budget != study.budget or args.max_gpu_hours is not None:  # every check passed: the one change resume makes
         import datetime as dt
 
         from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
         from autotune.storage.models import utcnow
 
         # checked again under the study's lock, with whether another controller runs it (review)
-        repo.set_study_budget(study.id, budget, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S))
+        from autotune.storage.repository import KEEP
+
+        repo.set_study_budget(study.id, budget, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S),
+                              max_gpu_hours=KEEP if args.max_gpu_hours is None else args.max_gpu_hours)
         study = repo.get_study(study.name)
     if not args.json:
         print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
     return _run(repo, study, args)
+
+
+def _raised_cap(spent_h: float) -> str:
+    """A cap a quarter above the hours spent, rounded up to two significant digits: the suggestion of resume's
+    refusal."""
+    import math
+
+    wanted = max(spent_h * 1.25, 0.01)
+    step = 10 ** (math.floor(math.log10(wanted)) - 1)
+    return f"{math.ceil(wanted / step) * step:g}"
 
 
 def _check_stored_backend(study) -> None:
@@ -593,6 +627,13 @@ def _print_final(board, summary, storage: str | None = None) -> None:
     console.print(leaderboard.rich_table(board, title=f"{board.study.name}: top 10"))
     console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
     s = board.summary
+    if summary.stop_reason == "gpu_hours":
+        from autotune.controller.options import StudyOptions
+
+        cap = StudyOptions.from_stored(board.study.options).max_gpu_hours
+        console.print(f"stopped at {s['dispatched']} of {s['budget']} runs: its runs have held its --max-gpu-hours of "
+                      f"{cap:,.4g} (runs in flight finished: {s['gpu_seconds'] / 3600:,.2f} GPU-hours in all); `autotune "
+                      f"resume {shlex.quote(board.study.name)} --max-gpu-hours H` continues it", markup=False)
     if summary.stop_reason == "exhausted":  # found by review: `dispatched 1/5` and no word why
         console.print(f"stopped at {s['dispatched']} of {s['budget']} runs: the sampler has no layout left to propose "
                       "(every legal one ran, or is ruled out by a measured OOM or predicted not to fit)", markup=False)

@@ -45,6 +45,7 @@ class Forecast:
     validation_run_s: float = 0.0
     validation_timeout_s: float = 0.0
     open_layouts: int | None = None  # layouts the study may still run, when fewer than its runs
+    cap_gpu_hours: float | None = None  # the GPU-hours --max-gpu-hours leaves the study (None: no cap)
 
     @property
     def gpu_hours(self) -> float:
@@ -70,7 +71,7 @@ class Forecast:
                 "bound_gpu_hours": self.bound_gpu_hours, "trial_timeout_s": self.timeout_s,
                 "over_timeout": self.over_timeout, "startup_s": self.startup_s, "startup_assumed": self.startup_assumed,
                 "validation_runs": self.validation_runs, "validation_run_s": self.validation_run_s,
-                "open_layouts": self.open_layouts}
+                "open_layouts": self.open_layouts, "cap_gpu_hours": self.cap_gpu_hours}
 
     def line(self, concurrency: int | None, simulated: str | None) -> str:
         """One line for `start`'s and `resume`'s header and `--dry-run`; `simulated` names the backend's source of
@@ -88,6 +89,10 @@ class Forecast:
         if self.over_timeout:  # found by review: every run timed out, and nothing had said it would
             text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
                      "--trial-timeout: most runs will time out")
+        if self.cap_gpu_hours is not None and self.cap_gpu_hours < self.gpu_hours:
+            runs = max(0, math.ceil(self.cap_gpu_hours * 3600 / (self.run_s * self.gpus)))
+            text += (f"; the --max-gpu-hours cap leaves {gpu_hours(self.cap_gpu_hours)} GPU-hours: it stops the study "
+                     f"after about {runs:,} run(s)")
         if self.open_layouts is not None:
             text += (f"; the space holds {self.open_layouts:,} layout(s) that may fit and are not run yet: "
                      "the study may stop before its budget")
@@ -115,9 +120,11 @@ def gpu_hours(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}" if value < 1 else f"{value:.1f}"
 
 
-def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend_options: dict[str, Any]) -> Forecast:
+def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend_options: dict[str, Any],
+             spent_gpu_hours: float = 0.0) -> Forecast:
     """The forecast of `runs` runs of a study whose controller holds `state` (its SearchState: the legal set, the
-    cost model's predictions, what ran), `baseline` the recipe's layout, `backend` the backend class."""
+    cost model's predictions, what ran), `baseline` the recipe's layout, `backend` the backend class;
+    `spent_gpu_hours` what its runs held so far (of its --max-gpu-hours)."""
     from autotune.backends.simulate import charged_steps
     from autotune.controller._spec import validation_timeout_s
 
@@ -152,4 +159,5 @@ def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend
                     step_s=step_s, run_s=min(run_s, options.trial_timeout_s), uncapped_run_s=run_s,
                     timeout_s=options.trial_timeout_s, startup_assumed=assumed, startup_s=startup_s,
                     validation_runs=validations, validation_run_s=validation_s,
-                    validation_timeout_s=validation_timeout, open_layouts=may_run if may_run < runs else None)
+                    validation_timeout_s=validation_timeout, open_layouts=may_run if may_run < runs else None,
+                    cap_gpu_hours=None if options.max_gpu_hours is None else max(0.0, options.max_gpu_hours - spent_gpu_hours))

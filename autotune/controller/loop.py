@@ -108,6 +108,7 @@ class Controller:
         self.best_step_time_s: float | None = None
         self._last_heartbeat = 0.0
         self._exhausted = False
+        self._capped = False  # the GPU-hour cap is spent: no run starts (_fill_slots)
         self._settled: set[int] = set()  # trial numbers whose outcome the search state has learnt
         self._others_in_flight: list[str] = []  # config keys of other controllers' runs in flight
         self._sync_others(dispatched_only=False)  # resume / join: the search state from the record
@@ -175,7 +176,9 @@ class Controller:
                     break
             if self._exhausted and self.repo.counts(self.study.id)["dispatched"] < self.study.budget:
                 stop_reason = "exhausted"
-            if self.options.validate_steps > 0:
+            if self._capped and self.repo.counts(self.study.id)["dispatched"] < self.study.budget:
+                stop_reason = "gpu_hours"
+            if self.options.validate_steps > 0 and not self._cap_reached():
                 raise_if_terminated()  # not validation runs of a study a swallowed SIGTERM stopped
                 self._validate()
         except (KeyboardInterrupt, BrokenPipeError) as exc:
@@ -195,7 +198,8 @@ class Controller:
         finally:
             self.dispatcher.shutdown()
         counts = self.repo.counts(self.study.id)
-        finished = counts["running"] == 0 and (counts["dispatched"] >= self.study.budget or stop_reason == "exhausted")
+        finished = counts["running"] == 0 and (counts["dispatched"] >= self.study.budget
+                                               or stop_reason in ("exhausted", "gpu_hours"))
         self.repo.set_study_status(self.study.id, StudyStatus.FINISHED if finished else StudyStatus.INTERRUPTED)
         return self.summary(time.monotonic() - started, stop_reason)
 
@@ -237,10 +241,10 @@ class Controller:
         """Nothing of ours runs: stop when the study is complete, or when we have nothing left to
         propose; wait (and adopt stale trials) while other controllers' trials still run."""
         counts = self.repo.counts(self.study.id)
-        if counts["running"] == 0 and (counts["dispatched"] >= self.study.budget or self._exhausted):
+        if counts["running"] == 0 and (counts["dispatched"] >= self.study.budget or self._exhausted or self._capped):
             return True
-        if self._exhausted and counts["dispatched"] < self.study.budget:
-            return True  # the space is used up; other controllers' trials are theirs to finish
+        if (self._exhausted or self._capped) and counts["dispatched"] < self.study.budget:
+            return True  # the space or the GPU-hours are used up; other controllers' trials are theirs to finish
         if counts["dispatched"] >= self.study.budget:
             time.sleep(min(1.0, HEARTBEAT_S / 2))  # only other controllers' trials still run
         return False
@@ -257,11 +261,19 @@ class Controller:
 
     # --- dispatch ------------------------------------------------------------------------------
 
+    def _cap_reached(self) -> bool:
+        """The study's runs have held its --max-gpu-hours (theirs and other controllers' runs alike)."""
+        cap = self.options.max_gpu_hours
+        return cap is not None and self.repo.gpu_seconds_spent(self.study.id) >= cap * 3600
+
     def _fill_slots(self) -> None:
-        while self.dispatcher.free_slots() > 0 and not self._exhausted:
+        while self.dispatcher.free_slots() > 0 and not self._exhausted and not self._capped:
             used = self.repo.counts(self.study.id)["dispatched"]
             if used >= self.study.budget:
                 return  # checked before asking Optuna; claim_dispatch still guards against races
+            if self._cap_reached():  # no new run; those in flight finish (their hours count: README)
+                self._capped = True
+                return
             # the budget used so far, other controllers' runs included (the strategies plan by it)
             self.state.dispatched = used
             tick = time.perf_counter()

@@ -40,6 +40,8 @@ class StudyOptions:
     prune_slow: bool = True  # stop a trial whose measured steps are clearly slower than the best so far
     slow_margin: float = 0.25  # "clearly": this much slower than the best step time (a share)
     validate_steps: int = 0  # after the study, run the winner again with this many steps (0: no)
+    # no run starts once the study's runs have held this many GPU-hours (None: no cap); runs in flight finish
+    max_gpu_hours: float | None = None
     memory_headroom_gib: float | None = None  # None: derived from the GPU (recommend.default_headroom_gib)
     # share of the budget spent tuning performance knobs at the leading layouts (controller/knobs.py);
     # 0: layout only. Only where the model's space declares perf_knobs.

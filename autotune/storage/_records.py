@@ -240,6 +240,7 @@ def _options(value: Any) -> bool:
               "slow_margin": lambda v: number(v, 0.0, 100.0, low_open=False),
               "memory_headroom_gib": lambda v: v is None or number(v, 0.0, 10 ** 6, low_open=False),
               "knob_share": lambda v: number(v, 0.0, 1.0, low_open=False),
+              "max_gpu_hours": lambda v: v is None or number(v, 0.0, 10 ** 9),
               "benchmark_settings": lambda v: v is None or _mapping(v)}
     return all(check(value[key]) for key, check in checks.items() if key in value)
 

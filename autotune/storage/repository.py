@@ -176,6 +176,16 @@ def _heartbeat_stale(before: dt.datetime):
     return (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < before) | (TrialRow.heartbeat_at > future)
 
 
+KEEP = object()  # set_study_budget: leave the GPU-hour cap as stored
+
+
+def _spent_gpu_seconds(study_id: int):
+    """The SQL sum of GPU-seconds the study's own runs held (budget and validation runs; an imported log's run
+    is no spending of the study): what its --max-gpu-hours caps."""
+    return select(func.coalesce(func.sum(TrialRow.gpu_seconds), 0.0)).where(
+        TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), TrialRow.origin != TrialOrigin.IMPORTED.value)
+
+
 def budget_below_dispatched(study: str, budget: int, dispatched: int) -> StudyError:
     """The refusal of a budget below the runs a study has dispatched (`resume --budget`)."""
     return StudyError(f"--budget {budget}: study {study!r} has dispatched {dispatched} runs already")
@@ -312,16 +322,18 @@ class Repository:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status.value,
                                                                              updated_at=utcnow()))
 
-    def set_study_budget(self, study_id: int, budget: int, live_after: dt.datetime) -> None:
-        """A new budget (`resume --budget`), decided under the lock of the study row that claim_dispatch takes: a
-        StudyError when the study has dispatched more runs than `budget`, or when a controller heartbeat newer
-        than `live_after` says another controller runs it (its own budget would then disagree with the stored
-        one: review). A `finished` study given runs to make becomes `interrupted` in the same transaction, so a
-        resume that stops before its first run leaves it resumable."""
+    def set_study_budget(self, study_id: int, budget: int, live_after: dt.datetime,
+                         max_gpu_hours: float | None | object = KEEP) -> None:
+        """A new budget (`resume --budget`), and a new GPU-hour cap unless `max_gpu_hours` is KEEP (`resume
+        --max-gpu-hours`), decided under the lock of the study row that claim_dispatch takes: a StudyError when
+        the study has dispatched more runs than `budget`, or when a controller heartbeat newer than `live_after`
+        says another controller runs it (its own budget would then disagree with the stored one: review). A
+        `finished` study given runs to make (and GPU-hours to make them in) becomes `interrupted` in the same
+        transaction, so a resume that stops before its first run leaves it resumable."""
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise ValueError(f"a budget is a count of at least 1, got {budget!r}")  # a bug of the caller
         with self.session() as s:
-            row = s.execute(select(StudyRow.name, StudyRow.status, StudyRow.controller_heartbeat_at)
+            row = s.execute(select(StudyRow.name, StudyRow.status, StudyRow.controller_heartbeat_at, StudyRow.options)
                             .where(StudyRow.id == study_id).with_for_update()).one()
             dispatched = s.scalar(select(func.count()).select_from(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), IN_BUDGET))
@@ -335,7 +347,13 @@ class Repository:
                 raise StudyError(f"study {row.name!r} is running under another controller (its heartbeat is fresh): "
                                  "change its budget once that one has stopped")
             values: dict[str, Any] = {"budget": budget, "updated_at": utcnow()}
-            if row.status == StudyStatus.FINISHED.value and dispatched < budget:
+            options = dict(row.options or {})
+            if max_gpu_hours is not KEEP:
+                options["max_gpu_hours"] = max_gpu_hours
+                values["options"] = options
+            cap = options.get("max_gpu_hours")
+            spent = s.scalar(_spent_gpu_seconds(study_id)) or 0.0
+            if row.status == StudyStatus.FINISHED.value and dispatched < budget and (cap is None or spent < cap * 3600):
                 values["status"] = StudyStatus.INTERRUPTED.value
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(**values))
 
@@ -550,6 +568,11 @@ class Repository:
                 raise StudyError(f"study {name!r} has no trial {number}" if name is not None else
                                  f"no study with id {study_id} (asked for its trial {number})")
             return _trial(row)
+
+    def gpu_seconds_spent(self, study_id: int) -> float:
+        """GPU-seconds the study's own runs held (_spent_gpu_seconds)."""
+        with self.session() as s:
+            return float(s.scalar(_spent_gpu_seconds(study_id)) or 0.0)
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""

@@ -508,6 +508,27 @@ def test_start_holds_no_more_slots_than_runs_left(cli, tmp_path):
     assert "Ray is up (2 trial(s) at a time)" in result.stdout
 
 
+def test_a_gpu_hour_cap_is_forecast_said_when_reached_and_raised_by_resume(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 'cap.db'}"
+    ran = cli("start", "--model", "qwen3_30b", "--budget", "10", "--study", "cap", "--max-gpu-hours", "4",
+              "--sim-seconds", "0", "--storage", url, env={**ENV, "COLUMNS": "250"}, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert re.search(r"the --max-gpu-hours cap leaves 4\.0 GPU-hours: it stops the study after about \d run\(s\)",
+                     ran.stdout), ran.stdout[:1500]
+    assert "stopped at 3 of 10 runs: its runs have held its --max-gpu-hours of 4" in ran.stdout
+    assert "cap 4 GPU-hours (reached: no run starts)" in cli("leaderboard", "cap", "--storage", url,
+                                                             env={"COLUMNS": "250"}).stdout
+    refused = cli("resume", "cap", "--storage", url, env=ENV)  # before Ray: the controller would stop at once
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert re.search(r"has spent 5\.\d\d of its 4 GPU-hour cap \(`autotune resume cap --max-gpu-hours 6\.\d+` "
+                     r"raises it\)", refused.stderr), refused.stderr
+    resumed = cli("resume", "cap", "--max-gpu-hours", "8", "--json", "--storage", url, env=ENV, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout)
+    assert summary["max_gpu_hours"] == 8 and summary["gpu_hour_cap_reached"] and summary["stop_reason"] == "gpu_hours"
+    assert 3 < summary["dispatched"] < 10 and summary["forecast"]["cap_gpu_hours"] == pytest.approx(8 - 5.4, abs=0.1)
+
+
 def test_the_live_view_tells_the_time_left_from_the_budgets_runs_that_ended(cli, tmp_path):
     """The time left counts only the budget's runs: review found a validation run (1,000 steps) in the average
     (`4/8 about 17.7 simulated h left` for runs of 7 min)."""

@@ -192,3 +192,30 @@ def test_a_small_space_is_exhausted_before_the_budget(tmp_path):
     with pytest.raises(ConfigError, match="predicted to fit"):
         run(url, name="nothing-fits", budget=40, fixes=fixes, gpus=8)
     assert repo.find_study("nothing-fits") is None
+
+
+def test_a_gpu_hour_cap_stops_runs_from_starting_and_resume_raises_it(tmp_path):
+    """--max-gpu-hours: no run starts once the study's runs have held it; the study ends `finished` with
+    stop reason gpu_hours (no validation run then), and a raised cap (resume --max-gpu-hours) continues it."""
+    import datetime as dt
+
+    from autotune.storage import StudyStatus
+
+    url = f"sqlite:///{tmp_path / 'cap.db'}"
+    # a simulated run of this study holds 16 GPUs for about 7 minutes: about 1.8 GPU-hours
+    repo, study, summary = run(url, name="cap", gpus=16, budget=10, options={"max_gpu_hours": 4.0, "validate_steps": 20})
+    spent_h = repo.gpu_seconds_spent(study.id) / 3600
+    assert summary.stop_reason == "gpu_hours" and study.status == "finished"
+    assert 2 <= summary.counts["dispatched"] < 10 and summary.counts["validation"] == 0
+    last = max(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
+    assert spent_h >= 4.0 and spent_h - last.gpu_seconds / 3600 < 4.0  # the last run started below the cap
+    # a raised cap: the study has runs to make in it again, so `resume` may run it; under the lock, as --budget
+    repo.set_study_budget(study.id, 10, dt.datetime(2020, 1, 1), max_gpu_hours=spent_h + 4.0)
+    again = repo.get_study("cap")
+    assert again.status == StudyStatus.INTERRUPTED.value and again.options["max_gpu_hours"] == spent_h + 4.0
+    summary = build_controller(repo, again).run()
+    assert summary.counts["dispatched"] > 2 and repo.get_study("cap").status == "finished"
+    # a cap below the hours spent leaves a finished study finished
+    repo.set_study_budget(study.id, 11, dt.datetime(2020, 1, 1), max_gpu_hours=1.0)
+    assert repo.get_study("cap").status == "finished" and repo.get_study("cap").budget == 11
+    repo.close()

@@ -67,6 +67,11 @@ def _dump(path: str) -> list:
     ("UPDATE autotune_studies SET options = json_set(options, '$.trial_timeout_s', -5), budget = 5 WHERE name = 'A'",
      "options"),
     ("UPDATE autotune_studies SET options = json_set(options, '$.seed', 'x'), budget = 5 WHERE name = 'A'", "options"),
+    ("UPDATE autotune_studies SET options = json_set(options, '$.max_gpu_hours', -1), budget = 5 WHERE name = 'A'",
+     "options"),
+    # a stored start-up of null: float(None)'s TypeError after Ray had started (review)
+    ("UPDATE autotune_studies SET backend_options = '{\"startup_s\": null}', budget = 5 WHERE name = 'A'",
+     "simulate backend option startup_s"),
     # every resumed run failed with the backend's ValueError stored as its message
     ("UPDATE autotune_studies SET backend_options = '{\"noise\": \"loud\"}', budget = 5 WHERE name = 'A'",
      "simulate backend option noise"),
