@@ -215,8 +215,12 @@ class DashboardApp:
                    f" ({escape(study.backend)} backend, {escape(study.sampler)} sampler); dispatched "
                    f"{s['dispatched']}/{s['budget']}, completed {s['completed']}, OOM {s['oom']}, pruned "
                    f"{s['pruned']}, failed {s['failed'] + s['timeout']}, rejected before dispatch "
-                   f"{s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}; "
-                   f"status <b>{escape(study.status)}</b></p>")
+                   f"{s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}"
+                   # the study's --max-gpu-hours, and whether its runs held it (no run starts then)
+                   + (f" of a cap of {num(s['max_gpu_hours'] * 3600, 'h')}"
+                      + (" (reached: no run starts)" if s["gpu_hour_cap_reached"] else "")
+                      if s.get("max_gpu_hours") is not None else "")
+                   + f"; status <b>{escape(study.status)}</b></p>")
         running = study.status in ("running", "created") or s["running"] > 0
         benchmark = (f"<p class='banner' id='benchmark-only'>{escape(s['benchmark_only'])}: these runs are not a "
                      "tuned result (export refuses them unless told otherwise)</p>") if s.get("benchmark_only") else ""

@@ -319,6 +319,22 @@ def test_trial_page_reads_the_measured_breakdown_from_an_nsys_export_in_the_run_
     assert measured["x"] == pytest.approx([8.0, 6.0, 2.0])
 
 
+def test_the_summary_says_the_gpu_hour_cap_and_whether_it_was_reached(repo):
+    """The study's --max-gpu-hours on its page, beside the hours its runs held (4 runs of 1,000 GPU-seconds)."""
+    from autotune.storage.models import StudyRow
+
+    name = f"demo{HOSTILE}"
+    study = repo.get_study(name)
+    summary = re.compile(r"<p id='summary'>.*?</p>", re.S)
+    assert "cap" not in summary.search(DashboardApp(repo).study_page(name, "trial", "asc").decode()).group(0)
+    for cap, said in ((1.0, "1.11 simulated GPU-hours of a cap of 1.00 (reached: no run starts)"),
+                      (2.0, "1.11 simulated GPU-hours of a cap of 2.00; status")):
+        with repo.session() as s:
+            s.get(StudyRow, study.id).options = {"max_gpu_hours": cap}
+        page = DashboardApp(repo).study_page(name, "trial", "asc").decode()
+        assert said in summary.search(page).group(0)
+
+
 def test_sorting_by_column(repo):
     html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "peak_mem_gib", "asc").decode()
     table = html[html.index("id='leaderboard'"):]
