@@ -11,6 +11,7 @@ Cells are rich markup strings (escape user text).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,3 +145,18 @@ def cell_text(text: str) -> str:
     from rich.markup import escape
 
     return escape(terminal_safe(text))
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `6.9 min`, `2.1 h`, `3.4 days`, `12 years`: a length of time a reader takes in at once."""
+    if not math.isfinite(seconds):
+        return "an unbounded time"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 31_557_600:
+        return f"{seconds / 86_400:,.1f} days"
+    return f"{seconds / 31_557_600:,.0f} years"

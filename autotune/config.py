@@ -275,6 +275,7 @@ def _as_bool(name: str, value: Any) -> bool:
 MAX_WORKLOAD_COUNT = 10**9
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
 MAX_BUDGET = 10**6  # runs of one study: the budget is an INTEGER column; far beyond any real study
+MAX_GPU_HOURS = 1e9  # a study's --max-gpu-hours: far beyond any real cluster's year
 
 
 # A cluster's own scale-out bandwidth per GPU, GB/s: at most four times a GB300 GPU's 800 Gb/s NIC, at

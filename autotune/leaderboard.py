@@ -19,7 +19,7 @@ from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
 from autotune.controller.recommend import VALIDATION, RunNoise, study_recommendation
 from autotune.storage import Repository, Study, Trial
-from autotune.storage.repository import heartbeat_ahead_s
+from autotune.storage.repository import gpu_hour_cap_reached, heartbeat_ahead_s
 
 # new columns go last: a script reading the CSV by position keeps working
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
@@ -139,7 +139,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "imported": counts["imported"], "validation": counts["validation"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
         # the study's --max-gpu-hours (None: no cap), and whether its runs have held it: no run starts
-        "max_gpu_hours": cap, "gpu_hour_cap_reached": cap is not None and repo.gpu_seconds_spent(study.id) >= cap * 3600,
+        "max_gpu_hours": cap, "gpu_hour_cap_reached": gpu_hour_cap_reached(repo.gpu_seconds_spent(study.id), cap),
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
         # benchmark-only settings the user turned on for every run: never part of a tuned result
         "benchmark_only": benchmark_label(study),
@@ -692,7 +692,7 @@ def summary_line(summary: dict[str, Any]) -> str:
         tag += f" | outside the budget: {', '.join(outside)}"
     if summary.get("max_gpu_hours") is not None:
         tag += f" | cap {summary['max_gpu_hours']:,.4g} GPU-hours" + (
-            " (reached: no run starts)" if summary.get("gpu_hour_cap_reached") else "")
+            " (reached: no further run starts)" if summary.get("gpu_hour_cap_reached") else "")
     if summary.get("controller_silent_s"):
         tag += f" | {silence_note(summary)}"
     if summary.get("stopped"):
@@ -716,7 +716,7 @@ def silence_note(summary: dict[str, Any]) -> str:
     start stored and never ran, `not started 5 min after it was created (its start stopped?): ... runs it`."""
     import shlex
 
-    from autotune.controller.forecast import duration
+    from autotune._tables import duration
 
     silent = summary["controller_silent_s"]
     took = duration(silent)

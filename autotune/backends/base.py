@@ -149,6 +149,22 @@ def stopped_outcome(spec: "TrialSpec", how: str, step_times_s: list[float], wall
 Reporter = Callable[[StepReport], None]
 
 
+# a run's first step compiles and warms the allocator, its later warm-up steps are a little slow: the simulate
+# backend charges them this many steady steps, and the cost forecast of a real run assumes as much
+# (controller/forecast.py): a real run's first step is of that order
+FIRST_STEP_FACTOR = 3.0
+WARMUP_STEP_FACTOR = 1.1
+
+
+def charged_steps(warmup_steps: int, measured_steps: int) -> float:
+    """The steps of a run of `warmup_steps + measured_steps` in steady steps: the first FIRST_STEP_FACTOR, the
+    other warm-ups WARMUP_STEP_FACTOR (a simulated run's charge, noise aside; a real run's assumed)."""
+    warmup, steps = max(0, int(warmup_steps)), max(0, int(warmup_steps)) + max(0, int(measured_steps))
+    if steps == 0:
+        return 0.0
+    return FIRST_STEP_FACTOR + WARMUP_STEP_FACTOR * max(0, warmup - 1) + (steps - max(1, warmup))
+
+
 class Backend(ABC):
     """Runs trials. One instance lives inside each Ray trial actor (or in-process in tests).
 

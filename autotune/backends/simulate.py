@@ -33,28 +33,14 @@ import numpy as np
 
 from autotune.backends._landscapes import (FAMILIES, Landscape, model_parts, run_noise_factor, straggler_factor,
                                            unit_hash)
-from autotune.backends.base import Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus
+from autotune.backends.base import (FIRST_STEP_FACTOR, WARMUP_STEP_FACTOR, Backend, Reporter, StepReport, TrialOutcome,
+                                    TrialSpec, TrialStatus, charged_steps)
 from autotune.config import LayoutConfig, Workload
 
 
 # Simulated seconds before a run's first step (model build, NCCL init): what a study's simulated and replayed
 # runs are charged besides their steps (the `startup_s` option overrides it).
 STARTUP_S = 90.0
-
-
-# a run's first step compiles and warms the allocator, its later warm-up steps are a little slow: a simulated run
-# charges them this many steady steps (a real run's first step is of that order; controller/forecast.py assumes it)
-FIRST_STEP_FACTOR = 3.0
-WARMUP_STEP_FACTOR = 1.1
-
-
-def charged_steps(warmup_steps: int, measured_steps: int) -> float:
-    """The steps of a run in steady steps, as `run` charges them: the first FIRST_STEP_FACTOR, the other warm-ups
-    WARMUP_STEP_FACTOR (noise aside)."""
-    warmup, steps = max(0, int(warmup_steps)), max(0, int(warmup_steps)) + max(0, int(measured_steps))
-    if steps == 0:
-        return 0.0
-    return FIRST_STEP_FACTOR + WARMUP_STEP_FACTOR * max(0, warmup - 1) + (steps - max(1, warmup))
 
 
 def startup_seconds(options: dict) -> float:

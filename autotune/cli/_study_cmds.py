@@ -11,10 +11,19 @@ from autotune.cli._checks import ascii_int, float_in, int_in, port, positive, se
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
 from autotune._tables import terminal_safe
 from autotune.controller.options import DEFAULTS
-from autotune.config import MAX_BUDGET
+from autotune.config import MAX_BUDGET, MAX_GPU_HOURS
 
 # a GPU-hour cap: more than nothing, at most what the store's check of the options takes (storage/_records.py)
-GPU_HOURS = float_in(0.0, 1e9, low_open=True, what="--max-gpu-hours")
+GPU_HOURS = float_in(0.0, MAX_GPU_HOURS, low_open=True, what="--max-gpu-hours")
+NO_CAP = "none"  # resume --max-gpu-hours none: the study's cap removed
+
+
+def _gpu_hours_or_none(text: str):
+    """resume's --max-gpu-hours: a cap (GPU_HOURS), or `none` to remove the study's (review: no way to)."""
+    return NO_CAP if text.strip().lower() == NO_CAP else GPU_HOURS(text)
+
+
+_gpu_hours_or_none.__name__ = "float"  # argparse's "invalid float value: 'abc'"
 
 
 def add_storage_option(parser: argparse.ArgumentParser) -> None:
@@ -91,9 +100,9 @@ def register(sub) -> None:
     p.add_argument("--budget", type=int_in(1, MAX_BUDGET, "--budget"),
                    help="a new budget of runs for the study, at least those it has dispatched: extends a finished "
                         "study (the search plans for the new budget from here on)")
-    p.add_argument("--max-gpu-hours", type=GPU_HOURS, metavar="H",
-                   help="a new GPU-hour cap for the study (see `start --max-gpu-hours`): continues a study its cap "
-                        "stopped")
+    p.add_argument("--max-gpu-hours", type=_gpu_hours_or_none, metavar="H",
+                   help="a new GPU-hour cap for the study (see `start --max-gpu-hours`), or `none`: continues a study "
+                        "its cap stopped")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
     add_storage_option(p)
     add_ray_options(p)
@@ -450,7 +459,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_stored_backend(study)
     counts = repo.counts(study.id)
     budget = study.budget if args.budget is None else args.budget
-    if budget < counts["dispatched"]:  # said before Ray starts; Repository.set_study_budget checks it again locked
+    if budget < counts["dispatched"]:  # said before Ray starts; Repository.set_study_limits checks it again locked
         from autotune.storage.repository import budget_below_dispatched
 
         raise budget_below_dispatched(study.name, budget, counts["dispatched"])
@@ -459,17 +468,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
         require_optuna_study(repo.url, study.optuna_study_name)
     from autotune.controller.options import StudyOptions
+    from autotune.storage.repository import gpu_hour_cap_reached
 
-    cap = StudyOptions.from_stored(study.options).max_gpu_hours if args.max_gpu_hours is None else args.max_gpu_hours
-    spent_h = repo.gpu_seconds_spent(study.id) / 3600
-    if cap is not None and spent_h >= cap and counts["running"] == 0 and counts["dispatched"] < budget:
+    stored = StudyOptions.from_stored(study.options)
+    cap = {None: stored.max_gpu_hours, NO_CAP: None}.get(args.max_gpu_hours, args.max_gpu_hours)
+    # the validation runs the cap kept from starting (a study whose budget ended with the cap spent)
+    owed = stored.validate_steps > 0 and counts["validation"] == 0 and counts["completed"] > 0
+    runs_to_make = counts["dispatched"] < budget or counts["running"] or owed
+    spent_s = repo.gpu_seconds_spent(study.id)
+    if runs_to_make and gpu_hour_cap_reached(spent_s, cap):
         import shlex
 
-        # said before Ray starts: the controller would stop at once (a study its cap stopped, or a cap below the
-        # hours spent)
-        raise StudyError(f"study {study.name!r} has spent {spent_h:,.2f} of its {cap:,.4g} GPU-hour cap (`autotune resume "
-                         f"{shlex.quote(study.name)} --max-gpu-hours {_raised_cap(spent_h)}` raises it)")
-    if study.status == "finished" and counts["dispatched"] >= budget and counts["running"] == 0:
+        # said before Ray starts: no run could start (a study its cap stopped, a cap below the hours spent; its
+        # stopped runs would run again past it: review)
+        raise StudyError(f"study {study.name!r} has spent {spent_s / 3600:,.2f} of its {cap:,.4g} GPU-hour cap "
+                         f"(`autotune resume {shlex.quote(study.name)} --max-gpu-hours {_raised_cap(spent_s / 3600)}` "
+                         "raises it)")
+    if study.status == "finished" and counts["dispatched"] >= budget and counts["running"] == 0 and not owed:
         import shlex
 
         # found by a new-user pass: a finished study could not be given more runs
@@ -486,8 +501,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         # checked again under the study's lock, with whether another controller runs it (review)
         from autotune.storage.repository import KEEP
 
-        repo.set_study_budget(study.id, budget, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S),
-                              max_gpu_hours=KEEP if args.max_gpu_hours is None else args.max_gpu_hours)
+        repo.set_study_limits(study.id, budget, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S),
+                              max_gpu_hours=KEEP if args.max_gpu_hours is None else cap)
         study = repo.get_study(study.name)
     if not args.json:
         print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
@@ -499,9 +514,9 @@ def _raised_cap(spent_h: float) -> str:
     refusal."""
     import math
 
-    wanted = max(spent_h * 1.25, 0.01)
+    wanted = min(max(spent_h * 1.25, 0.01), MAX_GPU_HOURS)
     step = 10 ** (math.floor(math.log10(wanted)) - 1)
-    return f"{math.ceil(wanted / step) * step:g}"
+    return f"{min(math.ceil(wanted / step) * step, MAX_GPU_HOURS):g}"
 
 
 def _check_stored_backend(study) -> None:
@@ -631,9 +646,14 @@ def _print_final(board, summary, storage: str | None = None) -> None:
         from autotune.controller.options import StudyOptions
 
         cap = StudyOptions.from_stored(board.study.options).max_gpu_hours
-        console.print(f"stopped at {s['dispatched']} of {s['budget']} runs: its runs have held its --max-gpu-hours of "
-                      f"{cap:,.4g} (runs in flight finished: {s['gpu_seconds'] / 3600:,.2f} GPU-hours in all); `autotune "
-                      f"resume {shlex.quote(board.study.name)} --max-gpu-hours H` continues it", markup=False)
+        if s["dispatched"] < s["budget"]:
+            what = f"stopped at {s['dispatched']} of {s['budget']} runs"
+        else:  # the budget ran, not every validation run (review: a skipped validation was not said)
+            what = (f"{s['validation']} validation run(s) started, no more" if s["validation"] else
+                    "no validation run started")
+        console.print(f"{what}: the study's runs have held its --max-gpu-hours of {cap:,.4g} ({s['gpu_seconds'] / 3600:,.2f} "
+                      f"GPU-hours in all, the runs that had started included); `autotune resume "
+                      f"{shlex.quote(board.study.name)} --max-gpu-hours H` continues it", markup=False)
     if summary.stop_reason == "exhausted":  # found by review: `dispatched 1/5` and no word why
         console.print(f"stopped at {s['dispatched']} of {s['budget']} runs: the sampler has no layout left to propose "
                       "(every legal one ran, or is ruled out by a measured OOM or predicted not to fit)", markup=False)
@@ -691,6 +711,7 @@ class _LiveView:
         self._reported: set[int] = set()
         self._in_budget = 0  # the runs of the budget reported so far (the count in `[3/40]`)
         self.slots = 0  # runs at a time, once Ray is up: the time left is told from it
+        self._held: tuple[int, list[float]] | None = None  # (ended runs, seconds each held): _time_left's cache
 
     def __enter__(self):
 
@@ -748,16 +769,28 @@ class _LiveView:
             print(f"{text} ...", flush=True)
 
     def _time_left(self, board, done: int) -> str:
+        """The progress row's time left: the budget's runs still to make, no more than the GPU-hour cap leaves
+        room for (review: it counted runs the cap would never start), at the mean of its ended runs."""
+        import math
+
         from autotune.controller.notes import IMPORTED, VALIDATION
         from autotune.controller.options import StudyOptions
         from autotune.leaderboard import row_note
 
-        gpus = self.study.workload["gpus"]
-        held = [t.gpu_seconds / gpus for t in self.repo.trials(self.study.id, dispatched_only=True)
-                if t.status != "dispatched" and t.gpu_seconds and row_note(t) not in (IMPORTED, VALIDATION)]
-        validating = StudyOptions.from_stored(self.study.options).validate_steps > 0
-        return _time_left(held, self.study.budget - done, self.slots, board.summary.get("metrics_source", "measured"),
-                          validating)
+        if self._held is None or self._held[0] != done:  # the trials read again only when a run has ended
+            gpus = self.study.workload["gpus"]
+            self._held = (done, [t.gpu_seconds / gpus for t in self.repo.trials(self.study.id, dispatched_only=True)
+                                 if t.status != "dispatched" and t.gpu_seconds
+                                 and row_note(t) not in (IMPORTED, VALIDATION)])
+        held = self._held[1]
+        options = StudyOptions.from_stored(self.study.options)
+        runs_left = self.study.budget - done
+        if options.max_gpu_hours is not None and held:
+            room_s = options.max_gpu_hours * 3600 - board.summary["gpu_seconds"]
+            per_run_s = sum(held) / len(held) * self.study.workload["gpus"]
+            runs_left = min(runs_left, max(0, math.ceil(room_s / per_run_s)))
+        return _time_left(held, runs_left, self.slots, board.summary.get("metrics_source", "measured"),
+                          options.validate_steps > 0)
 
     def tick(self, _controller, force: bool = False) -> None:
         if self.quiet or (not force and time.monotonic() - self._last < 0.25):
@@ -803,7 +836,7 @@ def _time_left(held_s: list[float], runs_left: int, slots: int, source: str, val
     """`about 2.1 h left` from `held_s`, the seconds each ended run of the budget held its GPUs (runs outside it,
     imported and validation runs, are no sample of a screening run: review), for the live view's progress row;
     simulated or replayed time said so; empty before the first run ends."""
-    from autotune.controller.forecast import duration
+    from autotune._tables import duration
 
     if not held_s or runs_left <= 0 or slots <= 0:
         return ""
@@ -848,6 +881,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         w = s["workload"]
         best = s["best_tokens_per_s_per_gpu"]
         status = f"{s['status']}, {leaderboard.silence_label(s)}" if s["controller_silent_s"] else s["status"]
+        if s.get("gpu_hour_cap_reached") and s["status"] != "running":  # review: "finished 6/20" and no reason
+            status += ", GPU-hour cap"
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), status,
                       # completed, not "done": a column "done" counted pruned and failed runs among them
                       # (found by a new-user pass), and the other ends are the leaderboard's to tell

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune._tables import duration
 from autotune.controller.options import StudyOptions
 
 # start-up of a real run (model build, NCCL initialisation, data loader) before its first step, assumed: the
@@ -65,6 +66,22 @@ class Forecast:
         rounds = math.ceil(self.runs / max(1, concurrency))
         return (rounds * self.run_s + self.validation_runs * self.validation_run_s) / 3600
 
+    def under_cap(self, concurrency: int) -> tuple[int, int, float]:
+        """(runs, validation runs, GPU-hours) the study makes under its cap, as the controller starts them: a run
+        starts while the hours held, those in flight counted at the mean of the runs that ended, are below the cap
+        (loop.Controller._cap_reached); the first round, before any run has ended, starts whole. Every run taken as
+        long as the one priced."""
+        cap = math.inf if self.cap_gpu_hours is None else self.cap_gpu_hours
+        run_h = self.run_s * self.gpus / 3600
+        runs = self.runs if run_h <= 0 else min(self.runs, max(min(concurrency, self.runs), math.ceil(cap / run_h)))
+        spent = runs * run_h
+        validations = 0
+        validation_h = self.validation_run_s * self.gpus / 3600
+        while validations < self.validation_runs and (runs == self.runs) and spent < cap:
+            validations += 1
+            spent += validation_h
+        return runs, validations, spent
+
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.runs, "gpus": self.gpus, "layout": self.layout, "priced": self.priced,
                 "step_time_s": self.step_s, "run_s": self.run_s, "gpu_hours": self.gpu_hours,
@@ -90,28 +107,15 @@ class Forecast:
             text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
                      "--trial-timeout: most runs will time out")
         if self.cap_gpu_hours is not None and self.cap_gpu_hours < self.gpu_hours:
-            runs = max(0, math.ceil(self.cap_gpu_hours * 3600 / (self.run_s * self.gpus)))
+            runs, validations, spent = self.under_cap(concurrency or 1)
+            stops = (f"after about {runs:,} of its {self.runs:,} run(s)" if runs < self.runs else
+                     f"before {self.validation_runs - validations} of its {self.validation_runs} validation run(s)")
             text += (f"; the --max-gpu-hours cap leaves {gpu_hours(self.cap_gpu_hours)} GPU-hours: it stops the study "
-                     f"after about {runs:,} run(s)")
+                     f"{stops}, about {gpu_hours(spent)} GPU-hours")
         if self.open_layouts is not None:
             text += (f"; the space holds {self.open_layouts:,} layout(s) that may fit and are not run yet: "
                      "the study may stop before its budget")
         return text
-
-
-def duration(seconds: float) -> str:
-    """`45 s`, `6.9 min`, `2.1 h`, `3.4 days`, `12 years`: a length of time a reader takes in at once."""
-    if not math.isfinite(seconds):
-        return "an unbounded time"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.1f} h"
-    if seconds < 2 * 31_557_600:
-        return f"{seconds / 86_400:,.1f} days"
-    return f"{seconds / 31_557_600:,.0f} years"
 
 
 def gpu_hours(value: float) -> str:
@@ -125,7 +129,7 @@ def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend
     """The forecast of `runs` runs of a study whose controller holds `state` (its SearchState: the legal set, the
     cost model's predictions, what ran), `baseline` the recipe's layout, `backend` the backend class;
     `spent_gpu_hours` what its runs held so far (of its --max-gpu-hours)."""
-    from autotune.backends.simulate import charged_steps
+    from autotune.backends.base import charged_steps
     from autotune.controller._spec import validation_timeout_s
 
     open_ = state.candidates()

@@ -47,7 +47,7 @@ from autotune.controller.state import SearchState
 from autotune.controller.strategies import Strategy
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
-from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT
+from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT, gpu_hour_cap_reached
 
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
@@ -176,11 +176,11 @@ class Controller:
                     break
             if self._exhausted and self.repo.counts(self.study.id)["dispatched"] < self.study.budget:
                 stop_reason = "exhausted"
-            if self._capped and self.repo.counts(self.study.id)["dispatched"] < self.study.budget:
-                stop_reason = "gpu_hours"
-            if self.options.validate_steps > 0 and not self._cap_reached():
+            if self.options.validate_steps > 0 and not self._capped:
                 raise_if_terminated()  # not validation runs of a study a swallowed SIGTERM stopped
                 self._validate()
+            if self._capped:  # runs of the budget, or validation runs, the cap kept from starting
+                stop_reason = "gpu_hours"
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # a broken pipe: the output the user read from (`autotune start | head`) is gone; the study
             # stops as after Ctrl-C, `resume` continues it (review: it was left `running`, a run stuck)
@@ -208,9 +208,13 @@ class Controller:
         (after an error): each step is tried whatever the others did (review: a cancel that raised, Ray gone,
         left the study `running`), and none raises."""
         numbers = list(self.running)
+        gpus = self.workload.cluster.gpus
+        # the GPU time each stopped attempt held, on this machine's clock (review: it was never counted)
+        held = {n: min(MAX_GPU_SECONDS_PER_ATTEMPT, (time.monotonic() - run.started) * gpus)
+                for n, run in self.running.items()}
         steps = [*(lambda n=n: self.dispatcher.cancel(n) for n in numbers),
                  # shown stopped at once, not `running` until their heartbeat went stale (review)
-                 lambda: self.repo.release_trials(self.study.id, numbers),
+                 lambda: self.repo.release_trials(self.study.id, numbers, held),
                  lambda: self.repo.set_study_status(self.study.id, StudyStatus.INTERRUPTED)]
         for step in steps:
             if not best_effort:
@@ -262,9 +266,19 @@ class Controller:
     # --- dispatch ------------------------------------------------------------------------------
 
     def _cap_reached(self) -> bool:
-        """The study's runs have held its --max-gpu-hours (theirs and other controllers' runs alike)."""
+        """No run may start: the study's runs (this controller's and others', validation runs included) have held
+        its --max-gpu-hours, those in flight counted at the mean GPU-seconds of the runs that ended (review: with
+        four slots a 3 GPU-hour cap started 5 runs, 9.2 GPU-hours; in flight, a run had counted nothing). Sets
+        _capped, which stops the dispatch of budget and validation runs alike."""
         cap = self.options.max_gpu_hours
-        return cap is not None and self.repo.gpu_seconds_spent(self.study.id) >= cap * 3600
+        if cap is None:
+            return False
+        ended = [t.gpu_seconds for t in self.repo.trials(self.study.id, dispatched_only=True)
+                 if t.status != "dispatched" and t.origin != TrialOrigin.IMPORTED and t.gpu_seconds]
+        in_flight = len(self.running) + len(self._others_in_flight)
+        expected = sum(ended) / len(ended) * in_flight if ended else 0.0
+        self._capped = gpu_hour_cap_reached(self.repo.gpu_seconds_spent(self.study.id) + expected, cap)
+        return self._capped
 
     def _fill_slots(self) -> None:
         while self.dispatcher.free_slots() > 0 and not self._exhausted and not self._capped:
@@ -272,7 +286,6 @@ class Controller:
             if used >= self.study.budget:
                 return  # checked before asking Optuna; claim_dispatch still guards against races
             if self._cap_reached():  # no new run; those in flight finish (their hours count: README)
-                self._capped = True
                 return
             # the budget used so far, other controllers' runs included (the strategies plan by it)
             self.state.dispatched = used
@@ -429,6 +442,8 @@ class Controller:
         validation run ran, and a dead controller's stayed `dispatched` in a finished study)."""
         for _ in range(2 * VALIDATION_ROUNDS):  # a bound the rule below keeps well within
             self._wait_for_validation_runs()
+            if self._capped:
+                return
             trials = self.repo.trials(self.study.id, dispatched_only=True)
             validations = [t for t in trials if t.origin == TrialOrigin.VALIDATION]
             # rounds counted from the store, so a resumed controller (or another one) gets no fresh ones: after
@@ -467,6 +482,8 @@ class Controller:
 
     def _validate_round(self, choices: list) -> None:
         for result in choices:
+            if self._cap_reached():  # a validation run is GPU time too (review: two started past the cap)
+                return
             config = LayoutConfig.from_mapping(result.trial.config)
             dispatch_key = _validation_key(result)
             if self.repo.is_dispatched(self.study.id, dispatch_key):
@@ -510,8 +527,18 @@ class Controller:
                 self._finish(_Running(adopted, self._spec(trial, config)), outcome)
                 continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
-                                  self.controller_id)
+                                  self.controller_id, gpu_seconds=_held_until_silent(trial, self.workload.cluster.gpus))
             self._submit(dataclasses.replace(adopted, attempt=trial.attempt + 1), config)
+
+
+def _held_until_silent(trial: Trial, gpus: int) -> float:
+    """GPU-seconds a dead controller's attempt held, as far as the store knows: from its dispatch to its last
+    heartbeat (a released attempt has none: its controller counted it when it let go). Zero when either time is
+    missing or they are out of order (another clock, a hand edit)."""
+    if trial.heartbeat_at is None or trial.dispatched_at is None:
+        return 0.0
+    seconds = (trial.heartbeat_at - trial.dispatched_at).total_seconds()
+    return min(MAX_GPU_SECONDS_PER_ATTEMPT, seconds * gpus) if 0 < seconds else 0.0
 
 
 def _validation_key(result) -> str:

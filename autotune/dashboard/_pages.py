@@ -218,7 +218,7 @@ class DashboardApp:
                    f"{s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}"
                    # the study's --max-gpu-hours, and whether its runs held it (no run starts then)
                    + (f" of a cap of {num(s['max_gpu_hours'] * 3600, 'h')}"
-                      + (" (reached: no run starts)" if s["gpu_hour_cap_reached"] else "")
+                      + (" (reached: no further run starts)" if s["gpu_hour_cap_reached"] else "")
                       if s.get("max_gpu_hours") is not None else "")
                    + f"; status <b>{escape(study.status)}</b></p>")
         running = study.status in ("running", "created") or s["running"] > 0

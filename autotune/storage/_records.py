@@ -18,6 +18,7 @@ import math
 from typing import Any, Callable
 
 from autotune._numbers import is_finite_number, is_positive_finite
+from autotune.config import MAX_GPU_HOURS
 from autotune.errors import StorageError
 from autotune.storage.models import StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus
 
@@ -240,7 +241,7 @@ def _options(value: Any) -> bool:
               "slow_margin": lambda v: number(v, 0.0, 100.0, low_open=False),
               "memory_headroom_gib": lambda v: v is None or number(v, 0.0, 10 ** 6, low_open=False),
               "knob_share": lambda v: number(v, 0.0, 1.0, low_open=False),
-              "max_gpu_hours": lambda v: v is None or number(v, 0.0, 10 ** 9),
+              "max_gpu_hours": lambda v: v is None or number(v, 0.0, MAX_GPU_HOURS),
               "benchmark_settings": lambda v: v is None or _mapping(v)}
     return all(check(value[key]) for key, check in checks.items() if key in value)
 

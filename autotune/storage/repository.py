@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -161,7 +162,7 @@ FUTURE_HEARTBEAT_S = 3600.0
 def heartbeat_ahead_s(beat: dt.datetime) -> float | None:
     """Seconds a heartbeat (naive UTC, or aware from a server) lies ahead of this machine's clock when that is
     more than FUTURE_HEARTBEAT_S (no live controller wrote it), else None: the Python side of _heartbeat_stale's
-    future test, for set_study_budget and the readers' silence (review: both took a heartbeat in 9999 for a
+    future test, for set_study_limits and the readers' silence (review: both took a heartbeat in 9999 for a
     live controller, so `resume --budget` refused for ever and the board never said the study was silent)."""
     if beat.tzinfo is not None:
         beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -176,7 +177,13 @@ def _heartbeat_stale(before: dt.datetime):
     return (TrialRow.heartbeat_at.is_(None)) | (TrialRow.heartbeat_at < before) | (TrialRow.heartbeat_at > future)
 
 
-KEEP = object()  # set_study_budget: leave the GPU-hour cap as stored
+KEEP = object()  # set_study_limits: leave the GPU-hour cap as stored
+
+
+def gpu_hour_cap_reached(spent_gpu_seconds: float, cap_gpu_hours: float | None) -> bool:
+    """Whether a study's runs have held its --max-gpu-hours (no cap: never): the one test of the cap that the
+    controller (with its runs in flight), resume, the leaderboard and set_study_limits apply."""
+    return cap_gpu_hours is not None and spent_gpu_seconds >= cap_gpu_hours * 3600
 
 
 def _spent_gpu_seconds(study_id: int):
@@ -322,14 +329,15 @@ class Repository:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(status=status.value,
                                                                              updated_at=utcnow()))
 
-    def set_study_budget(self, study_id: int, budget: int, live_after: dt.datetime,
-                         max_gpu_hours: float | None | object = KEEP) -> None:
-        """A new budget (`resume --budget`), and a new GPU-hour cap unless `max_gpu_hours` is KEEP (`resume
-        --max-gpu-hours`), decided under the lock of the study row that claim_dispatch takes: a StudyError when
-        the study has dispatched more runs than `budget`, or when a controller heartbeat newer than `live_after`
-        says another controller runs it (its own budget would then disagree with the stored one: review). A
-        `finished` study given runs to make (and GPU-hours to make them in) becomes `interrupted` in the same
-        transaction, so a resume that stops before its first run leaves it resumable."""
+    def set_study_limits(self, study_id: int, budget: int, live_after: dt.datetime,
+                         max_gpu_hours: Any = KEEP) -> None:
+        """A new budget (`resume --budget`), and a new GPU-hour cap (`resume --max-gpu-hours`; a number, None for
+        none, or KEEP to leave it), decided under the lock of the study row that claim_dispatch takes: a
+        StudyError when the study has dispatched more runs than `budget`, or when a controller heartbeat newer
+        than `live_after` says another controller runs it (its own limits would then disagree with the stored
+        ones: review). A `finished` study given runs to make (budget runs, or the validation runs its cap
+        stopped) and GPU-hours to make them in becomes `interrupted` in the same transaction, so a resume that
+        stops before its first run leaves it resumable."""
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise ValueError(f"a budget is a count of at least 1, got {budget!r}")  # a bug of the caller
         with self.session() as s:
@@ -345,15 +353,18 @@ class Repository:
             live = beat is not None and live_after < beat and heartbeat_ahead_s(beat) is None
             if row.status == StudyStatus.RUNNING.value and live:
                 raise StudyError(f"study {row.name!r} is running under another controller (its heartbeat is fresh): "
-                                 "change its budget once that one has stopped")
+                                 "change its budget or GPU-hour cap once that one has stopped")
             values: dict[str, Any] = {"budget": budget, "updated_at": utcnow()}
             options = dict(row.options or {})
             if max_gpu_hours is not KEEP:
                 options["max_gpu_hours"] = max_gpu_hours
                 values["options"] = options
-            cap = options.get("max_gpu_hours")
             spent = s.scalar(_spent_gpu_seconds(study_id)) or 0.0
-            if row.status == StudyStatus.FINISHED.value and dispatched < budget and (cap is None or spent < cap * 3600):
+            owed = (options.get("validate_steps") or 0) > 0 and not s.scalar(select(func.count()).select_from(
+                TrialRow).where(TrialRow.study_id == study_id, TrialRow.origin == TrialOrigin.VALIDATION.value))
+            runs_to_make = dispatched < budget or owed
+            if row.status == StudyStatus.FINISHED.value and runs_to_make and not gpu_hour_cap_reached(
+                    spent, options.get("max_gpu_hours")):
                 values["status"] = StudyStatus.INTERRUPTED.value
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(**values))
 
@@ -482,15 +493,20 @@ class Repository:
                 controller_id=controller_id, heartbeat_at=utcnow()))
             return result.rowcount == 1
 
-    def release_trials(self, study_id: int, numbers: list[int]) -> None:
+    def release_trials(self, study_id: int, numbers: list[int], held_gpu_seconds: dict[int, float] | None = None) -> None:
         """Let go of dispatched trials this controller cancelled (an interruption): no heartbeat, so readers
-        show them stopped at once and the next controller adopts them without waiting for staleness."""
+        show them stopped at once and the next controller adopts them without waiting for staleness.
+        `held_gpu_seconds`: what each stopped attempt held its GPUs, added to the trial's GPU time (review: an
+        interrupted attempt's hours were never counted, against --max-gpu-hours or in the study's GPU-hours)."""
         if not numbers:
             return
+        held = held_gpu_seconds or {}
         with self.session() as s:
-            s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number.in_(numbers),
-                                             TrialRow.status == TrialRecordStatus.DISPATCHED.value)
-                      .values(heartbeat_at=None))
+            for number in numbers:
+                s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number,
+                                                 TrialRow.status == TrialRecordStatus.DISPATCHED.value)
+                          .values(heartbeat_at=None,
+                                  gpu_seconds=TrialRow.gpu_seconds + _gpu_time(held.get(number, 0.0))))
 
     def heartbeat_trials(self, study_id: int, numbers: list[int]) -> None:
         if not numbers:
@@ -572,7 +588,11 @@ class Repository:
     def gpu_seconds_spent(self, study_id: int) -> float:
         """GPU-seconds the study's own runs held (_spent_gpu_seconds)."""
         with self.session() as s:
-            return float(s.scalar(_spent_gpu_seconds(study_id)) or 0.0)
+            spent = float(s.scalar(_spent_gpu_seconds(study_id)) or 0.0)
+        if not math.isfinite(spent) or spent < 0:  # the readers refuse such a row; the raw sum must too (review)
+            raise StorageError(f"the GPU-seconds of study {study_id}'s runs sum to {spent!r}: a trial's gpu_seconds "
+                               "is no plausible number (was the store edited by hand?)")
+        return spent
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""

@@ -513,10 +513,12 @@ def test_a_gpu_hour_cap_is_forecast_said_when_reached_and_raised_by_resume(cli, 
     ran = cli("start", "--model", "qwen3_30b", "--budget", "10", "--study", "cap", "--max-gpu-hours", "4",
               "--sim-seconds", "0", "--storage", url, env={**ENV, "COLUMNS": "250"}, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
-    assert re.search(r"the --max-gpu-hours cap leaves 4\.0 GPU-hours: it stops the study after about \d run\(s\)",
-                     ran.stdout), ran.stdout[:1500]
-    assert "stopped at 3 of 10 runs: its runs have held its --max-gpu-hours of 4" in ran.stdout
-    assert "cap 4 GPU-hours (reached: no run starts)" in cli("leaderboard", "cap", "--storage", url,
+    assert re.search(r"the --max-gpu-hours cap leaves 4\.0 GPU-hours: it stops the study after about 3 of its 10 "
+                     r"run\(s\), about 5\.\d GPU-hours", ran.stdout), ran.stdout[:1500]
+    assert "stopped at 3 of 10 runs: the study's runs have held its --max-gpu-hours of 4" in ran.stdout
+    listed = cli("status", "--storage", url, env={"COLUMNS": "250"}).stdout
+    assert "finished, GPU-hour cap" in listed, listed
+    assert "cap 4 GPU-hours (reached: no further run starts)" in cli("leaderboard", "cap", "--storage", url,
                                                              env={"COLUMNS": "250"}).stdout
     refused = cli("resume", "cap", "--storage", url, env=ENV)  # before Ray: the controller would stop at once
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
@@ -527,6 +529,13 @@ def test_a_gpu_hour_cap_is_forecast_said_when_reached_and_raised_by_resume(cli, 
     summary = json.loads(resumed.stdout)
     assert summary["max_gpu_hours"] == 8 and summary["gpu_hour_cap_reached"] and summary["stop_reason"] == "gpu_hours"
     assert 3 < summary["dispatched"] < 10 and summary["forecast"]["cap_gpu_hours"] == pytest.approx(8 - 5.4, abs=0.1)
+    # `none` removes the cap: the study runs to its budget
+    uncapped = cli("resume", "cap", "--max-gpu-hours", "none", "--json", "--storage", url, env=ENV, timeout=300)
+    assert uncapped.returncode == 0, uncapped.stderr[-2000:]
+    summary = json.loads(uncapped.stdout)
+    assert summary["max_gpu_hours"] is None and summary["dispatched"] == 10 and summary["stop_reason"] == "budget"
+    bad = cli("resume", "cap", "--max-gpu-hours", "lots", "--storage", url)
+    assert bad.returncode == 2 and "invalid float value: 'lots'" in bad.stderr
 
 
 def test_the_live_view_tells_the_time_left_from_the_budgets_runs_that_ended(cli, tmp_path):
@@ -553,7 +562,7 @@ def test_the_live_view_tells_the_time_left_from_the_budgets_runs_that_ended(cli,
     screening = [t.gpu_seconds / 16 for t in repo.trials(repo.get_study("v").id, dispatched_only=True)
                  if leaderboard.row_note(t) != "validation" and t.status != "dispatched"]
     repo.close()
-    from autotune.controller.forecast import duration
+    from autotune._tables import duration
 
     assert len(screening) == 3
     assert text == f"about {duration(sum(screening) / 3 * 2 / 2)} of simulated time left before the validation runs"
@@ -733,21 +742,20 @@ def test_resume_with_a_larger_budget_extends_a_finished_study(cli, tmp_path):
     repo.set_study_status(study.id, StudyStatus.RUNNING)
     repo.controller_heartbeat(study.id, "other:1")
     with pytest.raises(StudyError, match="running under another controller"):
-        repo.set_study_budget(study.id, 9, dt.datetime(2020, 1, 1))
+        repo.set_study_limits(study.id, 9, dt.datetime(2020, 1, 1))
     with pytest.raises(StudyError, match="has dispatched 5 runs already"):
-        repo.set_study_budget(study.id, 4, dt.datetime(2020, 1, 1))
+        repo.set_study_limits(study.id, 4, dt.datetime(2020, 1, 1))
     from autotune.storage.models import StudyRow
 
     with repo.session() as s:  # review: a heartbeat dated 9999 (a hand edit, a broken clock) refused it for ever
         s.get(StudyRow, study.id).controller_heartbeat_at = dt.datetime(9999, 1, 1)
-    repo.set_study_budget(study.id, 6, dt.datetime(2020, 1, 1))
+    repo.set_study_limits(study.id, 6, dt.datetime(2020, 1, 1))
     assert repo.get_study("ext").budget == 6
     repo.set_study_status(study.id, StudyStatus.FINISHED)
-    repo.set_study_status(study.id, StudyStatus.FINISHED)
-    repo.set_study_budget(study.id, 7, dt.datetime(2020, 1, 1))  # finished, given runs to make: interrupted
+    repo.set_study_limits(study.id, 7, dt.datetime(2020, 1, 1))  # finished, given runs to make: interrupted
     assert (repo.get_study("ext").budget, repo.get_study("ext").status) == (7, "interrupted")
     # a controller that read a larger budget than the stored one dispatches no more than the stored one
-    repo.set_study_budget(study.id, 5, dt.datetime(2020, 1, 1))
+    repo.set_study_limits(study.id, 5, dt.datetime(2020, 1, 1))
     from autotune.config import LayoutConfig
     from autotune.storage import ClaimRefused
 

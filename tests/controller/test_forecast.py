@@ -11,7 +11,8 @@ from autotune.backends.base import TrialSpec
 from autotune.backends.replay import ReplayBackend
 from autotune.backends.simulate import SimulateBackend
 from autotune.config import LayoutConfig
-from autotune.controller.forecast import ASSUMED_STARTUP_S, duration, forecast
+from autotune._tables import duration
+from autotune.controller.forecast import ASSUMED_STARTUP_S, forecast
 from autotune.controller.options import StudyOptions
 from autotune.controller.session import recipe_baseline
 from autotune.controller.state import SearchState
@@ -158,3 +159,23 @@ def test_a_hand_edited_start_up_is_refused_in_one_line(tmp_path, backend, option
 def test_durations_read_at_a_glance():
     assert [duration(s) for s in (45, 414, 9000, 500_000, 3e12, float("inf"))] == [
         "45 s", "6.9 min", "2.5 h", "5.8 days", "95,064 years", "an unbounded time"]
+
+
+def test_the_cap_clause_counts_runs_as_the_controller_starts_them(qwen16):
+    """Review: the forecast's "stops after N runs" ignored the runs in flight and priced validation runs as
+    screening runs. Under_cap follows the controller's rule: the first round starts whole, then a run starts while
+    the hours held and in flight stay below the cap; validation runs only after the whole budget."""
+    space, _, state = qwen16
+    options = StudyOptions(max_gpu_hours=3.0)
+    capped = forecast(state, recipe_baseline(space), 10, options, SimulateBackend, {})
+    run_h = capped.run_s * 16 / 3600  # about 1.8
+    assert capped.under_cap(1) == (2, 0, pytest.approx(2 * run_h))
+    assert capped.under_cap(4)[0] == 4  # a whole first round
+    assert "stops the study after about 4 of its 10 run(s)" in capped.line(4, "simulated")
+    validated = forecast(state, recipe_baseline(space), 5, StudyOptions(max_gpu_hours=12.0, validate_steps=50),
+                         SimulateBackend, {})
+    runs, validations, _ = validated.under_cap(1)
+    assert (runs, validations) == (5, 1)
+    assert "stops the study before 1 of its 2 validation run(s)" in validated.line(1, "simulated")
+    assert "cap" not in forecast(state, recipe_baseline(space), 5, StudyOptions(max_gpu_hours=1000.0),
+                                 SimulateBackend, {}).line(1, None)

@@ -210,12 +210,92 @@ def test_a_gpu_hour_cap_stops_runs_from_starting_and_resume_raises_it(tmp_path):
     last = max(repo.trials(study.id, dispatched_only=True), key=lambda t: t.number)
     assert spent_h >= 4.0 and spent_h - last.gpu_seconds / 3600 < 4.0  # the last run started below the cap
     # a raised cap: the study has runs to make in it again, so `resume` may run it; under the lock, as --budget
-    repo.set_study_budget(study.id, 10, dt.datetime(2020, 1, 1), max_gpu_hours=spent_h + 4.0)
+    repo.set_study_limits(study.id, 10, dt.datetime(2020, 1, 1), max_gpu_hours=spent_h + 4.0)
     again = repo.get_study("cap")
     assert again.status == StudyStatus.INTERRUPTED.value and again.options["max_gpu_hours"] == spent_h + 4.0
     summary = build_controller(repo, again).run()
     assert summary.counts["dispatched"] > 2 and repo.get_study("cap").status == "finished"
     # a cap below the hours spent leaves a finished study finished
-    repo.set_study_budget(study.id, 11, dt.datetime(2020, 1, 1), max_gpu_hours=1.0)
+    repo.set_study_limits(study.id, 11, dt.datetime(2020, 1, 1), max_gpu_hours=1.0)
     assert repo.get_study("cap").status == "finished" and repo.get_study("cap").budget == 11
+    repo.close()
+
+
+def _capped(tmp_path, name, budget, cap, concurrency=1, validate_steps=0):
+    """A simulated qwen3_30b@16 study (runs of about 1.8 GPU-hours) under a GPU-hour cap, in process."""
+    url = f"sqlite:///{tmp_path / (name + '.db')}"
+    repo = Repository.open(url)
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name=name, space=space, workload=make_workload(space, gpus=16), budget=budget,
+                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
+                         options={"max_gpu_hours": cap, "validate_steps": validate_steps})
+    summary = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency).run()
+    return repo, repo.get_study(name), summary
+
+
+def test_with_several_runs_in_flight_the_cap_counts_them_at_the_mean_run(tmp_path):
+    """Review: four slots and a 3 GPU-hour cap started five runs (9.2 GPU-hours): a run in flight counted
+    nothing. The first round starts whole (no run has ended to tell its length); after it, runs in flight count
+    at the mean of the ended runs, so none starts past the cap."""
+    repo, study, summary = _capped(tmp_path, "four", budget=12, cap=3.0, concurrency=4)
+    assert summary.stop_reason == "gpu_hours" and summary.counts["dispatched"] == 4
+    repo, study, summary = _capped(tmp_path, "four-more", budget=12, cap=9.0, concurrency=4)
+    per_run_h = repo.gpu_seconds_spent(study.id) / 3600 / summary.counts["dispatched"]
+    # runs start while held + in flight (at the mean) < cap: at most one run's hours above it
+    assert summary.counts["dispatched"] < 12 and repo.gpu_seconds_spent(study.id) / 3600 < 9.0 + 1.2 * per_run_h
+
+
+def test_validation_runs_count_against_the_cap_and_a_raised_cap_runs_the_ones_it_kept(tmp_path):
+    """Review: validation runs were checked against the cap once, before the first (a 9.5 GPU-hour study ended at
+    25); and a study whose budget spent the cap skipped its validation unsaid, for good."""
+    import datetime as dt
+
+    repo, study, summary = _capped(tmp_path, "val", budget=5, cap=12.0, validate_steps=50)
+    assert summary.counts["dispatched"] == 5 and summary.counts["validation"] == 1  # the second one kept
+    assert summary.stop_reason == "gpu_hours" and study.status == "finished"
+    repo, study, summary = _capped(tmp_path, "val0", budget=5, cap=8.0, validate_steps=50)
+    assert summary.counts["validation"] == 0 and summary.stop_reason == "gpu_hours"
+    repo.set_study_limits(study.id, 5, dt.datetime(2020, 1, 1), max_gpu_hours=100.0)
+    assert repo.get_study("val0").status == "interrupted"  # validation runs owed: resumable
+    summary = build_controller(repo, repo.get_study("val0"), dispatcher="inprocess").run()
+    assert summary.counts["validation"] >= 1 and summary.stop_reason == "budget"
+
+
+def test_the_gpu_time_of_a_stopped_attempt_is_counted(tmp_path):
+    """Review: an interrupted attempt (Ctrl-C, a dead controller) held GPUs that no figure counted, so each
+    interruption quietly gave back cap."""
+    import dataclasses
+    import datetime as dt
+
+    from autotune.config import LayoutConfig
+    from autotune.controller.loop import _held_until_silent
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'held.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="held", space=space, workload=make_workload(space, gpus=16), budget=3,
+                         sampler="auto", backend="simulate", backend_options={}, seed=0)
+    layout = LayoutConfig.from_mapping({"ep": 16, "dist_opt": True})
+    trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 3)
+    repo.release_trials(study.id, [trial.number], {trial.number: 1600.0})
+    assert repo.trial(study.id, trial.number).gpu_seconds == 1600.0 == repo.gpu_seconds_spent(study.id)
+    stale = repo.trial(study.id, trial.number)
+    beat = dt.datetime(2026, 1, 1, 12, 0, 0)
+    for dispatched, heartbeat, held in ((beat - dt.timedelta(seconds=100), beat, 1600.0),  # 100 s on 16 GPUs
+                                        (beat, None, 0.0), (beat + dt.timedelta(seconds=5), beat, 0.0)):
+        assert _held_until_silent(dataclasses.replace(stale, dispatched_at=dispatched, heartbeat_at=heartbeat),
+                                  16) == held
+    repo.close()
+
+
+def test_a_hand_edited_gpu_time_that_sums_to_no_number_is_a_storage_error(tmp_path):
+    from autotune.cli._study_cmds import _raised_cap
+    from autotune.errors import StorageError
+    from autotune.storage.models import TrialRow
+
+    repo, study, _ = _capped(tmp_path, "inf", budget=2, cap=100.0)
+    with repo.session() as s:
+        s.query(TrialRow).filter(TrialRow.study_id == study.id).update({"gpu_seconds": float("inf")})
+    with pytest.raises(StorageError, match="no plausible number"):
+        repo.gpu_seconds_spent(study.id)
+    assert _raised_cap(5.42) == "6.8" and _raised_cap(0.0) == "0.01" and _raised_cap(1e12) == "1e+09"
     repo.close()

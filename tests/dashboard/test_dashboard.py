@@ -327,7 +327,7 @@ def test_the_summary_says_the_gpu_hour_cap_and_whether_it_was_reached(repo):
     study = repo.get_study(name)
     summary = re.compile(r"<p id='summary'>.*?</p>", re.S)
     assert "cap" not in summary.search(DashboardApp(repo).study_page(name, "trial", "asc").decode()).group(0)
-    for cap, said in ((1.0, "1.11 simulated GPU-hours of a cap of 1.00 (reached: no run starts)"),
+    for cap, said in ((1.0, "1.11 simulated GPU-hours of a cap of 1.00 (reached: no further run starts)"),
                       (2.0, "1.11 simulated GPU-hours of a cap of 2.00; status")):
         with repo.session() as s:
             s.get(StudyRow, study.id).options = {"max_gpu_hours": cap}

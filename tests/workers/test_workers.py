@@ -5,8 +5,8 @@ stand-in torchrun."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import sqlite3
 import sys
 import time
