@@ -711,6 +711,16 @@ def silence_label(summary: dict[str, Any]) -> str:
     return "not started" if summary["status"] == "created" else "controller silent"
 
 
+def status_label(summary: dict[str, Any]) -> str:
+    """A study's status as the listings show it: with why it is silent, or that its GPU-hour cap stopped it
+    (review: `status` read "finished 6/20" with no reason)."""
+    if summary.get("controller_silent_s"):
+        return f"{summary['status']}, {silence_label(summary)}"
+    if summary.get("gpu_hour_cap_reached") and summary["status"] != "running":
+        return f"{summary['status']}, GPU-hour cap"
+    return summary["status"]
+
+
 def silence_note(summary: dict[str, Any]) -> str:
     """`controller silent for 12 min (stopped?): autotune resume NAME continues the study`, or for a study a
     start stored and never ran, `not started 5 min after it was created (its start stopped?): ... runs it`."""

@@ -880,9 +880,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in summaries:
         w = s["workload"]
         best = s["best_tokens_per_s_per_gpu"]
-        status = f"{s['status']}, {leaderboard.silence_label(s)}" if s["controller_silent_s"] else s["status"]
-        if s.get("gpu_hour_cap_reached") and s["status"] != "running":  # review: "finished 6/20" and no reason
-            status += ", GPU-hour cap"
+        status = leaderboard.status_label(s)
         table.add_row(cell_text(s["study"]), cell_text(f"{s['model']} {w['gpus']}x {w['gpu']}"), status,
                       # completed, not "done": a column "done" counted pruned and failed runs among them
                       # (found by a new-user pass), and the other ends are the leaderboard's to tell

@@ -137,8 +137,8 @@ class DashboardApp:
                 f"<tr><td class='l'><input type='checkbox' name='study' value='{escape(s.name)}'{checked}></td>"
                 f"<td class='l'><a href='/study/{quote(s.name, safe='')}'>{escape(s.name)}</a>{kind}</td>"
                 f"<td class='l'>{escape(s.model)}</td><td>{text(s.workload.get('gpus'))}</td>"
-                f"<td class='l'>{text(s.workload.get('gpu', ''))}</td><td class='l'>{escape(s.status)}"
-                f"{', ' + leaderboard.silence_label(summary) if summary['controller_silent_s'] else ''}</td>"
+                f"<td class='l'>{text(s.workload.get('gpu', ''))}</td>"
+                f"<td class='l'>{escape(leaderboard.status_label(summary))}</td>"
                 f"<td>{summary['dispatched']}/{s.budget}</td><td>{summary['oom']}</td>"
                 f"<td>{escape(leaderboard.best_with_se(summary))}</td>"
                 f"<td>{num(summary['speedup_vs_baseline'], '.2f')}</td></tr>")

@@ -333,6 +333,8 @@ def test_the_summary_says_the_gpu_hour_cap_and_whether_it_was_reached(repo):
             s.get(StudyRow, study.id).options = {"max_gpu_hours": cap}
         page = DashboardApp(repo).study_page(name, "trial", "asc").decode()
         assert said in summary.search(page).group(0)
+        listed = DashboardApp(repo).studies_page([]).decode()
+        assert ("finished, GPU-hour cap" in listed) == (cap == 1.0)
 
 
 def test_sorting_by_column(repo):
