@@ -516,7 +516,7 @@ class Controller:
         """Adopt trials whose controller stopped heartbeating: record the outcome a run left behind,
         or run it again. A controller's death says nothing about the layout, so this does not use up
         the one retry that a worker or node death gets (MAX_ATTEMPTS applies to those only)."""
-        if self.dispatcher.free_slots() == 0:
+        if self.dispatcher.free_slots() == 0 or self._capped:  # capped: nothing runs again (once let go, below)
             return
         for trial in _recovery.adoptable(self.repo, self.study.id, self.controller_id,
                                          STALE_AFTER_HEARTBEATS * HEARTBEAT_S, self.dispatcher.free_slots):
@@ -526,8 +526,12 @@ class Controller:
             if outcome is not None:  # it finished while its controller was dead: no second run
                 self._finish(_Running(adopted, self._spec(trial, config)), outcome)
                 continue
+            held = _held_until_silent(trial, self.workload.cluster.gpus)
+            if self._cap_reached():  # not run again past the GPU-hour cap: let go, its time counted (`resume` says)
+                self.repo.release_trials(self.study.id, [trial.number], {trial.number: held})
+                continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
-                                  self.controller_id, gpu_seconds=_held_until_silent(trial, self.workload.cluster.gpus))
+                                  self.controller_id, gpu_seconds=held)
             self._submit(dataclasses.replace(adopted, attempt=trial.attempt + 1), config)
 
 

@@ -299,3 +299,33 @@ def test_a_hand_edited_gpu_time_that_sums_to_no_number_is_a_storage_error(tmp_pa
         repo.gpu_seconds_spent(study.id)
     assert _raised_cap(5.42) == "6.8" and _raised_cap(0.0) == "0.01" and _raised_cap(1e12) == "1e+09"
     repo.close()
+
+
+def test_a_dead_controllers_run_is_not_run_again_past_the_cap(tmp_path):
+    """Adopting a dead controller's run re-runs it: not once the cap is spent. It is let go with the time it
+    held counted, and the study says it is interrupted (resume refuses until the cap is raised)."""
+    import datetime as dt
+
+    from autotune.config import LayoutConfig
+    from autotune.storage.models import TrialRow
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'dead.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="dead", space=space, workload=make_workload(space, gpus=16), budget=4,
+                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
+                         options={"max_gpu_hours": 1.0})
+    done, stale = (LayoutConfig.from_mapping(c) for c in ({"ep": 16, "dist_opt": True}, {"ep": 8, "dist_opt": True}))
+    first = repo.claim_dispatch(study.id, done.to_dict(), done.key(), None, "dead:1", 4)
+    repo.finish_trial(study.id, first.number, "completed", metrics={"tokens_per_s_per_gpu": 8000.0,
+                      "step_time_s": 30.0, "peak_mem_gib": 60.0}, gpu_seconds=3700.0)
+    second = repo.claim_dispatch(study.id, stale.to_dict(), stale.key(), None, "dead:1", 4)
+    long_ago = dt.datetime(2026, 1, 1)
+    with repo.session() as s:
+        row = s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.number == second.number).one()
+        row.dispatched_at, row.heartbeat_at = long_ago, long_ago + dt.timedelta(seconds=60)
+    summary = build_controller(repo, repo.get_study("dead"), dispatcher="inprocess").run()
+    trial = repo.trial(study.id, second.number)
+    assert trial.status == "dispatched" and trial.attempt == 1 and trial.heartbeat_at is None  # not run again
+    assert trial.gpu_seconds == 60 * 16  # from its dispatch to its last heartbeat, on 16 GPUs
+    assert summary.counts["dispatched"] == 2 and repo.get_study("dead").status == "interrupted"
+    repo.close()
