@@ -100,9 +100,9 @@ class Forecast:
             if concurrency else ""
         startup = "" if self.startup_s is None else \
             f", {self.startup_s:,.0f} s start-up" + (" assumed" if self.startup_assumed else "")
-        text = (f"forecast: {where}about {gpu_hours(self.gpu_hours)} GPU-hours for {self.runs:,} run(s) of "
+        text = (f"forecast: {where}about {hours_text(self.gpu_hours)} GPU-hours for {self.runs:,} run(s) of "
                 f"{duration(self.run_s)}{validation} on {self.gpus:,} GPUs{wall} ({self.priced}, {self.layout}"
-                f"{startup}; at most {gpu_hours(self.bound_gpu_hours)} GPU-hours if every run reached its timeout)")
+                f"{startup}; at most {hours_text(self.bound_gpu_hours)} GPU-hours if every run reached its timeout)")
         if self.over_timeout:  # found by review: every run timed out, and nothing had said it would
             text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
                      "--trial-timeout: most runs will time out")
@@ -110,15 +110,16 @@ class Forecast:
             runs, validations, spent = self.under_cap(concurrency or 1)
             stops = (f"after about {runs:,} of its {self.runs:,} run(s)" if runs < self.runs else
                      f"before {self.validation_runs - validations} of its {self.validation_runs} validation run(s)")
-            text += (f"; the --max-gpu-hours cap leaves {gpu_hours(self.cap_gpu_hours)} GPU-hours: it stops the study "
-                     f"{stops}, about {gpu_hours(spent)} GPU-hours")
+            text += (f"; the --max-gpu-hours cap leaves {hours_text(self.cap_gpu_hours)} GPU-hours: it stops the study "
+                     f"{stops}, about {hours_text(spent)} GPU-hours")
         if self.open_layouts is not None:
             text += (f"; the space holds {self.open_layouts:,} layout(s) that may fit and are not run yet: "
                      "the study may stop before its budget")
         return text
 
 
-def gpu_hours(value: float) -> str:
+def hours_text(value: float) -> str:
+    """GPU-hours as the forecast writes them: `0.46`, `7.4`, `1,280`, `less than 0.01`."""
     if value < 0.01:
         return "less than 0.01"
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}" if value < 1 else f"{value:.1f}"
