@@ -716,7 +716,8 @@ def status_label(summary: dict[str, Any]) -> str:
     (review: `status` read "finished 6/20" with no reason)."""
     if summary.get("controller_silent_s"):
         return f"{summary['status']}, {silence_label(summary)}"
-    if summary.get("gpu_hour_cap_reached") and summary["status"] != "running":
+    if summary.get("gpu_hour_cap_reached") and summary["status"] != "running" and \
+            summary["dispatched"] < summary["budget"]:  # the cap stopped runs of the budget (not only spent)
         return f"{summary['status']}, GPU-hour cap"
     return summary["status"]
 

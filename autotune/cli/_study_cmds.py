@@ -472,18 +472,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     stored = StudyOptions.from_stored(study.options)
     cap = {None: stored.max_gpu_hours, NO_CAP: None}.get(args.max_gpu_hours, args.max_gpu_hours)
-    # the validation runs the cap kept from starting (a study whose budget ended with the cap spent)
-    owed = stored.validate_steps > 0 and counts["validation"] == 0 and counts["completed"] > 0
-    runs_to_make = counts["dispatched"] < budget or counts["running"] or owed
+    from autotune.storage.repository import MAX_VALIDATION_RUNS
+
     spent_s = repo.gpu_seconds_spent(study.id)
+    # validation runs the stored cap may have kept from starting (the budget ended with the cap spent; the
+    # runner-up's too: review); a resume with none left to make ends at once
+    owed = (stored.validate_steps > 0 and counts["validation"] < MAX_VALIDATION_RUNS and counts["completed"] > 0
+            and gpu_hour_cap_reached(spent_s, stored.max_gpu_hours))
+    runs_to_make = counts["dispatched"] < budget or counts["running"] or owed
     if runs_to_make and gpu_hour_cap_reached(spent_s, cap):
         import shlex
 
-        # said before Ray starts: no run could start (a study its cap stopped, a cap below the hours spent; its
-        # stopped runs would run again past it: review)
+        # said before Ray starts: no run could start (a study its cap stopped, a cap below the hours spent)
+        again = f" --budget {budget}" if args.budget is not None else ""  # review: the hint dropped it
         raise StudyError(f"study {study.name!r} has spent {spent_s / 3600:,.2f} of its {cap:,.4g} GPU-hour cap "
-                         f"(`autotune resume {shlex.quote(study.name)} --max-gpu-hours {_raised_cap(spent_s / 3600)}` "
-                         "raises it)")
+                         f"(`autotune resume {shlex.quote(study.name)}{again} --max-gpu-hours "
+                         f"{_raised_cap(spent_s / 3600)}` raises it)")
     if study.status == "finished" and counts["dispatched"] >= budget and counts["running"] == 0 and not owed:
         import shlex
 
@@ -623,7 +627,7 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         print(json.dumps({**board.summary, "elapsed_s": summary.elapsed_s, "stop_reason": summary.stop_reason,
                           "controller_s_per_trial": summary.controller_s_per_trial,
                           # what was forecast before the first run, beside what the runs cost (gpu_seconds)
-                          "forecast": estimate.to_dict() if estimate is not None else None},
+                          "forecast": estimate.to_dict(max(1, slots)) if estimate is not None else None},
                          indent=2, default=str))
         return code
     _print_final(board, summary, args.storage)

@@ -25,8 +25,6 @@ from autotune.controller.options import StudyOptions
 # start-up of a real run (model build, NCCL initialisation, data loader) before its first step, assumed: the
 # simulate backend's default, which no measurement here has checked
 ASSUMED_STARTUP_S = 90.0
-# the runner-up is validated too when within the noise: at most two validation runs (controller/recommend.py)
-MAX_VALIDATION_RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -47,6 +45,9 @@ class Forecast:
     validation_timeout_s: float = 0.0
     open_layouts: int | None = None  # layouts the study may still run, when fewer than its runs
     cap_gpu_hours: float | None = None  # the GPU-hours --max-gpu-hours leaves the study (None: no cap)
+    # no run has ended yet: the controller starts its first round whole (it counts runs in flight at the mean of
+    # the ended ones); a resumed study's ended runs give that mean from its first start
+    first_round_whole: bool = True
 
     @property
     def gpu_hours(self) -> float:
@@ -71,9 +72,12 @@ class Forecast:
         starts while the hours held, those in flight counted at the mean of the runs that ended, are below the cap
         (loop.Controller._cap_reached); the first round, before any run has ended, starts whole. Every run taken as
         long as the one priced."""
-        cap = math.inf if self.cap_gpu_hours is None else self.cap_gpu_hours
+        if self.cap_gpu_hours is None:
+            return self.runs, self.validation_runs, self.gpu_hours
+        cap = self.cap_gpu_hours
         run_h = self.run_s * self.gpus / 3600
-        runs = self.runs if run_h <= 0 else min(self.runs, max(min(concurrency, self.runs), math.ceil(cap / run_h)))
+        whole = min(concurrency, self.runs) if self.first_round_whole else 1
+        runs = self.runs if run_h <= 0 else min(self.runs, max(whole, math.ceil(cap / run_h)))
         spent = runs * run_h
         validations = 0
         validation_h = self.validation_run_s * self.gpus / 3600
@@ -82,13 +86,16 @@ class Forecast:
             spent += validation_h
         return runs, validations, spent
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, concurrency: int = 1) -> dict[str, Any]:
+        under_cap = self.under_cap(concurrency)
         return {"runs": self.runs, "gpus": self.gpus, "layout": self.layout, "priced": self.priced,
                 "step_time_s": self.step_s, "run_s": self.run_s, "gpu_hours": self.gpu_hours,
                 "bound_gpu_hours": self.bound_gpu_hours, "trial_timeout_s": self.timeout_s,
                 "over_timeout": self.over_timeout, "startup_s": self.startup_s, "startup_assumed": self.startup_assumed,
                 "validation_runs": self.validation_runs, "validation_run_s": self.validation_run_s,
-                "open_layouts": self.open_layouts, "cap_gpu_hours": self.cap_gpu_hours}
+                "open_layouts": self.open_layouts, "cap_gpu_hours": self.cap_gpu_hours,
+                # what the cap lets start, `concurrency` runs at a time (under_cap)
+                "runs_under_cap": under_cap[0], "validation_runs_under_cap": under_cap[1]}
 
     def line(self, concurrency: int | None, simulated: str | None) -> str:
         """One line for `start`'s and `resume`'s header and `--dry-run`; `simulated` names the backend's source of
@@ -106,8 +113,9 @@ class Forecast:
         if self.over_timeout:  # found by review: every run timed out, and nothing had said it would
             text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
                      "--trial-timeout: most runs will time out")
-        if self.cap_gpu_hours is not None and self.cap_gpu_hours < self.gpu_hours:
-            runs, validations, spent = self.under_cap(concurrency or 1)
+        runs, validations, spent = self.under_cap(concurrency or 1)
+        if runs < self.runs or validations < self.validation_runs:  # the cap stops something (review: "before 0 of
+            # its 0 validation runs" when the first round held every run)
             stops = (f"after about {runs:,} of its {self.runs:,} run(s)" if runs < self.runs else
                      f"before {self.validation_runs - validations} of its {self.validation_runs} validation run(s)")
             text += (f"; the --max-gpu-hours cap leaves {hours_text(self.cap_gpu_hours)} GPU-hours: it stops the study "
@@ -132,6 +140,7 @@ def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend
     `spent_gpu_hours` what its runs held so far (of its --max-gpu-hours)."""
     from autotune.backends.base import charged_steps
     from autotune.controller._spec import validation_timeout_s
+    from autotune.storage.repository import MAX_VALIDATION_RUNS
 
     open_ = state.candidates()
     i = state.index.get(baseline.key()) if baseline is not None else None
@@ -165,4 +174,5 @@ def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend
                     timeout_s=options.trial_timeout_s, startup_assumed=assumed, startup_s=startup_s,
                     validation_runs=validations, validation_run_s=validation_s,
                     validation_timeout_s=validation_timeout, open_layouts=may_run if may_run < runs else None,
-                    cap_gpu_hours=None if options.max_gpu_hours is None else max(0.0, options.max_gpu_hours - spent_gpu_hours))
+                    cap_gpu_hours=None if options.max_gpu_hours is None else max(0.0, options.max_gpu_hours - spent_gpu_hours),
+                    first_round_whole=spent_gpu_hours == 0)

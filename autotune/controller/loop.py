@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import os
 import socket
 import time
@@ -47,6 +48,7 @@ from autotune.controller.state import SearchState
 from autotune.controller.strategies import Strategy
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
+from autotune.storage.models import utcnow
 from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT, gpu_hour_cap_reached
 
 if TYPE_CHECKING:
@@ -266,19 +268,22 @@ class Controller:
     # --- dispatch ------------------------------------------------------------------------------
 
     def _cap_reached(self) -> bool:
-        """No run may start: the study's runs (this controller's and others', validation runs included) have held
-        its --max-gpu-hours, those in flight counted at the mean GPU-seconds of the runs that ended (review: with
-        four slots a 3 GPU-hour cap started 5 runs, 9.2 GPU-hours; in flight, a run had counted nothing). Sets
-        _capped, which stops the dispatch of budget and validation runs alike."""
+        """No run may start now: the GPU time the study's runs held (validation runs included) and that of its runs
+        in flight under a live controller, counted at the mean of the runs that ended, reach its --max-gpu-hours
+        (review: with four slots a 3 GPU-hour cap started 5 runs, 9.2 GPU-hours; a run in flight had counted
+        nothing). With nothing in flight that is the cap spent for good: _capped, which ends the dispatch of budget
+        and validation runs alike; with runs in flight, a later check may find room (one ended early)."""
         cap = self.options.max_gpu_hours
         if cap is None:
             return False
+        spent = self.repo.gpu_seconds_spent(self.study.id)
+        live = self.repo.live_runs(self.study.id, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S))
+        if live == 0:
+            self._capped = gpu_hour_cap_reached(spent, cap)
+            return self._capped
         ended = [t.gpu_seconds for t in self.repo.trials(self.study.id, dispatched_only=True)
                  if t.status != "dispatched" and t.origin != TrialOrigin.IMPORTED and t.gpu_seconds]
-        in_flight = len(self.running) + len(self._others_in_flight)
-        expected = sum(ended) / len(ended) * in_flight if ended else 0.0
-        self._capped = gpu_hour_cap_reached(self.repo.gpu_seconds_spent(self.study.id) + expected, cap)
-        return self._capped
+        return gpu_hour_cap_reached(spent + (sum(ended) / len(ended) * live if ended else 0.0), cap)
 
     def _fill_slots(self) -> None:
         while self.dispatcher.free_slots() > 0 and not self._exhausted and not self._capped:
@@ -516,7 +521,7 @@ class Controller:
         """Adopt trials whose controller stopped heartbeating: record the outcome a run left behind,
         or run it again. A controller's death says nothing about the layout, so this does not use up
         the one retry that a worker or node death gets (MAX_ATTEMPTS applies to those only)."""
-        if self.dispatcher.free_slots() == 0 or self._capped:  # capped: nothing runs again (once let go, below)
+        if self.dispatcher.free_slots() == 0:
             return
         for trial in _recovery.adoptable(self.repo, self.study.id, self.controller_id,
                                          STALE_AFTER_HEARTBEATS * HEARTBEAT_S, self.dispatcher.free_slots):
@@ -527,8 +532,12 @@ class Controller:
                 self._finish(_Running(adopted, self._spec(trial, config)), outcome)
                 continue
             held = _held_until_silent(trial, self.workload.cluster.gpus)
-            if self._cap_reached():  # not run again past the GPU-hour cap: let go, its time counted (`resume` says)
-                self.repo.release_trials(self.study.id, [trial.number], {trial.number: held})
+            if gpu_hour_cap_reached(self.repo.gpu_seconds_spent(self.study.id) + held, self.options.max_gpu_hours):
+                # not run again past the GPU-hour cap: ended as a cancelled run, its time counted (review: let go, it
+                # stayed dispatched, and the study hung or stayed interrupted with nothing that could run it)
+                self._finish(_Running(adopted, self._spec(trial, config)), TrialOutcome(
+                    trial.number, TrialStatus.PRUNED, wall_time_s=held / self.workload.cluster.gpus,
+                    error="not run again: the study's GPU-hour cap was spent (--max-gpu-hours)"))
                 continue
             self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
                                   self.controller_id, gpu_seconds=held)

@@ -178,6 +178,7 @@ def _heartbeat_stale(before: dt.datetime):
 
 
 KEEP = object()  # set_study_limits: leave the GPU-hour cap as stored
+MAX_VALIDATION_RUNS = 2  # of a round: the winner, and the runner-up when within the noise (controller/recommend.py)
 
 
 def gpu_hour_cap_reached(spent_gpu_seconds: float, cap_gpu_hours: float | None) -> bool:
@@ -360,8 +361,10 @@ class Repository:
                 options["max_gpu_hours"] = max_gpu_hours
                 values["options"] = options
             spent = s.scalar(_spent_gpu_seconds(study_id)) or 0.0
-            owed = (options.get("validate_steps") or 0) > 0 and not s.scalar(select(func.count()).select_from(
+            # validation runs the cap may have kept (at most two a round; a resume with nothing left ends at once)
+            owed = (options.get("validate_steps") or 0) > 0 and (s.scalar(select(func.count()).select_from(
                 TrialRow).where(TrialRow.study_id == study_id, TrialRow.origin == TrialOrigin.VALIDATION.value))
+                or 0) < MAX_VALIDATION_RUNS
             runs_to_make = dispatched < budget or owed
             if row.status == StudyStatus.FINISHED.value and runs_to_make and not gpu_hour_cap_reached(
                     spent, options.get("max_gpu_hours")):
@@ -589,10 +592,20 @@ class Repository:
         """GPU-seconds the study's own runs held (_spent_gpu_seconds)."""
         with self.session() as s:
             spent = float(s.scalar(_spent_gpu_seconds(study_id)) or 0.0)
-        if not math.isfinite(spent) or spent < 0:  # the readers refuse such a row; the raw sum must too (review)
-            raise StorageError(f"the GPU-seconds of study {study_id}'s runs sum to {spent!r}: a trial's gpu_seconds "
-                               "is no plausible number (was the store edited by hand?)")
+            name = s.scalar(select(StudyRow.name).where(StudyRow.id == study_id)) if not (
+                math.isfinite(spent) and spent >= 0) else None
+        if name is not None:  # the readers refuse such a row; the raw sum must too (review)
+            raise StorageError(f"the GPU-seconds of study {str(name)[:80]!r}'s runs sum to {spent!r}: a trial's "
+                               "gpu_seconds is no plausible number (was the store edited by hand?)")
         return spent
+
+    def live_runs(self, study_id: int, stale_before: dt.datetime) -> int:
+        """Runs of the study in flight under a live controller (dispatched, heartbeat newer than `stale_before`):
+        those a GPU-hour cap counts before they end. A stopped run (released, or its controller dead) is none."""
+        with self.session() as s:
+            return int(s.scalar(select(func.count()).select_from(TrialRow).where(
+                TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
+                ~_heartbeat_stale(stale_before))) or 0)
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""

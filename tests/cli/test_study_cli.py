@@ -538,6 +538,23 @@ def test_a_gpu_hour_cap_is_forecast_said_when_reached_and_raised_by_resume(cli, 
     assert bad.returncode == 2 and "invalid float value: 'lots'" in bad.stderr
 
 
+def test_a_validation_run_the_cap_kept_runs_once_the_cap_is_raised(cli, tmp_path):
+    """Review: a runner-up's validation the cap kept could never run (`resume --max-gpu-hours` said the study had
+    finished its budget), and the refusal's hint dropped the --budget it was given."""
+    url = f"sqlite:///{tmp_path / 'val.db'}"
+    ran = cli("start", "--model", "qwen3_30b", "--budget", "3", "--study", "val", "--max-gpu-hours", "6",
+              "--validate-steps", "10", "--sim-seconds", "0", "--json", "--storage", url, env=ENV, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    first = json.loads(ran.stdout)
+    assert first["stop_reason"] == "gpu_hours" and first["validation"] < 2
+    hint = cli("resume", "val", "--budget", "4", "--storage", url, env=ENV)
+    assert hint.returncode == 2 and "`autotune resume val --budget 4 --max-gpu-hours " in hint.stderr, hint.stderr
+    again = cli("resume", "val", "--max-gpu-hours", "100", "--json", "--storage", url, env=ENV, timeout=300)
+    assert again.returncode == 0 and "already finished" not in again.stderr, again.stderr[-2000:]
+    summary = json.loads(again.stdout)
+    assert summary["validation"] >= first["validation"] and summary["status"] == "finished"
+
+
 def test_the_live_view_tells_the_time_left_from_the_budgets_runs_that_ended(cli, tmp_path):
     """The time left counts only the budget's runs: review found a validation run (1,000 steps) in the average
     (`4/8 about 17.7 simulated h left` for runs of 7 min)."""

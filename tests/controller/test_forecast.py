@@ -179,3 +179,16 @@ def test_the_cap_clause_counts_runs_as_the_controller_starts_them(qwen16):
     assert "stops the study before 1 of its 2 validation run(s)" in validated.line(1, "simulated")
     assert "cap" not in forecast(state, recipe_baseline(space), 5, StudyOptions(max_gpu_hours=1000.0),
                                  SimulateBackend, {}).line(1, None)
+
+
+def test_a_resumed_studys_cap_clause_knows_its_runs_length_and_says_nothing_when_the_cap_stops_nothing(qwen16):
+    """Review: "stops the study before 0 of its 0 validation run(s)" when the first round held every run; and a
+    resumed study (runs ended: their mean known) was forecast a whole first round under a nearly spent cap."""
+    space, _, state = qwen16
+    whole = forecast(state, recipe_baseline(space), 4, StudyOptions(max_gpu_hours=0.1), SimulateBackend, {})
+    assert whole.under_cap(4)[0] == 4 and "cap" not in whole.line(4, "simulated")
+    resumed = forecast(state, recipe_baseline(space), 10, StudyOptions(max_gpu_hours=9.0), SimulateBackend, {},
+                       spent_gpu_hours=7.3)
+    assert not resumed.first_round_whole and resumed.under_cap(4)[0] == 1
+    assert "stops the study after about 1 of its 10 run(s)" in resumed.line(4, "simulated")
+    assert resumed.to_dict(4)["runs_under_cap"] == 1

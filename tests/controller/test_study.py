@@ -301,31 +301,56 @@ def test_a_hand_edited_gpu_time_that_sums_to_no_number_is_a_storage_error(tmp_pa
     repo.close()
 
 
-def test_a_dead_controllers_run_is_not_run_again_past_the_cap(tmp_path):
-    """Adopting a dead controller's run re-runs it: not once the cap is spent. It is let go with the time it
-    held counted, and the study says it is interrupted (resume refuses until the cap is raised)."""
+def _study_with_a_stale_run(tmp_path, name, cap, budget=4, done_gpu_seconds=3700.0, heartbeat=True):
+    """A study whose first run completed (`done_gpu_seconds`) and whose second was left `dispatched` by a dead
+    controller (dispatched, then heartbeating for 60 s) or released by an interrupted one (`heartbeat` False)."""
     import datetime as dt
 
     from autotune.config import LayoutConfig
     from autotune.storage.models import TrialRow
 
-    repo = Repository.open(f"sqlite:///{tmp_path / 'dead.db'}")
+    repo = Repository.open(f"sqlite:///{tmp_path / (name + '.db')}")
     space = load_space("qwen3_30b")
-    study = create_study(repo, name="dead", space=space, workload=make_workload(space, gpus=16), budget=4,
+    study = create_study(repo, name=name, space=space, workload=make_workload(space, gpus=16), budget=budget,
                          sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
-                         options={"max_gpu_hours": 1.0})
+                         options={"max_gpu_hours": cap})
     done, stale = (LayoutConfig.from_mapping(c) for c in ({"ep": 16, "dist_opt": True}, {"ep": 8, "dist_opt": True}))
-    first = repo.claim_dispatch(study.id, done.to_dict(), done.key(), None, "dead:1", 4)
+    # numbered apart from the Optuna trials the controller asks for (0, 1, ...), as runs of another numbering
+    first = repo.claim_dispatch(study.id, done.to_dict(), done.key(), None, "dead:1", budget, number=100)
     repo.finish_trial(study.id, first.number, "completed", metrics={"tokens_per_s_per_gpu": 8000.0,
-                      "step_time_s": 30.0, "peak_mem_gib": 60.0}, gpu_seconds=3700.0)
-    second = repo.claim_dispatch(study.id, stale.to_dict(), stale.key(), None, "dead:1", 4)
+                      "step_time_s": 30.0, "peak_mem_gib": 60.0}, gpu_seconds=done_gpu_seconds)
+    second = repo.claim_dispatch(study.id, stale.to_dict(), stale.key(), None, "dead:1", budget, number=101)
     long_ago = dt.datetime(2026, 1, 1)
     with repo.session() as s:
         row = s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.number == second.number).one()
-        row.dispatched_at, row.heartbeat_at = long_ago, long_ago + dt.timedelta(seconds=60)
-    summary = build_controller(repo, repo.get_study("dead"), dispatcher="inprocess").run()
-    trial = repo.trial(study.id, second.number)
-    assert trial.status == "dispatched" and trial.attempt == 1 and trial.heartbeat_at is None  # not run again
-    assert trial.gpu_seconds == 60 * 16  # from its dispatch to its last heartbeat, on 16 GPUs
-    assert summary.counts["dispatched"] == 2 and repo.get_study("dead").status == "interrupted"
+        row.dispatched_at, row.heartbeat_at = long_ago, (long_ago + dt.timedelta(seconds=60)) if heartbeat else None
+    return repo, study, second.number
+
+
+def test_a_stopped_run_under_the_cap_runs_again_and_more_start_while_there_is_room(tmp_path):
+    """Review: after a resume the stopped runs were counted in flight twice (a stale list of other controllers'
+    runs held them too), and the study ended at 4 of 8 runs, 7.3 of its 9 GPU-hours, saying the cap was held.
+    Runs in flight are now those with a live heartbeat: a released run is none."""
+    repo, study, stale = _study_with_a_stale_run(tmp_path, "room", cap=9.0, budget=8, heartbeat=False)
+    summary = build_controller(repo, repo.get_study("room"), dispatcher="inprocess", max_concurrent=4).run()
+    assert repo.trial(study.id, stale).status == "completed" and repo.trial(study.id, stale).attempt == 2
+    spent_h = repo.gpu_seconds_spent(study.id) / 3600
+    assert summary.stop_reason == "gpu_hours" and spent_h >= 9.0 and summary.counts["dispatched"] > 3
+    assert repo.get_study("room").status == "finished"
     repo.close()
+
+
+def test_a_dead_controllers_run_is_not_run_again_past_the_cap(tmp_path):
+    """Adopting a dead controller's run re-runs it: not once the cap is spent. It ends as a cancelled run with
+    the time it held counted, and the study finishes (review: let go, it stayed `dispatched`; the controller
+    hung on a study whose budget was dispatched, or left it interrupted with nothing able to run it)."""
+    for budget in (4, 2):  # runs of the budget left to make, or none (the controller hung there)
+        repo, study, stale = _study_with_a_stale_run(tmp_path, f"dead{budget}", cap=1.0, budget=budget)
+        summary = build_controller(repo, repo.get_study(study.name), dispatcher="inprocess").run()
+        trial = repo.trial(study.id, stale)
+        assert (trial.status, trial.reason, trial.attempt) == ("pruned", "cancelled", 1)  # not run again
+        assert "GPU-hour cap" in trial.message
+        assert trial.gpu_seconds == 60 * 16  # from its dispatch to its last heartbeat, on 16 GPUs
+        assert summary.counts["dispatched"] == 2 and summary.stop_reason == ("gpu_hours" if budget == 4 else "budget")
+        assert repo.get_study(study.name).status == "finished"
+        repo.close()
