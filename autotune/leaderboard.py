@@ -18,7 +18,7 @@ from typing import Any
 from autotune.config import LayoutConfig
 from autotune.controller.notes import BASELINE, MEANINGS
 from autotune.controller.recommend import VALIDATION, RunNoise, study_recommendation
-from autotune.storage import Repository, Study, Trial
+from autotune.storage import Repository, Study, Trial, TrialOrigin
 from autotune.storage.repository import gpu_hour_cap_reached, heartbeat_ahead_s
 
 # new columns go last: a script reading the CSV by position keeps working
@@ -139,7 +139,9 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "imported": counts["imported"], "validation": counts["validation"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
         # the study's --max-gpu-hours (None: no cap), and whether its runs have held it: no run starts
-        "max_gpu_hours": cap, "gpu_hour_cap_reached": gpu_hour_cap_reached(repo.gpu_seconds_spent(study.id), cap),
+        # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
+        "max_gpu_hours": cap, "gpu_hour_cap_reached": gpu_hour_cap_reached(
+            sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED), cap),
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
         # benchmark-only settings the user turned on for every run: never part of a tuned result
         "benchmark_only": benchmark_label(study),
@@ -555,9 +557,9 @@ def controller_silence_s(study: Study) -> float | None:
         return silent if silent is not None and silent > CREATED_UNSTARTED_S else None
     if study.status != "running" or beat is None:
         return None
-    silent = _stale_s(beat)
     # a heartbeat dated in the future: how far ahead it lies (finite, for strict JSON; the summary flags it)
-    return heartbeat_ahead_s(beat) if silent == math.inf else silent
+    ahead = heartbeat_ahead_s(beat)
+    return ahead if ahead is not None else _stale_s(beat)
 
 
 def _heartbeat_ahead(study: Study) -> bool:
