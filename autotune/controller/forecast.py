@@ -45,9 +45,6 @@ class Forecast:
     validation_timeout_s: float = 0.0
     open_layouts: int | None = None  # layouts the study may still run, when fewer than its runs
     cap_gpu_hours: float | None = None  # the GPU-hours --max-gpu-hours leaves the study (None: no cap)
-    # no run has ended yet: the controller starts its first round whole (it counts runs in flight at the mean of
-    # the ended ones); a resumed study's ended runs give that mean from its first start
-    first_round_whole: bool = True
 
     @property
     def gpu_hours(self) -> float:
@@ -67,17 +64,16 @@ class Forecast:
         rounds = math.ceil(self.runs / max(1, concurrency))
         return (rounds * self.run_s + self.validation_runs * self.validation_run_s) / 3600
 
-    def under_cap(self, concurrency: int) -> tuple[int, int, float]:
+    def under_cap(self) -> tuple[int, int, float]:
         """(runs, validation runs, GPU-hours) the study makes under its cap, as the controller starts them: a run
-        starts while the hours held, those in flight counted at the mean of the runs that ended, are below the cap
-        (loop.Controller._cap_reached); the first round, before any run has ended, starts whole. Every run taken as
+        starts while the hours held, those in flight counted at the mean of the runs that ended (before any has, at
+        this forecast's run), are below the cap (loop.Controller._cap_reached), so at least one. Every run taken as
         long as the one priced."""
         if self.cap_gpu_hours is None:
             return self.runs, self.validation_runs, self.gpu_hours
         cap = self.cap_gpu_hours
         run_h = self.run_s * self.gpus / 3600
-        whole = min(concurrency, self.runs) if self.first_round_whole else 1
-        runs = self.runs if run_h <= 0 else min(self.runs, max(whole, math.ceil(cap / run_h)))
+        runs = self.runs if run_h <= 0 else min(self.runs, max(1, math.ceil(cap / run_h)))
         spent = runs * run_h
         validations = 0
         validation_h = self.validation_run_s * self.gpus / 3600
@@ -87,14 +83,14 @@ class Forecast:
         return runs, validations, spent
 
     def to_dict(self, concurrency: int = 1) -> dict[str, Any]:
-        under_cap = self.under_cap(concurrency)
+        under_cap = self.under_cap()
         return {"runs": self.runs, "gpus": self.gpus, "layout": self.layout, "priced": self.priced,
                 "step_time_s": self.step_s, "run_s": self.run_s, "gpu_hours": self.gpu_hours,
                 "bound_gpu_hours": self.bound_gpu_hours, "trial_timeout_s": self.timeout_s,
                 "over_timeout": self.over_timeout, "startup_s": self.startup_s, "startup_assumed": self.startup_assumed,
                 "validation_runs": self.validation_runs, "validation_run_s": self.validation_run_s,
                 "open_layouts": self.open_layouts, "cap_gpu_hours": self.cap_gpu_hours,
-                # what the cap lets start, `concurrency` runs at a time (under_cap)
+                # what the cap lets start (under_cap)
                 "runs_under_cap": under_cap[0], "validation_runs_under_cap": under_cap[1]}
 
     def line(self, concurrency: int | None, simulated: str | None) -> str:
@@ -113,9 +109,9 @@ class Forecast:
         if self.over_timeout:  # found by review: every run timed out, and nothing had said it would
             text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
                      "--trial-timeout: most runs will time out")
-        runs, validations, spent = self.under_cap(concurrency or 1)
+        runs, validations, spent = self.under_cap()
         if runs < self.runs or validations < self.validation_runs:  # the cap stops something (review: "before 0 of
-            # its 0 validation runs" when the first round held every run)
+            # its 0 validation runs" when the cap stopped nothing)
             stops = (f"after about {runs:,} of its {self.runs:,} run(s)" if runs < self.runs else
                      f"before {self.validation_runs - validations} of its {self.validation_runs} validation run(s)")
             text += (f"; the --max-gpu-hours cap leaves {hours_text(self.cap_gpu_hours)} GPU-hours: it stops the study "
@@ -174,5 +170,4 @@ def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend
                     timeout_s=options.trial_timeout_s, startup_assumed=assumed, startup_s=startup_s,
                     validation_runs=validations, validation_run_s=validation_s,
                     validation_timeout_s=validation_timeout, open_layouts=may_run if may_run < runs else None,
-                    cap_gpu_hours=None if options.max_gpu_hours is None else max(0.0, options.max_gpu_hours - spent_gpu_hours),
-                    first_round_whole=spent_gpu_hours == 0)
+                    cap_gpu_hours=None if options.max_gpu_hours is None else max(0.0, options.max_gpu_hours - spent_gpu_hours))

@@ -111,6 +111,7 @@ class Controller:
         self._last_heartbeat = 0.0
         self._exhausted = False
         self._capped = False  # the GPU-hour cap is spent: no run starts (_fill_slots)
+        self._first_run_gpu_s: float | None = None  # a run's GPU time forecast before any ended (_cap_reached)
         self._settled: set[int] = set()  # trial numbers whose outcome the search state has learnt
         self._others_in_flight: list[str] = []  # config keys of other controllers' runs in flight
         self._sync_others(dispatched_only=False)  # resume / join: the search state from the record
@@ -269,9 +270,9 @@ class Controller:
 
     def _cap_reached(self) -> bool:
         """No run may start now: the GPU time the study's runs held (validation runs included) and that of its runs
-        in flight under a live controller, counted at the mean of the runs that ended, reach its --max-gpu-hours
-        (review: with four slots a 3 GPU-hour cap started 5 runs, 9.2 GPU-hours; a run in flight had counted
-        nothing). With nothing in flight that is the cap spent for good: _capped, which ends the dispatch of budget
+        in flight under a live controller, counted at the mean of the runs that ended (before any has, at the cost
+        forecast's run), reach its --max-gpu-hours (review: with four slots a 3 GPU-hour cap started 5 runs, 9.2
+        GPU-hours; a run in flight had counted nothing). With nothing in flight that is the cap spent for good: _capped, which ends the dispatch of budget
         and validation runs alike; with runs in flight, a later check may find room (one ended early)."""
         cap = self.options.max_gpu_hours
         if cap is None:
@@ -283,7 +284,22 @@ class Controller:
             return self._capped
         ended = [t.gpu_seconds for t in self.repo.trials(self.study.id, dispatched_only=True)
                  if t.status != "dispatched" and t.origin != TrialOrigin.IMPORTED and t.gpu_seconds]
-        return gpu_hour_cap_reached(spent + (sum(ended) / len(ended) * live if ended else 0.0), cap)
+        per_run_s = sum(ended) / len(ended) if ended else self._forecast_run_gpu_s()
+        return gpu_hour_cap_reached(spent + per_run_s * live, cap)
+
+    def _forecast_run_gpu_s(self) -> float:
+        """GPU-seconds a run in flight counts for before any run of the study has ended: the cost forecast's run
+        (controller/forecast.py, what `start` printed). Review: a cap below one round's hours started the whole
+        first round (four slots, a 2 GPU-hour cap: four runs of 1.8), as a run in flight counted nothing until
+        one had ended."""
+        if self._first_run_gpu_s is None:
+            from autotune.backends import backend_class
+            from autotune.controller.forecast import forecast
+
+            estimate = forecast(self.state, self.baseline, 1, self.options, backend_class(self.study.backend),
+                                self.study.backend_options)
+            self._first_run_gpu_s = estimate.run_s * estimate.gpus
+        return self._first_run_gpu_s
 
     def _fill_slots(self) -> None:
         while self.dispatcher.free_slots() > 0 and not self._exhausted and not self._capped:

@@ -163,32 +163,32 @@ def test_durations_read_at_a_glance():
 
 def test_the_cap_clause_counts_runs_as_the_controller_starts_them(qwen16):
     """Review: the forecast's "stops after N runs" ignored the runs in flight and priced validation runs as
-    screening runs. Under_cap follows the controller's rule: the first round starts whole, then a run starts while
-    the hours held and in flight stay below the cap; validation runs only after the whole budget."""
+    screening runs. Under_cap follows the controller's rule: a run starts while the hours held and in flight (at
+    the forecast's run before any has ended) stay below the cap, however many slots; validation runs only after
+    the whole budget."""
     space, _, state = qwen16
     options = StudyOptions(max_gpu_hours=3.0)
     capped = forecast(state, recipe_baseline(space), 10, options, SimulateBackend, {})
     run_h = capped.run_s * 16 / 3600  # about 1.8
-    assert capped.under_cap(1) == (2, 0, pytest.approx(2 * run_h))
-    assert capped.under_cap(4)[0] == 4  # a whole first round
-    assert "stops the study after about 4 of its 10 run(s)" in capped.line(4, "simulated")
+    assert capped.under_cap() == (2, 0, pytest.approx(2 * run_h))
+    assert "stops the study after about 2 of its 10 run(s)" in capped.line(4, "simulated")
     validated = forecast(state, recipe_baseline(space), 5, StudyOptions(max_gpu_hours=12.0, validate_steps=50),
                          SimulateBackend, {})
-    runs, validations, _ = validated.under_cap(1)
+    runs, validations, _ = validated.under_cap()
     assert (runs, validations) == (5, 1)
     assert "stops the study before 1 of its 2 validation run(s)" in validated.line(1, "simulated")
     assert "cap" not in forecast(state, recipe_baseline(space), 5, StudyOptions(max_gpu_hours=1000.0),
                                  SimulateBackend, {}).line(1, None)
 
 
-def test_a_resumed_studys_cap_clause_knows_its_runs_length_and_says_nothing_when_the_cap_stops_nothing(qwen16):
-    """Review: "stops the study before 0 of its 0 validation run(s)" when the first round held every run; and a
-    resumed study (runs ended: their mean known) was forecast a whole first round under a nearly spent cap."""
+def test_a_resumed_studys_cap_clause_knows_its_runs_length_and_a_tiny_cap_still_starts_one_run(qwen16):
+    """Review: "stops the study before 0 of its 0 validation run(s)" when the cap stopped nothing; a cap below
+    one run's hours still starts that run (the controller starts a run while the hours are below the cap)."""
     space, _, state = qwen16
-    whole = forecast(state, recipe_baseline(space), 4, StudyOptions(max_gpu_hours=0.1), SimulateBackend, {})
-    assert whole.under_cap(4)[0] == 4 and "cap" not in whole.line(4, "simulated")
+    tiny = forecast(state, recipe_baseline(space), 4, StudyOptions(max_gpu_hours=0.1), SimulateBackend, {})
+    assert tiny.under_cap()[0] == 1 and "stops the study after about 1 of its 4 run(s)" in tiny.line(4, "simulated")
     resumed = forecast(state, recipe_baseline(space), 10, StudyOptions(max_gpu_hours=9.0), SimulateBackend, {},
                        spent_gpu_hours=7.3)
-    assert not resumed.first_round_whole and resumed.under_cap(4)[0] == 1
+    assert resumed.under_cap()[0] == 1
     assert "stops the study after about 1 of its 10 run(s)" in resumed.line(4, "simulated")
     assert resumed.to_dict(4)["runs_under_cap"] == 1

@@ -235,10 +235,11 @@ def _capped(tmp_path, name, budget, cap, concurrency=1, validate_steps=0):
 
 def test_with_several_runs_in_flight_the_cap_counts_them_at_the_mean_run(tmp_path):
     """Review: four slots and a 3 GPU-hour cap started five runs (9.2 GPU-hours): a run in flight counted
-    nothing. The first round starts whole (no run has ended to tell its length); after it, runs in flight count
-    at the mean of the ended runs, so none starts past the cap."""
+    nothing; and then a cap below one round's hours started the whole first round (no run had ended to tell
+    its length). Runs in flight count at the mean of the ended runs, before any has at the cost forecast's run,
+    so none starts past the cap: 3 GPU-hours start two runs of ~1.8, not four."""
     repo, study, summary = _capped(tmp_path, "four", budget=12, cap=3.0, concurrency=4)
-    assert summary.stop_reason == "gpu_hours" and summary.counts["dispatched"] == 4
+    assert summary.stop_reason == "gpu_hours" and summary.counts["dispatched"] == 2
     repo, study, summary = _capped(tmp_path, "four-more", budget=12, cap=9.0, concurrency=4)
     per_run_h = repo.gpu_seconds_spent(study.id) / 3600 / summary.counts["dispatched"]
     # runs start while held + in flight (at the mean) < cap: at most one run's hours above it
