@@ -371,14 +371,18 @@ def _start_header(args: argparse.Namespace, study, space, workload, repo) -> Non
 
 
 def _forecast(controller, runs: int):
-    """The cost forecast of the controller's study for its `runs` runs still to make (controller/forecast.py),
-    taken once the controller holds the legal set and the cost model's predictions, before its first run."""
+    """The cost forecast of the controller's study for its `runs` runs still to make and the validation runs it
+    still owes (controller/forecast.py), taken once the controller holds the legal set and the cost model's
+    predictions, before its first run; None when nothing is left to run."""
     from autotune.backends import backend_class
     from autotune.controller.forecast import forecast
 
-    study = controller.study
-    return forecast(controller.state, controller.baseline, runs, controller.options, backend_class(study.backend),
-                    study.backend_options, controller.repo.gpu_seconds_spent(study.id) / 3600)
+    study, repo = controller.study, controller.repo
+    estimate = forecast(controller.state, controller.baseline, runs, controller.options, backend_class(study.backend),
+                        study.backend_options, repo.gpu_seconds_spent(study.id) / 3600,
+                        validations_made=repo.counts(study.id)["validation"])
+    # a resume that only owes validation runs said nothing of their cost (found in the last note)
+    return estimate if estimate.runs or estimate.validation_runs else None
 
 
 def _forecast_line(estimate, backend: str, slots: int | None) -> str:
@@ -610,7 +614,7 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
             _interrupted_before_it_ran(repo, study)
             raise
         slots = getattr(controller.dispatcher, "capacity", 0)
-        estimate = _forecast(controller, left) if left > 0 else None
+        estimate = _forecast(controller, max(0, left))
         if estimate is not None:
             view.say(_forecast_line(estimate, study.backend, slots))
         view.slots = slots

@@ -103,8 +103,9 @@ class Forecast:
             if concurrency else ""
         startup = "" if self.startup_s is None else \
             f", {self.startup_s:,.0f} s start-up" + (" assumed" if self.startup_assumed else "")
-        text = (f"forecast: {where}about {hours_text(self.gpu_hours)} GPU-hours for {self.runs:,} run(s) of "
-                f"{duration(self.run_s)}{validation} on {self.gpus:,} GPUs{wall} ({self.priced}, {self.layout}"
+        screening = f"{self.runs:,} run(s) of {duration(self.run_s)}" if self.runs else "no screening run"
+        text = (f"forecast: {where}about {hours_text(self.gpu_hours)} GPU-hours for {screening}"
+                f"{validation} on {self.gpus:,} GPUs{wall} ({self.priced}, {self.layout}"
                 f"{startup}; at most {hours_text(self.bound_gpu_hours)} GPU-hours if every run reached its timeout)")
         if self.over_timeout:  # found by review: every run timed out, and nothing had said it would
             text += (f"; WARNING: that run needs about {duration(self.uncapped_run_s)}, over the {self.timeout_s:,g} s "
@@ -130,10 +131,11 @@ def hours_text(value: float) -> str:
 
 
 def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend_options: dict[str, Any],
-             spent_gpu_hours: float = 0.0) -> Forecast:
+             spent_gpu_hours: float = 0.0, validations_made: int = 0) -> Forecast:
     """The forecast of `runs` runs of a study whose controller holds `state` (its SearchState: the legal set, the
     cost model's predictions, what ran), `baseline` the recipe's layout, `backend` the backend class;
-    `spent_gpu_hours` what its runs held so far (of its --max-gpu-hours)."""
+    `spent_gpu_hours` what its runs held so far (of its --max-gpu-hours), `validations_made` the validation runs
+    it made (a resumed study owes only the rest)."""
     from autotune.backends.base import charged_steps
     from autotune.controller._spec import validation_timeout_s
     from autotune.storage.repository import MAX_VALIDATION_RUNS
@@ -159,7 +161,7 @@ def forecast(state, baseline, runs: int, options: StudyOptions, backend, backend
         return ASSUMED_STARTUP_S + step_s * charged_steps(options.warmup_steps, measured_steps), ASSUMED_STARTUP_S, True
 
     run_s, startup_s, assumed = held(options.measured_steps)
-    validations = MAX_VALIDATION_RUNS if options.validate_steps else 0
+    validations = max(0, MAX_VALIDATION_RUNS - validations_made) if options.validate_steps else 0
     validation_s, validation_timeout = 0.0, 0.0
     if validations:
         validation_timeout = validation_timeout_s(options, step_s)

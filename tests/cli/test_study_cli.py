@@ -553,6 +553,8 @@ def test_a_validation_run_the_cap_kept_runs_once_the_cap_is_raised(cli, tmp_path
     assert again.returncode == 0 and "already finished" not in again.stderr, again.stderr[-2000:]
     summary = json.loads(again.stdout)
     assert summary["validation"] >= first["validation"] and summary["status"] == "finished"
+    # the last note: a resume that owed only validation runs printed no forecast of them
+    assert summary["forecast"]["runs"] == 0 and summary["forecast"]["validation_runs"] == 2 - first["validation"]
 
 
 def test_the_live_view_tells_the_time_left_from_the_budgets_runs_that_ended(cli, tmp_path):
