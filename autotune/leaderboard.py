@@ -126,6 +126,8 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     from autotune.controller.options import StudyOptions
 
     cap = StudyOptions.from_stored(study.options).max_gpu_hours
+    # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
+    spent_s = sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED)
     best = pick.trial if pick else None
     best_speed = pick.best.mean_tokens_per_s_per_gpu if pick else None
     summary = {
@@ -138,10 +140,10 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         # runs outside the budget and the counts above: imported logs and the winner's validation runs
         "imported": counts["imported"], "validation": counts["validation"],
         "gpu_seconds": sum(t.gpu_seconds for t in dispatched),
+        # of which the study's own runs (an imported log's are no spending of it): what its cap counts
+        "spent_gpu_seconds": spent_s,
         # the study's --max-gpu-hours (None: no cap), and whether its runs have held it: no run starts
-        # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
-        "max_gpu_hours": cap, "gpu_hour_cap_reached": gpu_hour_cap_reached(
-            sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED), cap),
+        "max_gpu_hours": cap, "gpu_hour_cap_reached": gpu_hour_cap_reached(spent_s, cap),
         "metrics_source": metrics_source(study.backend),  # of the study's runs, and so of its GPU time
         # benchmark-only settings the user turned on for every run: never part of a tuned result
         "benchmark_only": benchmark_label(study),

@@ -794,7 +794,8 @@ class _LiveView:
         options = StudyOptions.from_stored(self.study.options)
         runs_left = self.study.budget - done
         if options.max_gpu_hours is not None and held:
-            room_s = options.max_gpu_hours * 3600 - board.summary["gpu_seconds"]
+            # the study's own runs: an imported log's hours are on the board but not of the cap (the last note)
+            room_s = options.max_gpu_hours * 3600 - board.summary["spent_gpu_seconds"]
             per_run_s = sum(held) / len(held) * self.study.workload["gpus"]
             runs_left = min(runs_left, max(0, math.ceil(room_s / per_run_s)))
         return _time_left(held, runs_left, self.slots, board.summary.get("metrics_source", "measured"),

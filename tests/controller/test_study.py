@@ -355,3 +355,31 @@ def test_a_dead_controllers_run_is_not_run_again_past_the_cap(tmp_path):
         assert summary.counts["dispatched"] == 2 and summary.stop_reason == ("gpu_hours" if budget == 4 else "budget")
         assert repo.get_study(study.name).status == "finished"
         repo.close()
+
+
+def test_an_imported_runs_hours_are_on_the_board_but_not_of_the_cap(tmp_path):
+    """The last note: the live view's room under the cap subtracted the board's GPU-seconds, imported runs'
+    included, while the cap counts the study's own runs (Repository.gpu_seconds_spent). The board now says both."""
+    from autotune import leaderboard
+    from autotune.config import LayoutConfig
+    from autotune.storage.models import TrialRow
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'imp.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="imp", space=space, workload=make_workload(space, gpus=16), budget=4,
+                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
+                         options={"max_gpu_hours": 2.0})
+    own, other = (LayoutConfig.from_mapping(c) for c in ({"ep": 16, "dist_opt": True}, {"ep": 8, "dist_opt": True}))
+    ran = repo.claim_dispatch(study.id, own.to_dict(), own.key(), None, "c:1", 4, number=100)
+    metrics = {"tokens_per_s_per_gpu": 8000.0, "step_time_s": 30.0, "peak_mem_gib": 60.0}
+    repo.finish_trial(study.id, ran.number, "completed", metrics=metrics, gpu_seconds=3600.0)
+    imported = repo.add_imported(study.id, other.to_dict(), other.key(), 101, "completed", metrics, [30.0] * 5,
+                                 "log.txt", number=101)
+    with repo.session() as s:  # a log that said what its run held (no importer writes it today; a store may)
+        s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.number == imported.number).one() \
+            .gpu_seconds = 7200.0
+    summary = leaderboard.build(repo, repo.get_study("imp"), top=5).summary
+    assert summary["gpu_seconds"] == 10800.0
+    assert summary["spent_gpu_seconds"] == 3600.0 == repo.gpu_seconds_spent(study.id)
+    assert not summary["gpu_hour_cap_reached"]  # 1 of 2 GPU-hours: the imported 2 are not the study's
+    repo.close()
