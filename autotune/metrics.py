@@ -6,7 +6,7 @@ Served by `autotune dashboard` at /metrics and by the controller itself with
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from autotune import leaderboard
@@ -84,8 +84,12 @@ def render_latest(repo: Repository) -> bytes:
 def serve(repo: Repository, port: int, host: str = "127.0.0.1"):
     """Expose the metrics on http://host:port/metrics (a daemon thread). ConfigError when the port cannot be
     bound (found by an adversarial pass: a port taken between the start's check and Ray being up was a
-    traceback, exit 1)."""
+    traceback, exit 1). Served by the dashboard's server, which answers /metrics alone here: prometheus_client's
+    own server (start_http_server) took any number of connections at once, each a thread reading the store,
+    and held a silent one for ever (the open items of the last notes)."""
+    from autotune.dashboard.server import serve_in_background
+
     try:
-        return start_http_server(port, addr=host, registry=registry_for(repo))
+        return serve_in_background(repo, host, port, metrics_only=True)
     except OSError as exc:
         raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None

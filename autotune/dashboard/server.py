@@ -120,6 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
     # another site can make the browser send requests here under its own name (DNS rebinding) and read
     # every study; its Host header then carries that name.
     loopback_only: bool = True
+    metrics_only = False  # make_server(metrics_only=True): every path but /metrics is not found
     _head = False  # answering HEAD: the headers of GET, no body
     # seconds a connection may stay silent (reading a request, or a client not reading an answer): without
     # it, clients that open connections and send nothing (slowloris) each held a thread for ever
@@ -233,7 +234,9 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(urlparse(self.path).query)
         api = _is_api(parts)
         try:
-            if not parts:
+            if self.metrics_only and parts != ["metrics"]:  # `start --metrics-port`: Prometheus' endpoint alone
+                self._fail(api, 404, "not found", "this port serves /metrics only")
+            elif not parts:
                 self._send(200, self.app.studies_page(query.get("study", [])))
             elif parts[0] == "compare" and len(parts) == 1:
                 self._send(200, self.app.compare_page(query.get("study", [])[:20]))
@@ -341,18 +344,21 @@ class _IPv6Server(_Server):
 
 
 def make_server(repo: Repository, host: str = "127.0.0.1", port: int = 8080,
-                artifact_roots=None) -> ThreadingHTTPServer:
+                artifact_roots=None, metrics_only: bool = False) -> ThreadingHTTPServer:
     """`artifact_roots`: the folders whose studies' run folders the dashboard serves files from (default
-    /tmp/autotune-runs; _artifacts' module doc)."""
+    /tmp/autotune-runs; _artifacts' module doc). `metrics_only`: serve /metrics and nothing else (`start
+    --metrics-port`), with the dashboard's limits: connections at once, idle and request-head deadlines, the
+    loopback Host check."""
     app = DashboardApp(repo, artifact_roots=artifact_roots)
-    handler = type("Handler", (_Handler,), {"app": app, "loopback_only": is_loopback(host)})
+    handler = type("Handler", (_Handler,), {"app": app, "loopback_only": is_loopback(host),
+                                            "metrics_only": metrics_only})
     # an IPv6 address (::1, ::) needs an IPv6 socket; http.server's default family is IPv4
     server_class = _IPv6Server if ":" in host else _Server
     return server_class((host, port), handler)
 
 
 def serve_in_background(repo: Repository, host: str = "127.0.0.1", port: int = 0,
-                        artifact_roots=None) -> ThreadingHTTPServer:
-    server = make_server(repo, host, port, artifact_roots)
+                        artifact_roots=None, metrics_only: bool = False) -> ThreadingHTTPServer:
+    server = make_server(repo, host, port, artifact_roots, metrics_only)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

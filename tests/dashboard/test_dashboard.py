@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import time
 import urllib.request
 from pathlib import Path
 
@@ -821,6 +822,42 @@ def test_a_metrics_port_taken_after_the_check_is_one_line(repo):
             serve(repo, taken.getsockname()[1])
     finally:
         taken.close()
+
+
+def test_the_metrics_port_serves_metrics_alone_with_the_dashboards_limits(repo, monkeypatch):
+    """The last notes' open item: `--metrics-port` was prometheus_client's server, with no cap on connections at
+    once and none on a silent client. It is the dashboard's server now, answering /metrics and nothing else."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from autotune.dashboard import server as dashboard_server
+    from autotune.metrics import serve
+
+    server = serve(repo, 0)
+    port = server.server_address[1]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            assert answer.status == 200 and b"autotune_trials_dispatched_total" in answer.read()
+        for path in ("/", "/study/x", "/api/study/x", "/static/dashboard.js"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10)
+            assert refused.value.code == 404
+        monkeypatch.setattr(dashboard_server, "MAX_CONNECTIONS", 2)
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # each holds a slot
+        try:
+            deadline = time.monotonic() + 10
+            while server.open_connections < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with pytest.raises(urllib.error.HTTPError) as busy:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+            assert busy.value.code == 503
+        finally:
+            for connection in silent:
+                connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_recommendation_banner_says_when_no_peak_was_measured(repo):
