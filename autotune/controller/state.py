@@ -232,7 +232,11 @@ class SearchState:
         value (EP on a dense model) would make every two layouts share it, a constant part of the
         kernel that the GP's offset already is."""
         if self._gp_codes is None:
-            self._gp_codes = varying_columns(self.knob_codes())
+            codes = varying_columns(self.knob_codes())
+            if codes.shape[1] == 0:  # one legal layout (every layout knob pinned: a new-user pass found the
+                # GP refusing zero inputs): one constant column, which leaves the GP its offset and noise
+                codes = np.zeros((len(codes), 1), dtype=codes.dtype)
+            self._gp_codes = codes
         return self._gp_codes
 
     def record_speed(self, config: LayoutConfig, tokens_per_s_per_gpu: float,

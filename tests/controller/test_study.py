@@ -194,6 +194,19 @@ def test_a_small_space_is_exhausted_before_the_budget(tmp_path):
     assert repo.find_study("nothing-fits") is None
 
 
+def test_a_space_of_one_layout_tunes_its_performance_knobs(tmp_path):
+    """Found by a new-user pass: with every layout knob pinned (`--fix` each one: tune only the performance
+    knobs of a layout one trusts), the knob phase's GP refused its zero inputs and the study died on a traceback
+    after its first run."""
+    fixes = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 16, "etp": 1, "mbs": 1, "recompute": "none",
+             "dist_opt": True, "sp": False}
+    repo, study, summary = run(f"sqlite:///{tmp_path / 'one.db'}", name="one", budget=30, fixes=fixes, gpus=16)
+    trials = repo.trials(study.id, dispatched_only=True)
+    assert study.status == "finished" and summary.counts["completed"] == len(trials) > 1
+    assert len({tuple(sorted((k, str(t.config.get(k))) for k in fixes)) for t in trials}) == 1  # one layout
+    assert any(t.strategy_note == "knobs" for t in trials)  # its performance knobs were tuned
+
+
 def test_a_gpu_hour_cap_stops_runs_from_starting_and_resume_raises_it(tmp_path):
     """--max-gpu-hours: no run starts once the study's runs have held it; the study ends `finished` with
     stop reason gpu_hours (no validation run then), and a raised cap (resume --max-gpu-hours) continues it."""
