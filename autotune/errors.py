@@ -40,4 +40,9 @@ class StudyError(UserError):
 
 class OutputClosed(BrokenPipeError):
     """A study stopped because the output it wrote to was closed (`autotune start | head`): interrupted,
-    as by Ctrl-C, and `resume` continues it. A broken pipe after a study ended is not this."""
+    as by Ctrl-C, and `resume` continues it. A broken pipe after a study ended is not this. `stored` False:
+    `start` stopped before it stored its study (nothing to resume)."""
+
+    def __init__(self, message: str = "output closed", stored: bool = True) -> None:
+        super().__init__(message)
+        self.stored = stored

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if isinstance(exc, OutputClosed):  # a study stopped with it: say so, as after Ctrl-C
             sys.stderr.write(f"autotune {args.subcommand}: interrupted (its output was closed); "
-                             "`autotune resume` continues the study\n")
+                             + ("`autotune resume` continues the study\n" if exc.stored else
+                                "no study was stored\n"))
             return 141  # 128 + SIGPIPE, as a shell reports a pipeline's writer stopped by it
         return 0  # the output was all that was lost (a study that had ended stays finished)
     except Exception as exc:  # after the clauses above: a `raise` here reaches none of them

@@ -11,6 +11,7 @@ from autotune.cli._checks import ascii_int, float_in, int_in, port, positive, se
 from autotune.cli._options import add_fix_option, add_workload_options, load_space_and_workload, workload_summary
 from autotune._tables import terminal_safe
 from autotune.controller.options import DEFAULTS
+from autotune.errors import OutputClosed
 from autotune.config import MAX_BUDGET, MAX_GPU_HOURS
 
 # a GPU-hour cap: more than nothing, at most what the store's check of the options takes (storage/_records.py)
@@ -309,8 +310,11 @@ def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: 
     # Ray before the study is stored: a cluster that cannot be reached, or is too small for one trial,
     # leaves no study behind
     if not args.json:
-        print(f"connecting to the Ray cluster at {address} ..." if address else
-              f"starting a local Ray with {args.local_gpus or workload.cluster.gpus} logical GPUs ...", flush=True)
+        try:
+            print(f"connecting to the Ray cluster at {address} ..." if address else
+                  f"starting a local Ray with {args.local_gpus or workload.cluster.gpus} logical GPUs ...", flush=True)
+        except BrokenPipeError as exc:  # `start | head -1`: exit 0 said a study ran (found by a new-user pass)
+            raise OutputClosed(str(exc), stored=False) from exc
     from autotune._signals import sigterm_as_interrupt
 
     dispatcher = None
@@ -339,9 +343,12 @@ def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: 
     dispatcher.backend_options = study.backend_options
     try:
         _start_header(args, study, space, workload, repo)
-    except KeyboardInterrupt:  # the replay coverage enumerates the legal set: seconds in which Ctrl-C may come
+    except (KeyboardInterrupt, BrokenPipeError) as exc:  # the replay coverage enumerates the legal set: seconds
+        # in which Ctrl-C may come; a closed output (`start | head -1`) stops the study before it ran, not exit 0
         _interrupted_before_it_ran(repo, study)
         dispatcher.shutdown()
+        if isinstance(exc, BrokenPipeError):
+            raise OutputClosed(str(exc)) from exc
         raise
     return _run(repo, study, args, dispatcher)
 
@@ -598,27 +605,35 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     view = _LiveView(repo, study, quiet=args.json)
     with view, sigterm_as_interrupt():
         address = _ray_address(args)
-        if dispatcher is None:
-            # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
-            view.starting(f"connecting to the Ray cluster at {address}" if address else
-                          f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
-        counts = repo.counts(study.id)
-        # runs still to make: new ones and those left running by an interrupted or dead controller, which
-        # the resumed one runs again (second review: resuming 4 stopped runs of 4 got one slot)
-        left = study.budget - counts["dispatched"] + counts["running"]
+        controller = None
         try:
+            if dispatcher is None:
+                # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
+                view.starting(f"connecting to the Ray cluster at {address}" if address else
+                              f"starting a local Ray with {args.local_gpus or study.workload['gpus']} logical GPUs")
+            counts = repo.counts(study.id)
+            # runs still to make: new ones and those left running by an interrupted or dead controller, which
+            # the resumed one runs again (second review: resuming 4 stopped runs of 4 got one slot)
+            left = study.budget - counts["dispatched"] + counts["running"]
             controller = build_controller(repo, study, ray_address=address, local_gpus=args.local_gpus,
                                           max_concurrent=_slots_wanted(args.max_concurrent, left),
                                           on_tick=view.tick, dispatcher=dispatcher)
-        except KeyboardInterrupt:  # Ctrl-C before the first run: the study says so, not `created` (found by review)
+            slots = getattr(controller.dispatcher, "capacity", 0)
+            estimate = _forecast(controller, max(0, left))
+            if estimate is not None:
+                view.say(_forecast_line(estimate, study.backend, slots))
+            view.slots = slots
+            view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
+        except (KeyboardInterrupt, BrokenPipeError) as exc:
+            # before the first run: the study says it stopped, not `created` (found by review), and Ray is let go;
+            # a closed output (`start | head -1`) exited 0 with the study never run (found by a new-user pass)
             _interrupted_before_it_ran(repo, study)
+            started = controller.dispatcher if controller is not None else dispatcher
+            if started is not None:
+                started.shutdown()
+            if isinstance(exc, BrokenPipeError) and not isinstance(exc, OutputClosed):
+                raise OutputClosed(str(exc)) from exc
             raise
-        slots = getattr(controller.dispatcher, "capacity", 0)
-        estimate = _forecast(controller, max(0, left))
-        if estimate is not None:
-            view.say(_forecast_line(estimate, study.backend, slots))
-        view.slots = slots
-        view.starting(f"Ray is up ({slots} trial(s) at a time); proposing the first layouts")
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
             summary = controller.run()
     from autotune import leaderboard
@@ -748,11 +763,17 @@ class _LiveView:
               f"{self.study.budget}): not run again", flush=True)
 
     def __exit__(self, *exc) -> None:
-        self.tick(None, force=True)
-        if self._live is not None:
-            # a study that ends prints its final table: the live one goes; after an error or Ctrl-C it stays
-            self._live.transient = exc[0] is None
-            self._live.__exit__(*exc)
+        try:
+            self.tick(None, force=True)
+            if self._live is not None:
+                # a study that ends prints its final table: the live one goes; after an error or Ctrl-C it stays
+                self._live.transient = exc[0] is None
+                self._live.__exit__(*exc)
+        except BrokenPipeError:
+            if exc[0] is None:
+                raise
+            # the error in flight is what is said (a new-user pass: `start | head -3` stopped the study with
+            # OutputClosed, and this last line's broken pipe replaced it: exit 0, no word, the study interrupted)
 
     def say(self, text: str) -> None:
         """A line that stays above the live view (printed as is: it may quote names)."""
