@@ -502,9 +502,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if study.status == "finished" and counts["dispatched"] >= budget and counts["running"] == 0 and not owed:
         import shlex
 
-        # found by a new-user pass: a finished study could not be given more runs
-        raise StudyError(f"study {study.name!r} already finished its budget of {study.budget} trials (`autotune resume "
-                         f"{shlex.quote(study.name)} --budget {study.budget + 10}` gives it 10 more)")
+        # found by a new-user pass: a finished study could not be given more runs; and (another pass) a study its
+        # cap stopped at 3 of 6, resumed with --budget 3, was said to have finished its budget of 6 and pointed
+        # to a --budget the spent cap refused again
+        more = counts["dispatched"] + 10
+        raise_cap = (f" --max-gpu-hours {_raised_cap(spent_s / 3600)}" if gpu_hour_cap_reached(spent_s, cap) else "")
+        done = (f"already finished its budget of {budget} trials" if counts["dispatched"] == budget == study.budget
+                else f"has dispatched {counts['dispatched']} runs: a budget of {budget} leaves none to make")
+        raise StudyError(f"study {study.name!r} {done} (`autotune resume {shlex.quote(study.name)} --budget {more}"
+                         f"{raise_cap}` gives it 10 more)")
     if not _ray_address(args):  # said before a word about starting Ray (second review)
         _check_local_gpus(args.local_gpus, study.workload["gpus"])
     if budget != study.budget or args.max_gpu_hours is not None:  # every check passed: the one change resume makes

@@ -524,6 +524,12 @@ def test_a_gpu_hour_cap_is_forecast_said_when_reached_and_raised_by_resume(cli, 
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert re.search(r"has spent 5\.\d\d of its 4 GPU-hour cap \(`autotune resume cap --max-gpu-hours 6\.\d+` "
                      r"raises it\)", refused.stderr), refused.stderr
+    # another pass: `--budget 3` (the runs it made) was told the study finished its budget of 10, and pointed
+    # to a --budget the spent cap refused again
+    low = cli("resume", "cap", "--budget", "3", "--storage", url, env=ENV)
+    assert low.returncode == 2 and re.search(r"has dispatched 3 runs: a budget of 3 leaves none to make \(`autotune "
+                                              r"resume cap --budget 13 --max-gpu-hours 6\.\d+` gives it 10 more\)",
+                                              low.stderr), low.stderr
     resumed = cli("resume", "cap", "--max-gpu-hours", "8", "--json", "--storage", url, env=ENV, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(resumed.stdout)
