@@ -526,8 +526,32 @@ def cmd_resume(args: argparse.Namespace) -> int:
                               max_gpu_hours=KEEP if args.max_gpu_hours is None else cap)
         study = repo.get_study(study.name)
     if not args.json:
-        print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched")
+        print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched{_joining(repo, study)}")
     return _run(repo, study, args)
+
+
+def _joining(repo, study) -> str:
+    """What the resume line adds when another controller runs the study (its heartbeat fresh): this one joins
+    it. A new-user pass took a plain resume of a running study for a second, unrelated run of it."""
+    import datetime as dt
+
+    from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
+    from autotune.storage import StudyStatus
+    from autotune.storage.models import utcnow
+    from autotune.storage.repository import heartbeat_ahead_s
+
+    beat = study.controller_heartbeat_at
+    if study.status != StudyStatus.RUNNING or beat is None or heartbeat_ahead_s(beat) is not None:
+        return ""
+    if beat.tzinfo is not None:  # stored naive UTC; a server may hand it back aware
+        beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    age_s = (utcnow() - beat).total_seconds()
+    if age_s > STALE_AFTER_HEARTBEATS * HEARTBEAT_S:
+        return ""
+    sqlite = " (on SQLite one controller per study is what is supported: use PostgreSQL for several)" if \
+        repo.url.startswith("sqlite") else ""
+    return (f"; another controller runs it (heartbeat {max(0.0, age_s):.0f} s ago): this one joins it, both taking "
+            f"runs from its budget{sqlite}")
 
 
 def _raised_cap(spent_h: float) -> str:

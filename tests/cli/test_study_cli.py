@@ -814,3 +814,30 @@ def test_resume_with_a_larger_budget_extends_a_finished_study(cli, tmp_path):
     layout = LayoutConfig.from_mapping({"tp": 4, "ep": 4, "sp": True})
     assert repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 9) == ClaimRefused.BUDGET
     repo.close()
+
+
+def test_a_resume_of_a_running_study_says_it_joins_it(tmp_path):
+    """Found by a new-user pass: `resume` of a study another controller runs joined it without a word (the user
+    took it for a second, separate run of the study)."""
+    import datetime as dt
+
+    from autotune.cli._study_cmds import _joining
+    from autotune.controller.session import create_study
+    from autotune.space import load_space, make_workload
+    from autotune.storage import Repository, StudyStatus
+    from autotune.storage.models import StudyRow, utcnow
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'j.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="j", space=space, workload=make_workload(space, gpus=16), budget=4,
+                         sampler="auto", backend="simulate", backend_options={}, seed=0)
+    assert _joining(repo, repo.get_study("j")) == ""  # created: nobody runs it
+    repo.set_study_status(study.id, StudyStatus.RUNNING)
+    repo.controller_heartbeat(study.id, "host:1:abc")
+    said = _joining(repo, repo.get_study("j"))
+    assert "another controller runs it" in said and "this one joins it" in said and "use PostgreSQL" in said
+    with repo.session() as s:  # a controller silent for a minute: dead, a resume takes its study over
+        s.query(StudyRow).filter(StudyRow.id == study.id).one().controller_heartbeat_at = \
+            utcnow() - dt.timedelta(seconds=60)
+    assert _joining(repo, repo.get_study("j")) == ""
+    repo.close()
