@@ -287,6 +287,7 @@ def _can_make_later(path) -> bool:
     the way of the store's folder was said only after Ray had started). Otherwise False, and the store is opened
     at once, which says what is wrong."""
     import os
+    import tempfile
 
     try:
         if not str(path).isprintable() or path.exists() or path.is_symlink():
@@ -294,7 +295,14 @@ def _can_make_later(path) -> bool:
         folder = path.absolute().parent
         while not folder.exists():
             folder = folder.parent
-        return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+        if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+            return False
+        # os.access says yes to root everywhere, /proc and /sys included (a new-user pass: such a store was
+        # refused only after Ray had started): a file made and removed at once says what the OS allows
+        handle, probe = tempfile.mkstemp(prefix=".autotune-probe-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+        return True
     except (OSError, ValueError):  # a name too long, a NUL byte: Repository.open says so in one line
         return False
 

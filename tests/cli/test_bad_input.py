@@ -310,6 +310,14 @@ def test_bad_command_line_is_one_line_exit_2_and_writes_nothing(store, tmp_path,
     assert _counts(url) == before
 
 
+def test_a_store_in_a_folder_nobody_may_write_is_refused_before_ray_starts(store):
+    """Found by a new-user pass: os.access lets root write anywhere, /proc included, so a store there was
+    refused only after a local Ray had started (8 s, two lines)."""
+    result = run_cli(*START, "--storage", "sqlite:////proc/autotune-store.db", env=ENV, timeout=120)
+    _assert_one_line_error(result, "cannot reach storage")
+    assert "Ray" not in result.stdout, result.stdout
+
+
 def test_names_with_rich_markup_are_shown_as_written(store):
     """A study name or model name that looks like terminal markup is text: printed as written, no crash."""
     url, home = store
