@@ -841,6 +841,11 @@ def test_export_says_when_the_layout_switches_a_safety_check_off(tmp_path, cuda_
         assert done.returncode == 0, done.stderr[-1000:]
         note = "note: the exported layout sets rerun_state_machine.check_for_nan_in_loss=False: full-iteration CUDA"
         assert (note in done.stderr) is said, done.stderr
+    # a write that fails is one line, the note unsaid (a new-user pass got the note first, then the error)
+    failed = run_cli("export", "ex", "--storage", str(repo.engine.url), "--format", "json", "-o",
+                     str(tmp_path / "missing" / "x.json"))
+    assert failed.returncode == 2 and failed.stderr.strip().splitlines() == [
+        f"autotune export: error: cannot write {tmp_path / 'missing' / 'x.json'}: No such file or directory"], failed.stderr
 
 
 def test_a_replay_table_writes_integer_knobs_as_integers(tmp_path):

@@ -45,6 +45,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output:
         _check_output(args.output, repo.url)
     study = repo.get_study(args.study)
+    notes: list[str | None] = []  # what export says of the export once it is written
     try:
         if args.format == "table":
             settings = export.benchmark_settings(study, args.allow_benchmark_settings)
@@ -63,23 +64,22 @@ def cmd_export(args: argparse.Namespace) -> int:
             from autotune.config import LayoutConfig
             from autotune.megatron.overrides import safety_checks_off
 
-            for check in safety_checks_off(LayoutConfig.from_mapping(trial.config)):
-                print(f"note: the exported layout sets {check}", file=sys.stderr)
+            # said once the export is written: a write that fails is one line (a new-user pass got the notes first)
+            notes += [f"note: the exported layout sets {check}"
+                      for check in safety_checks_off(LayoutConfig.from_mapping(trial.config))]
             if args.trial is not None:
-                warning = export.chosen_trial_risk(pick, trial)
-                if warning:
-                    print(warning, file=sys.stderr)
+                notes.append(export.chosen_trial_risk(pick, trial))
             if args.trial is None:
-                warning = export.risk_warning(study, pick)
-                if warning:
-                    print(warning, file=sys.stderr)
+                notes.append(export.risk_warning(study, pick))
                 if study.status != "finished":  # found by review: a mid-study recommendation went out unmarked
                     counts = repo.counts(study.id)
-                    print(f"note: study {study.name!r} is {study.status} ({counts['dispatched']} of {study.budget} runs "
-                          "dispatched): its recommendation may still change", file=sys.stderr)
+                    notes.append(f"note: study {study.name!r} is {study.status} ({counts['dispatched']} of "
+                                 f"{study.budget} runs dispatched): its recommendation may still change")
             _write(args.output, text)
     except OSError as exc:  # a missing or read-only folder, a full disk
         raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    for note in filter(None, notes):
+        print(note, file=sys.stderr)
     # without -o (or with -o /dev/stdout, a pipe...) the export itself may be on stdout: the note goes to stderr
     to_file = bool(args.output) and Path(args.output).is_file()
     print(f"wrote {args.output or 'the export to stdout'}: {what}", file=sys.stdout if to_file else sys.stderr)
