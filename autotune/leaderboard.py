@@ -705,8 +705,10 @@ def summary_line(summary: dict[str, Any]) -> str:
         tag += (f" | {summary['stopped']} run(s) stopped by the interruption (`autotune resume "
                 f"{shlex.quote(summary['study'])}` runs them again)")
     return (f"dispatched {summary['dispatched']}/{summary['budget']} | completed {summary['completed']} | "
-            f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed'] + summary['timeout']} | "
-            f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}{tag}")
+            f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed']} | "
+            # its own count, as on the rows and in JSON (a new-user pass: a timed-out run read "failed 1")
+            + (f"timeout {summary['timeout']} | " if summary.get("timeout") else "")
+            + f"rejected before dispatch {summary['rejected_before_dispatch']} | {gpu_time}{tag}")
 
 
 def silence_label(summary: dict[str, Any]) -> str:

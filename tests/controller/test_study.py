@@ -396,3 +396,21 @@ def test_an_imported_runs_hours_are_on_the_board_but_not_of_the_cap(tmp_path):
     assert summary["spent_gpu_seconds"] == 3600.0 == repo.gpu_seconds_spent(study.id)
     assert not summary["gpu_hour_cap_reached"]  # 1 of 2 GPU-hours: the imported 2 are not the study's
     repo.close()
+
+
+def test_the_summary_line_counts_a_timeout_apart_from_failures(tmp_path):
+    """Found by a new-user pass: a run past --trial-timeout read `timeout` on its row and `timeout: 1` in JSON,
+    but `failed 1` on the table's footer."""
+    from autotune import leaderboard
+    from autotune.config import LayoutConfig
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'to.db'}")
+    space = load_space("qwen3_30b")
+    study = create_study(repo, name="to", space=space, workload=make_workload(space, gpus=16), budget=4,
+                         sampler="auto", backend="simulate", backend_options={}, seed=0)
+    layout = LayoutConfig.from_mapping({"ep": 16, "dist_opt": True})
+    trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c:1", 4)
+    repo.finish_trial(study.id, trial.number, "timeout", metrics={}, message="ran past 5 s")
+    line = leaderboard.summary_line(leaderboard.build(repo, repo.get_study("to"), top=5).summary)
+    assert "| failed 0 | timeout 1 |" in line, line
+    repo.close()
