@@ -234,14 +234,19 @@ def test_a_gpu_hour_cap_stops_runs_from_starting_and_resume_raises_it(tmp_path):
     repo.close()
 
 
-def _capped(tmp_path, name, budget, cap, concurrency=1, validate_steps=0):
-    """A simulated qwen3_30b@16 study (runs of about 1.8 GPU-hours) under a GPU-hour cap, in process."""
-    url = f"sqlite:///{tmp_path / (name + '.db')}"
-    repo = Repository.open(url)
+def _q16(tmp_path, name, budget=4, options=None):
+    """A stored, not yet run, simulated qwen3_30b@16 study (runs of about 1.8 GPU-hours) in its own SQLite file."""
+    repo = Repository.open(f"sqlite:///{tmp_path / (name + '.db')}")
     space = load_space("qwen3_30b")
     study = create_study(repo, name=name, space=space, workload=make_workload(space, gpus=16), budget=budget,
                          sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
-                         options={"max_gpu_hours": cap, "validate_steps": validate_steps})
+                         options=options)
+    return repo, study
+
+
+def _capped(tmp_path, name, budget, cap, concurrency=1, validate_steps=0):
+    """A simulated qwen3_30b@16 study under a GPU-hour cap, run in process."""
+    repo, study = _q16(tmp_path, name, budget, {"max_gpu_hours": cap, "validate_steps": validate_steps})
     summary = build_controller(repo, study, dispatcher="inprocess", max_concurrent=concurrency).run()
     return repo, repo.get_study(name), summary
 
@@ -284,10 +289,7 @@ def test_the_gpu_time_of_a_stopped_attempt_is_counted(tmp_path):
     from autotune.config import LayoutConfig
     from autotune.controller.loop import _held_until_silent
 
-    repo = Repository.open(f"sqlite:///{tmp_path / 'held.db'}")
-    space = load_space("qwen3_30b")
-    study = create_study(repo, name="held", space=space, workload=make_workload(space, gpus=16), budget=3,
-                         sampler="auto", backend="simulate", backend_options={}, seed=0)
+    repo, study = _q16(tmp_path, "held", budget=3)
     layout = LayoutConfig.from_mapping({"ep": 16, "dist_opt": True})
     trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c", 3)
     repo.release_trials(study.id, [trial.number], {trial.number: 1600.0})
@@ -323,11 +325,7 @@ def _study_with_a_stale_run(tmp_path, name, cap, budget=4, done_gpu_seconds=3700
     from autotune.config import LayoutConfig
     from autotune.storage.models import TrialRow
 
-    repo = Repository.open(f"sqlite:///{tmp_path / (name + '.db')}")
-    space = load_space("qwen3_30b")
-    study = create_study(repo, name=name, space=space, workload=make_workload(space, gpus=16), budget=budget,
-                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
-                         options={"max_gpu_hours": cap})
+    repo, study = _q16(tmp_path, name, budget, {"max_gpu_hours": cap})
     done, stale = (LayoutConfig.from_mapping(c) for c in ({"ep": 16, "dist_opt": True}, {"ep": 8, "dist_opt": True}))
     # numbered apart from the Optuna trials the controller asks for (0, 1, ...), as runs of another numbering
     first = repo.claim_dispatch(study.id, done.to_dict(), done.key(), None, "dead:1", budget, number=100)
@@ -377,11 +375,7 @@ def test_an_imported_runs_hours_are_on_the_board_but_not_of_the_cap(tmp_path):
     from autotune.config import LayoutConfig
     from autotune.storage.models import TrialRow
 
-    repo = Repository.open(f"sqlite:///{tmp_path / 'imp.db'}")
-    space = load_space("qwen3_30b")
-    study = create_study(repo, name="imp", space=space, workload=make_workload(space, gpus=16), budget=4,
-                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0,
-                         options={"max_gpu_hours": 2.0})
+    repo, study = _q16(tmp_path, "imp", options={"max_gpu_hours": 2.0})
     own, other = (LayoutConfig.from_mapping(c) for c in ({"ep": 16, "dist_opt": True}, {"ep": 8, "dist_opt": True}))
     ran = repo.claim_dispatch(study.id, own.to_dict(), own.key(), None, "c:1", 4, number=100)
     metrics = {"tokens_per_s_per_gpu": 8000.0, "step_time_s": 30.0, "peak_mem_gib": 60.0}
@@ -404,10 +398,7 @@ def test_the_summary_line_counts_a_timeout_apart_from_failures(tmp_path):
     from autotune import leaderboard
     from autotune.config import LayoutConfig
 
-    repo = Repository.open(f"sqlite:///{tmp_path / 'to.db'}")
-    space = load_space("qwen3_30b")
-    study = create_study(repo, name="to", space=space, workload=make_workload(space, gpus=16), budget=4,
-                         sampler="auto", backend="simulate", backend_options={}, seed=0)
+    repo, study = _q16(tmp_path, "to")
     layout = LayoutConfig.from_mapping({"ep": 16, "dist_opt": True})
     trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "c:1", 4)
     repo.finish_trial(study.id, trial.number, "timeout", metrics={}, message="ran past 5 s")
