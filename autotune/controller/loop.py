@@ -277,6 +277,7 @@ class Controller:
         cap = self.options.max_gpu_hours
         if cap is None:
             return False
+        self._forecast_run_gpu_s()  # taken before the first dispatch, while the recipe's layout is open (review)
         spent = self.repo.gpu_seconds_spent(self.study.id)
         live = self.repo.live_runs(self.study.id, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S))
         if live == 0:
@@ -289,7 +290,8 @@ class Controller:
 
     def _forecast_run_gpu_s(self) -> float:
         """GPU-seconds a run in flight counts for before any run of the study has ended: the cost forecast's run
-        (controller/forecast.py, what `start` printed). Review: a cap below one round's hours started the whole
+        (controller/forecast.py, what `start` and `resume` printed: taken at the first check, before a run is
+        dispatched; once the recipe's layout has run the forecast prices another). Review: a cap below one round's hours started the whole
         first round (four slots, a 2 GPU-hour cap: four runs of 1.8), as a run in flight counted nothing until
         one had ended."""
         if self._first_run_gpu_s is None:

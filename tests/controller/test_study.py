@@ -258,6 +258,17 @@ def test_with_several_runs_in_flight_the_cap_counts_them_at_the_mean_run(tmp_pat
     so none starts past the cap: 3 GPU-hours start two runs of ~1.8, not four."""
     repo, study, summary = _capped(tmp_path, "four", budget=12, cap=3.0, concurrency=4)
     assert summary.stop_reason == "gpu_hours" and summary.counts["dispatched"] == 2
+    # at the figure `start` printed (the recipe's layout; review: the controller priced another layout, 34%
+    # dearer, once the recipe's had been dispatched)
+    from autotune.backends import backend_class
+    from autotune.controller.forecast import forecast
+
+    repo, study = _q16(tmp_path, "printed", budget=6, options={"max_gpu_hours": 4.5})
+    controller = build_controller(repo, study, dispatcher="inprocess", max_concurrent=4)
+    printed = forecast(controller.state, controller.baseline, 6, controller.options, backend_class("simulate"),
+                       study.backend_options)
+    controller.run()
+    assert controller._first_run_gpu_s == pytest.approx(printed.run_s * printed.gpus)
     repo, study, summary = _capped(tmp_path, "four-more", budget=12, cap=9.0, concurrency=4)
     per_run_h = repo.gpu_seconds_spent(study.id) / 3600 / summary.counts["dispatched"]
     # runs start while held + in flight (at the mean) < cap: at most one run's hours above it
