@@ -534,7 +534,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
                               max_gpu_hours=KEEP if args.max_gpu_hours is None else cap)
         study = repo.get_study(study.name)
     if not args.json:
-        print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched{_joining(repo, study)}")
+        try:
+            print(f"resuming {study.name}: {counts['dispatched']}/{study.budget} dispatched{_joining(repo, study)}")
+        except BrokenPipeError as exc:  # review: a closed output exited 0 without a word, the study not run
+            raise OutputClosed(str(exc)) from exc
     return _run(repo, study, args)
 
 
@@ -645,6 +648,7 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         address = _ray_address(args)
         controller = None
         try:
+            view.earlier_runs()
             if dispatcher is None:
                 # Ray takes 10-30 s to start: say so, or the user sees a header line and nothing else
                 view.starting(f"connecting to the Ray cluster at {address}" if address else
@@ -782,13 +786,15 @@ class _LiveView:
 
             self._live = Live(console=self.console, refresh_per_second=8, transient=False)
             self._live.__enter__()
-        elif not self.quiet:
-            self._earlier_runs()
         return self
 
-    def _earlier_runs(self) -> None:
+    def earlier_runs(self) -> None:
         """A resumed study's runs that ended before this controller: counted, said in one line, not listed as if
-        they ran now (found by a new-user pass: `resume` printed `[1/20] trial 0 completed` for each)."""
+        they ran now (found by a new-user pass: `resume` printed `[1/20] trial 0 completed` for each). Off a
+        terminal only (the live table shows them); called by _run where a closed output is an interruption
+        (review: said from __enter__, a closed output there exited 0 without a word)."""
+        if self.quiet or self._live is not None:
+            return
         from autotune.controller.notes import IMPORTED, VALIDATION
         from autotune.leaderboard import row_note
 

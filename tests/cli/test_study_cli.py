@@ -690,31 +690,44 @@ def test_start_whose_output_is_closed_stops_the_study_as_an_interruption(cli, tm
         assert repo_status(url, f"ended{len(json_flag)}") == "finished"
 
 
-def test_an_output_closed_before_the_first_run_stops_start_with_141_not_0(cli, tmp_path):
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_an_output_closed_before_the_first_run_stops_start_with_141_not_0(cli, tmp_path, unbuffered):
     """Found by a new-user pass: `start | head -1` (or -2) exited 0 with the study `created` and never run, its
     Ray let go by nobody; and `start | head -3` exited 0 without a word when the live view's last line broke the
-    pipe again over the study's own OutputClosed. A closed output before anything is stored says so too."""
+    pipe again over the study's own OutputClosed. A closed output before anything is stored says so too, and
+    (review) so does a resume's. Buffered and unbuffered output (PYTHONUNBUFFERED) break at other lines."""
     import os
     import subprocess
     import sys
 
     url = f"sqlite:///{tmp_path / 'early.db'}"
-    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, **ENV}
-    for lines in (0, 1, 2):
-        process = subprocess.Popen([sys.executable, "-m", "autotune", "start", "--model", "qwen3_30b", "--budget",
-                                    "4", "--study", f"early{lines}", "--storage", url, "--sim-seconds", "0.5"],
+    env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "PYTHONUNBUFFERED")}, **ENV,
+           **({"PYTHONUNBUFFERED": unbuffered} if unbuffered else {})}
+
+    def closed_after(lines: int, *argv: str) -> str:
+        process = subprocess.Popen([sys.executable, "-m", "autotune", *argv, "--storage", url],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for _ in range(lines):
             process.stdout.readline()
         process.stdout.close()
         stderr = process.stderr.read()
         assert process.wait(timeout=300) == 141, stderr[-2000:]
+        return stderr.strip()
+
+    for lines in (0, 1, 2):
+        said = closed_after(lines, "start", "--model", "qwen3_30b", "--budget", "4", "--study", f"early{lines}",
+                            "--sim-seconds", "0.5")
         if lines == 0:  # closed before the first line: nothing was stored
-            assert stderr.strip().endswith("interrupted (its output was closed); no study was stored"), stderr
+            assert said.endswith("interrupted (its output was closed); no study was stored"), said
             assert not (tmp_path / "early.db").exists()
         else:
-            assert stderr.strip().endswith("`autotune resume` continues the study"), stderr[-2000:]
+            assert said.endswith("`autotune resume` continues the study"), said[-2000:]
             assert repo_status(url, f"early{lines}") == "interrupted"
+    assert cli("start", "--model", "qwen3_30b", "--budget", "2", "--study", "done", "--storage", url,
+               "--sim-seconds", "0", env=ENV, timeout=300).returncode == 0
+    said = closed_after(0, "resume", "done", "--budget", "3")
+    assert said.endswith("`autotune resume` continues the study"), said[-2000:]
+    assert repo_status(url, "done") == "interrupted"
 
 
 def test_watch_into_a_pipe_and_a_study_that_never_started(cli, tmp_path):
