@@ -514,7 +514,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
         # cap stopped at 3 of 6, resumed with --budget 3, was said to have finished its budget of 6 and pointed
         # to a --budget the spent cap refused again
         more = counts["dispatched"] + 10
-        raise_cap = (f" --max-gpu-hours {_raised_cap(spent_s / 3600)}" if gpu_hour_cap_reached(spent_s, cap) else "")
+        # the cap the hint's resume would run under: raised when spent, else the one given here (review: a
+        # --max-gpu-hours given was dropped, and the hint then met the stored, spent cap)
+        raise_cap = (f" --max-gpu-hours {_raised_cap(spent_s / 3600)}" if gpu_hour_cap_reached(spent_s, cap) else
+                     f" --max-gpu-hours {'none' if cap is None else format(cap, 'g')}" if args.max_gpu_hours is not None
+                     else "")
         done = (f"already finished its budget of {budget} trials" if counts["dispatched"] == budget == study.budget
                 else f"has dispatched {counts['dispatched']} runs: a budget of {budget} leaves none to make")
         raise StudyError(f"study {study.name!r} {done} (`autotune resume {shlex.quote(study.name)} --budget {more}"
@@ -688,7 +692,7 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         print(json.dumps({**board.summary, "elapsed_s": summary.elapsed_s, "stop_reason": summary.stop_reason,
                           "controller_s_per_trial": summary.controller_s_per_trial,
                           # what was forecast before the first run, beside what the runs cost (gpu_seconds)
-                          "forecast": estimate.to_dict(max(1, slots)) if estimate is not None else None},
+                          "forecast": estimate.to_dict() if estimate is not None else None},
                          indent=2, default=str))
         return code
     _print_final(board, summary, args.storage)

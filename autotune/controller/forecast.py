@@ -82,7 +82,7 @@ class Forecast:
             spent += validation_h
         return runs, validations, spent
 
-    def to_dict(self, concurrency: int = 1) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         under_cap = self.under_cap()
         return {"runs": self.runs, "gpus": self.gpus, "layout": self.layout, "priced": self.priced,
                 "step_time_s": self.step_s, "run_s": self.run_s, "gpu_hours": self.gpu_hours,

@@ -214,10 +214,15 @@ class DashboardApp:
         summary = (f"<p id='summary'>{escape(study.model)} on {text(gpus)}x {text(study.workload.get('gpu', ''))}"
                    f" ({escape(study.backend)} backend, {escape(study.sampler)} sampler); dispatched "
                    f"{s['dispatched']}/{s['budget']}, completed {s['completed']}, OOM {s['oom']}, pruned "
-                   f"{s['pruned']}, failed {s['failed'] + s['timeout']}, rejected before dispatch "
-                   f"{s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}"
-                   # the study's --max-gpu-hours, and whether its runs held it (no run starts then)
-                   + (f" of a cap of {num(s['max_gpu_hours'] * 3600, 'h')}"
+                   f"{s['pruned']}, failed {s['failed']}"
+                   # its own count, as in the terminal's footer and the JSON (review)
+                   + (f", timeout {s['timeout']}" if s.get("timeout") else "")
+                   + f", rejected before dispatch {s['rejected_before_dispatch']}; {num(s['gpu_seconds'], 'h')} {hours}"
+                   # the study's --max-gpu-hours, what its own runs held of it (an imported run's hours are on
+                   # the page but not of the cap: review), and whether that is all (no run starts then)
+                   + ((f", its own runs' {num(s['spent_gpu_seconds'], 'h')}"
+                       if s["spent_gpu_seconds"] != s["gpu_seconds"] else "")
+                      + f" of a cap of {num(s['max_gpu_hours'] * 3600, 'h')}"
                       + (" (reached: no further run starts)" if s["gpu_hour_cap_reached"] else "")
                       if s.get("max_gpu_hours") is not None else "")
                    + f"; status <b>{escape(study.status)}</b></p>")

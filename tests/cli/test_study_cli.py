@@ -530,6 +530,9 @@ def test_a_gpu_hour_cap_is_forecast_said_when_reached_and_raised_by_resume(cli, 
     assert low.returncode == 2 and re.search(r"has dispatched 3 runs: a budget of 3 leaves none to make \(`autotune "
                                               r"resume cap --budget 13 --max-gpu-hours 6\.\d+` gives it 10 more\)",
                                               low.stderr), low.stderr
+    kept = cli("resume", "cap", "--budget", "3", "--max-gpu-hours", "100", "--storage", url, env=ENV)
+    assert kept.returncode == 2 and "`autotune resume cap --budget 13 --max-gpu-hours 100` gives" in kept.stderr, \
+        kept.stderr  # review: the hint dropped the cap it was given, and the stored one refused it again
     resumed = cli("resume", "cap", "--max-gpu-hours", "8", "--json", "--storage", url, env=ENV, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(resumed.stdout)

@@ -191,4 +191,4 @@ def test_a_resumed_studys_cap_clause_knows_its_runs_length_and_a_tiny_cap_still_
                        spent_gpu_hours=7.3)
     assert resumed.under_cap()[0] == 1
     assert "stops the study after about 1 of its 10 run(s)" in resumed.line(4, "simulated")
-    assert resumed.to_dict(4)["runs_under_cap"] == 1
+    assert resumed.to_dict()["runs_under_cap"] == 1

@@ -341,6 +341,18 @@ def test_the_summary_says_the_gpu_hour_cap_and_whether_it_was_reached(repo):
     with repo.session() as s:
         s.get(StudyRow, study.id).budget = 6
     assert "finished, GPU-hour cap" in DashboardApp(repo).studies_page([]).decode()
+    # review: an imported run's hours were counted against the cap, and a timed-out run as a failure
+    from autotune.storage.models import TrialRow
+
+    with repo.session() as s:
+        s.get(StudyRow, study.id).options = {"max_gpu_hours": 2.0}
+        rows = s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.dispatched.is_(True)) \
+            .order_by(TrialRow.number).all()
+        rows[0].origin = "imported"
+        rows[-1].status = "timeout"
+    said = summary.search(DashboardApp(repo).study_page(name, "trial", "asc").decode()).group(0)
+    assert "failed 0, timeout 1," in said, said
+    assert "1.11 simulated GPU-hours, its own runs' 0.83 of a cap of 2.00;" in said, said
 
 
 def test_sorting_by_column(repo):
