@@ -14,12 +14,47 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 SCHEMA_REVISION = "0006_trial_measured_terms"  # the newest Alembic revision this code writes
 
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def storable(value: Any) -> Any:
+    """`value` as every store can keep it: in each string (a dict's keys too) a NUL, which PostgreSQL refuses in
+    text and JSON, and a lone surrogate, which is no UTF-8 and which SQLite's driver refuses to encode, become
+    U+FFFD. Found by an adversarial pass: a launcher's message with either stopped the controller with its trial
+    dispatched, and every resume died the same way."""
+    if isinstance(value, str):
+        if value.isascii() and "\x00" not in value:
+            return value
+        return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c for c in value)
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
+class StorableText(TypeDecorator):
+    """Text written as every store can keep it (storable): the columns launcher text reaches."""
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return storable(value)
+
+
+class StorableJSON(TypeDecorator):
+    """JSON written as every store can keep it (storable): a run's artifacts, named and written by launchers."""
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return storable(value)
 
 
 class StudyStatus(enum.StrEnum):
@@ -129,8 +164,8 @@ class TrialRow(Base):
     dispatch_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     dispatched: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(20))  # a TrialRecordStatus value
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # rule name or failure class
-    message: Mapped[str | None] = mapped_column(Text, nullable=True)  # human text, stderr tail
+    reason: Mapped[str | None] = mapped_column(StorableText, nullable=True)  # rule name or failure class
+    message: Mapped[str | None] = mapped_column(StorableText, nullable=True)  # human text, stderr tail
     implied_by_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # OOM-frontier source
     strategy_note: Mapped[str | None] = mapped_column(String(100), nullable=True)  # why the strategy chose it
     origin: Mapped[str] = mapped_column(String(20), default=TrialOrigin.STUDY.value,
@@ -145,7 +180,7 @@ class TrialRow(Base):
     peak_mem_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
     step_times_s: Mapped[list[Any]] = mapped_column(JSON, default=list)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    artifacts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    artifacts: Mapped[dict[str, Any]] = mapped_column(StorableJSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     dispatched_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
