@@ -34,8 +34,8 @@ from autotune.backends._process import (KILL_GRACE_S, bounded_lines, check_comma
                                        parse_command, reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import check_workdir, prepare_trial_dir, write_outcome
-from autotune._numbers import is_positive_finite
-from autotune.backends.validation import FlawedObject, json_object, parse_result
+from autotune._numbers import is_number, is_positive_finite
+from autotune.backends.validation import FlawedObject, json_object, max_step_reports, parse_result
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -143,14 +143,14 @@ class CommandBackend(Backend):
             if isinstance(value, FlawedObject):  # a key twice: which step_time_s? (a result line's is refused)
                 continue
             if value is not None and "step" in value and "status" not in value:
-                try:
-                    step, seconds = int(value["step"]), float(value["step_time_s"])
-                except (KeyError, TypeError, ValueError, OverflowError):
+                step, seconds = value.get("step"), value.get("step_time_s")
+                # JSON numbers only, as in the result line (an adversarial pass: "６０" and true were read as
+                # 60 and 1 by int() and float()); a step line past what the run can report is not kept
+                if not (isinstance(step, int) and not isinstance(step, bool) and is_number(seconds)
+                        and is_positive_finite(seconds)) or len(times) >= max_step_reports(spec):
                     continue
-                if not is_positive_finite(seconds):
-                    continue
-                times.append(seconds)
-                report(StepReport(spec.trial, step, seconds, step <= spec.warmup_steps))
+                times.append(float(seconds))
+                report(StepReport(spec.trial, step, float(seconds), step <= spec.warmup_steps))
 
     @staticmethod
     def _last_json(results: list[dict[str, Any]]) -> dict[str, Any] | None:

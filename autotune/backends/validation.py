@@ -49,6 +49,13 @@ TFLOPS_BASIS_FACTOR = 2.0
 MIN_PREDICTED_PEAK_SHARE = 0.1
 
 
+def max_step_reports(spec: TrialSpec) -> int:
+    """The most step times a run of `spec` can report: its warm-up and measured steps, twice over and a few more
+    (a launcher may count an evaluation or a first step twice). More is no run of this spec: an adversarial pass
+    sent 2,000,000 step lines for a run of 8 steps (3.3 GB of controller memory, 80 MB of store)."""
+    return 2 * (spec.warmup_steps + spec.measured_steps) + 16
+
+
 class FlawedObject(dict):
     """A JSON object that parsed but holds what no honest launcher writes (a key given twice: which one
     counts?; an integer of thousands of digits): as a result it makes an invalid result, never a guess."""
@@ -113,6 +120,11 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
     problem = _type_problem(result)
     if problem:
         return _failed(spec, times, wall_s, problem)
+    reported = result.get("step_times_s")
+    if reported is not None and len(reported) > max_step_reports(spec):
+        return _failed(spec, times[:max_step_reports(spec)], wall_s,
+                       f"step_times_s holds {len(reported):,} steps; a run of {spec.warmup_steps} warm-up and "
+                       f"{spec.measured_steps} measured steps reports at most {max_step_reports(spec)}")
     step_time = result.get("step_time_s")
     if status == "completed" and step_time is None:
         if len(times) <= spec.warmup_steps:  # a throughput alone is no measurement of this run's step
@@ -120,14 +132,27 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
                                                 "step lines past the warm-up to take it from)")
         measured = times[spec.warmup_steps:]
         step_time = sum(measured) / len(measured)
+    steps_s = [_float(t) for t in (reported or times)][spec.warmup_steps:]
+    if status == "completed" and steps_s and all(is_positive_finite(t) for t in steps_s) and \
+            is_positive_finite(_float(step_time)):
+        # the step time and the run's own measured steps describe one run (an adversarial pass: a result of 28 s
+        # over steps of 600 s was ranked first, exported, and pruned every honest run after it)
+        median = sorted(steps_s)[len(steps_s) // 2]
+        if not median / CONSISTENCY_FACTOR <= _float(step_time) <= median * CONSISTENCY_FACTOR:
+            return _failed(spec, times, wall_s, f"step_time_s {_float(step_time):.6g} is far from the median "
+                                                f"{median:.6g} s of the measured steps the run reports")
     wall = _float(result.get("wall_time_s"))
     if is_positive_finite(wall) and wall_s > 0:
         # the launcher may leave its start-up out, but its run cannot have lasted longer than the process
         wall = min(wall, wall_s)
-    steps_s = [_float(t) for t in (result.get("step_times_s") or times)][spec.warmup_steps:]
-    if is_positive_finite(wall) and all(is_positive_finite(t) for t in steps_s) and wall < 0.99 * sum(steps_s):
-        # nor shorter than the measured steps it reports (an adversarial pass: 1e-300 s went into the GPU-hours; a
-        # launcher may time the measured steps alone, review): the process's own wall time then
+    floor_s = sum(steps_s) if steps_s and all(is_positive_finite(t) for t in steps_s) else (
+        spec.measured_steps * _float(step_time) if status == "completed" and is_positive_finite(_float(step_time))
+        else 0.0)
+    if is_positive_finite(wall) and wall < 0.99 * floor_s:
+        # nor shorter than the measured steps it reports, or without a list, than its measured steps at its step
+        # time (an adversarial pass: 1e-300 s, then 1e-9 s without step times, went into the GPU-hours and kept
+        # --max-gpu-hours from ever stopping the study; a launcher may time the measured steps alone, review):
+        # the process's own wall time then
         wall = None
     return _outcome(spec.trial, status, result, step_time, result.get("step_times_s") or times,
                     wall if is_positive_finite(wall) else wall_s)

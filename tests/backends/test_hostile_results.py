@@ -338,3 +338,41 @@ def test_a_launchers_wall_time_stands_unless_shorter_than_its_measured_steps(tmp
     result = {"status": "completed", "step_time_s": 20.0, "step_times_s": [40.0, 35.0, 20.0, 20.0, 20.0],
               "wall_time_s": reported}
     assert parse_result(spec, result, [], 400.0).wall_time_s == charged
+
+
+def test_a_step_time_far_from_the_runs_own_steps_and_a_wall_time_under_them_are_not_the_run(tmp_path):
+    """An adversarial pass: a result of 28 s over measured steps of 600 s was ranked first, exported and pruned
+    every honest run after it; a wall time of 1e-9 s with no step list went into the GPU-hours (the cap never
+    stopped the study); a million step times for a run of 8 steps were stored whole."""
+    from autotune.backends.validation import max_step_reports, parse_result
+
+    spec = dataclasses.replace(_spec(tmp_path), warmup_steps=3, measured_steps=5)
+    lying = parse_result(spec, {"status": "completed", "step_time_s": 28.0, "step_times_s": [600.0] * 8}, [], 500.0)
+    assert lying.status == "failed" and "far from the median 600 s of the measured steps" in lying.error
+    # a mean within a quarter of the median stands (a slow step among them moves the mean, not the median)
+    assert parse_result(spec, {"status": "completed", "step_time_s": 66.0,
+                               "step_times_s": [90.0, 60, 60, 60, 60, 60, 60, 90]}, [], 600.0).status == "completed"
+    instant = parse_result(spec, {"status": "completed", "step_time_s": 60.0, "wall_time_s": 1e-9}, [], 480.0)
+    assert instant.status == "completed" and instant.wall_time_s == 480.0  # the process's own time
+    assert parse_result(spec, {"status": "completed", "step_time_s": 60.0, "wall_time_s": 320.0}, [],
+                        480.0).wall_time_s == 320.0  # the measured steps alone: plausible
+    many = parse_result(spec, {"status": "completed", "step_time_s": 60.0, "step_times_s": [60.0] * 1000}, [], 9.0)
+    assert many.status == "failed" and "step_times_s holds 1,000 steps" in many.error
+    assert len(many.step_times_s) <= max_step_reports(spec) == 32
+
+
+def test_step_lines_take_json_numbers_only_and_no_more_than_the_run_can_have(tmp_path):
+    """An adversarial pass: `{"step": "3", "step_time_s": "６０"}` was read as a 60 s step by int() and float(),
+    `true` as 1 s, and 2,000,000 step lines of a run of 8 steps were all kept (3.3 GB of controller memory)."""
+    import io
+    from types import SimpleNamespace
+
+    spec = dataclasses.replace(_spec(tmp_path), warmup_steps=3, measured_steps=5)
+    lines = ['{"step": "3", "step_time_s": "\uff16\uff10"}', '{"step": 1, "step_time_s": true}',
+             '{"step": true, "step_time_s": 5}', '{"step": 1, "step_time_s": "6_0"}', '{"step": 1.5, "step_time_s": 5}',
+             *(json.dumps({"step": k, "step_time_s": 60.0}) for k in range(1, 100_001)), json.dumps(GOOD)]
+    process = SimpleNamespace(stdout=io.StringIO("\n".join(lines) + "\n"))
+    reports, times, results = [], [], []
+    CommandBackend._read_stdout(process, spec, reports.append, [], times, results)
+    assert times == [60.0] * 32 and [r.step for r in reports] == list(range(1, 33))
+    assert results == [GOOD]
