@@ -40,7 +40,11 @@ MEMORY_FIGURE_UNREADABLE = re.compile(rf"(?:mem-max-(?:allocated|reserved)-gigab
                                       rf"(?!\s*{NUMBER})")
 
 FAILURES = (  # (class, patterns): the first class whose pattern matches wins
-    ("oom", ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory",
+    # the messages of an allocation that failed, not the words "out of memory" anywhere (an adversarial pass:
+    # "no out of memory errors were observed" made a log of ten good iterations an OOM): PyTorch's, the CUDA
+    # runtime's and driver's, cuBLAS', NCCL's (`Cuda failure 2 'out of memory'`), Transformer Engine's
+    ("oom", ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "error: out of memory",
+             "Error: out of memory", "'out of memory'", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
              "HIP out of memory")),
     ("nccl_timeout", ("Watchdog caught collective operation timeout", "NCCL timeout", "ProcessGroupNCCL's watchdog",
                       "collective operation timeout")),
@@ -147,16 +151,19 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
     # warning "... to avoid out of memory errors" made a run of ten good iterations an OOM)
     found: set[str] = set()
     furthest = -1  # the highest iteration number logged so far
+    finished = False  # an iteration line said the last of its iterations: what the log says after it ended nothing
     carry = ""  # the end of the last piece of an overlong line: a message may straddle two pieces
     lines = read_lines(io.StringIO(text, newline=None)) if isinstance(text, str) else text
     for line in lines:
         if isinstance(line, LinePiece):
             window = carry + line
-            found |= _failures_in(window)
+            if not finished:
+                found |= _failures_in(window)
             carry = "" if line.endswith("\n") else window[-(_LONGEST_PATTERN - 1):]
             continue
         carry = ""
-        found |= _failures_in(line)
+        if not finished:
+            found |= _failures_in(line)
         match = ITERATION.search(line)
         if match:
             if len(parsed.iterations) >= MAX_ITERATIONS:
@@ -166,6 +173,9 @@ def parse_log(text: str | Iterable[str]) -> ParsedLog:
             if iteration > furthest:  # the run went on past what it logged before: it survived that
                 furthest = iteration
                 found = _failures_in(line)  # a message on the iteration line itself still counts
+                # its last iteration (`10/ 10`): the measurement is whole, whatever fails after it (a checkpoint's
+                # save, the shutdown) or a line says of it then
+                finished = finished or iteration == int(match.group(2))
             # an iteration it had reached before (logs of several ranks or nodes, concatenated) clears nothing
             batch = GLOBAL_BATCH.search(line)
             if batch:

@@ -729,3 +729,24 @@ def test_ctrl_c_before_the_first_run_leaves_the_study_interrupted_not_created(tm
     assert main(["resume", "c", "--storage", url]) == 130
     assert repo.get_study("c").status == "interrupted" and repo.counts(repo.get_study("c").id)["dispatched"] == 0
     repo.close()
+
+
+def test_a_log_is_an_oom_by_an_allocators_message_and_not_after_its_last_iteration():
+    """An adversarial pass: `INFO: training finished; no out of memory errors were observed` after ten of ten
+    iterations made import-log store an OOM. The words alone are no failed allocation; and after a log's last
+    iteration the measurement is whole, whatever a line says then."""
+    from autotune.megatron.logparse import classify_failure, parse_log
+
+    def iterations(last: int, of: int = 10) -> str:
+        return "".join(f" [2026-11-30 10:00:00] iteration {i:>8}/{of:>8} | consumed samples: {i * 1024} | "
+                       "elapsed time per iteration (ms): 30000.0 | learning rate: 1.0E-05 |\n" for i in range(1, last + 1))
+
+    assert parse_log(iterations(10) + "INFO: training finished; no out of memory errors were observed\n").failure is None
+    assert parse_log(iterations(10) + "torch.OutOfMemoryError: CUDA out of memory (saving a checkpoint)\n").failure \
+        is None  # after the last iteration: the run's steps were all measured
+    assert parse_log(iterations(5) + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n").failure \
+        == "oom"
+    for text in ("RuntimeError: CUDA error: out of memory", "NCCL WARN Cuda failure 2 'out of memory'",
+                 "CUDA Error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation"):
+        assert classify_failure(text) == "oom", text
+    assert classify_failure("set expandable_segments:True to avoid out of memory errors") == "crash"
