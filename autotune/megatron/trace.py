@@ -74,6 +74,10 @@ class DeviceSummary:
 MAX_KERNEL_ROWS = 2_000_000  # a real export of a short profiling run holds far fewer; more is not one
 MAX_VALUE_BYTES = 1 << 20  # no kernel name or value in an export is near this size
 TRACE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "StringIds")
+# no kernel of a profiled training step runs an hour (an adversarial pass: one of 2^63 ns read as 292 years of
+# busy time), and no CUDA device numbers past this (nsys writes the device's index)
+MAX_KERNEL_NS = 3600 * 10**9
+MAX_DEVICE_ID = 1 << 16
 
 
 def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
@@ -97,6 +101,12 @@ def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
             db.set_progress_handler(lambda: int(time.monotonic() > stop), 10_000)
         for table in TRACE_TABLES:
             _check_plain_table(db, table, path)
+        # a name id given twice joins each of its kernels twice, one as NCCL and one not (an adversarial pass:
+        # one kernel read as two, overlapping itself)
+        twice = db.execute("SELECT id FROM StringIds GROUP BY id HAVING count(*) > 1 LIMIT 1").fetchone()
+        if twice is not None:
+            raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: its StringIds gives id "
+                              f"{str(twice[0])[:20]!r} more than once")
         # each name is classified once, inside SQLite (its work is under the deadline): no name reaches
         # Python, where each joined row held its own copy (review: one 1 MB name on 2,000 kernels took 2 GB)
         # MATERIALIZED (SQLite 3.35+) makes sure each name is lowered once; an older SQLite plans it alike or
@@ -153,10 +163,11 @@ def _add_kernel(by_device, path, number: int, start, end, device, is_nccl) -> No
         return  # a kernel row without a time, device or name says nothing to sum
     # nsys writes integers (ns, device ids): a text, real or blob value is not its export (a file is
     # input like any other; the dashboard reads these from run folders)
-    if not all(type(v) is int for v in (start, end, device)) or start < 0 or end < start or device < 0:
+    if not all(type(v) is int for v in (start, end, device)) or start < 0 or end < start or device < 0 \
+            or end - start > MAX_KERNEL_NS or device >= MAX_DEVICE_ID:
         raise ConfigError(f"{shown(str(path))} is not an nsys SQLite export: kernel row {number} has start/end/device "
                           f"{str(start)[:20]!r}/{str(end)[:20]!r}/{str(device)[:20]!r}, not non-negative integers "
-                          "with end >= start")
+                          f"with end >= start, a kernel of at most an hour and a device below {MAX_DEVICE_ID}")
     comm, compute = by_device.setdefault(device, ([], []))
     (comm if is_nccl else compute).append((start, end))
 

@@ -758,3 +758,30 @@ def test_a_long_kernel_name_is_not_copied_for_every_kernel(tmp_path):
         tracemalloc.stop()
     assert device.kernels == 5000 and device.communication_s == pytest.approx(2500 * 5e-9)
     assert peak_bytes < 50e6  # the 5,000 names joined would be 5 GB
+
+
+@pytest.mark.parametrize("rows, said", [
+    ([("INSERT INTO StringIds VALUES (1, 'gemm')", "INSERT INTO StringIds VALUES (1, 'ncclAllReduce')",
+       "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, 1000, 0, 7, 1)")], "gives id '1' more than once"),
+    ([("INSERT INTO StringIds VALUES (1, 'gemm')",
+       f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, {2**63 - 1}, 0, 7, 1)")], "a kernel of at most an hour"),
+    ([("INSERT INTO StringIds VALUES (1, 'gemm')",
+       f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (0, 1000, {2**63 - 1}, 7, 1)")], "a device below"),
+], ids=["string-id-twice", "kernel-of-292-years", "device-2**63"])
+def test_a_trace_with_a_name_given_twice_or_an_impossible_kernel_is_refused(tmp_path, rows, said):
+    """An adversarial pass: two StringIds rows of one id made one kernel count twice (as NCCL and as compute,
+    100% overlap), and a kernel of 2^63 ns summed to 292 years of busy time."""
+    from autotune.errors import ConfigError
+    from autotune.megatron.trace import summarize_sqlite
+
+    path = tmp_path / "hostile.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+               "streamId INTEGER, shortName INTEGER)")
+    for statement in rows[0]:
+        db.execute(statement)
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match=said):
+        summarize_sqlite(path)
