@@ -34,8 +34,7 @@ from autotune.backends._process import (KILL_GRACE_S, bounded_lines, check_comma
                                        parse_command, reaped_argv)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends.runs import check_workdir, prepare_trial_dir, write_outcome
-from autotune._numbers import is_number, is_positive_finite
-from autotune.backends.validation import FlawedObject, json_object, max_step_reports, parse_result
+from autotune.backends.validation import json_object, max_step_reports, parse_result, step_report
 from autotune.errors import ConfigError
 
 STDERR_TAIL_LINES = 40
@@ -140,17 +139,13 @@ class CommandBackend(Backend):
             value = json_object(line)
             if value is not None and "status" in value:
                 _keep_result(results, value)
-            if isinstance(value, FlawedObject):  # a key twice: which step_time_s? (a result line's is refused)
-                continue
             if value is not None and "step" in value and "status" not in value:
-                step, seconds = value.get("step"), value.get("step_time_s")
-                # JSON numbers only, as in the result line (an adversarial pass: "６０" and true were read as
-                # 60 and 1 by int() and float()); a step line past what the run can report is not kept
-                if not (isinstance(step, int) and not isinstance(step, bool) and is_number(seconds)
-                        and is_positive_finite(seconds)) or len(times) >= max_step_reports(spec):
+                parsed = step_report(value)
+                # a step line past what the run can report is not kept (an adversarial pass: 2,000,000 of them)
+                if parsed is None or len(times) >= max_step_reports(spec):
                     continue
-                times.append(float(seconds))
-                report(StepReport(spec.trial, step, float(seconds), step <= spec.warmup_steps))
+                times.append(parsed[1])
+                report(StepReport(spec.trial, parsed[0], parsed[1], parsed[0] <= spec.warmup_steps))
 
     @staticmethod
     def _last_json(results: list[dict[str, Any]]) -> dict[str, Any] | None:

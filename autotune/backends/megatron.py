@@ -39,9 +39,8 @@ from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, 
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
 from autotune.backends._process import KILL_GRACE_S, bounded_lines, die_with_parent, kill_group, reaped_argv
 from autotune.backends.runs import prepare_trial_dir, trial_dir, write_new_file, write_outcome
-from autotune._numbers import is_positive_finite
 from autotune._paths import shown
-from autotune.backends.validation import FlawedObject, json_object, parse_result
+from autotune.backends.validation import json_object, max_step_reports, parse_result, step_report
 from autotune.errors import ConfigError
 from autotune.megatron.logparse import parse_log
 
@@ -267,7 +266,7 @@ class MegatronBackend(Backend):
             for _code, lines in polls:
                 for line in lines:
                     step = _step_line(line)
-                    if step is not None:
+                    if step is not None and len(times) < max_step_reports(spec):  # no more than a run has
                         times.append(step[1])
                         report(StepReport(spec.trial, step[0], step[1], step[0] <= spec.warmup_steps))
             codes = [code for code, _ in polls]
@@ -354,14 +353,7 @@ def _step_line(line: str) -> tuple[int, float] | None:
     """(step, seconds) of a rank-0 step line; None for any other line or a malformed / impossible one."""
     if not line.startswith(STEP_MARKER):
         return None
-    value = json_object(line[len(STEP_MARKER):])
-    if isinstance(value, FlawedObject):  # a key twice: which step_time_s is meant?
-        return None
-    try:
-        step, seconds = int(value["step"]), float(value["step_time_s"])
-    except (TypeError, KeyError, ValueError, OverflowError):
-        return None
-    return (step, seconds) if is_positive_finite(seconds) else None
+    return step_report(json_object(line[len(STEP_MARKER):]))
 
 
 def dry_run_lines(spec: TrialSpec, options: dict[str, Any]) -> list[str]:

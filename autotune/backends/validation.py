@@ -49,6 +49,18 @@ TFLOPS_BASIS_FACTOR = 2.0
 MIN_PREDICTED_PEAK_SHARE = 0.1
 
 
+def step_report(value: Any) -> tuple[int, float] | None:
+    """(step, seconds) of a launcher's step line (a parsed JSON object): JSON numbers only, as in the result line
+    (an adversarial pass: int() and float() read "６０" as 60 and true as 1), the time positive and finite; None for
+    anything else."""
+    if not isinstance(value, dict) or isinstance(value, FlawedObject):  # a key twice: which step_time_s is meant?
+        return None
+    step, seconds = value.get("step"), value.get("step_time_s")
+    if not (isinstance(step, int) and not isinstance(step, bool) and is_number(seconds) and is_positive_finite(seconds)):
+        return None
+    return step, float(seconds)
+
+
 def max_step_reports(spec: TrialSpec) -> int:
     """The most step times a run of `spec` can report: its warm-up and measured steps, twice over and a few more
     (a launcher may count an evaluation or a first step twice). More is no run of this spec: an adversarial pass
@@ -136,11 +148,13 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
     if status == "completed" and steps_s and all(is_positive_finite(t) for t in steps_s) and \
             is_positive_finite(_float(step_time)):
         # the step time and the run's own measured steps describe one run (an adversarial pass: a result of 28 s
-        # over steps of 600 s was ranked first, exported, and pruned every honest run after it)
-        median = sorted(steps_s)[len(steps_s) // 2]
-        if not median / CONSISTENCY_FACTOR <= _float(step_time) <= median * CONSISTENCY_FACTOR:
-            return _failed(spec, times, wall_s, f"step_time_s {_float(step_time):.6g} is far from the median "
-                                                f"{median:.6g} s of the measured steps the run reports")
+        # over steps of 600 s was ranked first, exported, and pruned every honest run after it). Their mean, what
+        # every honest launcher reports, lies between the fastest and the slowest (review: a test against the
+        # median refused honest runs with one slow step)
+        low, high = min(steps_s), max(steps_s)
+        if not low / CONSISTENCY_FACTOR <= _float(step_time) <= high * CONSISTENCY_FACTOR:
+            return _failed(spec, times, wall_s, f"step_time_s {_float(step_time):.6g} lies outside the "
+                                                f"{low:.6g}..{high:.6g} s of the measured steps the run reports")
     wall = _float(result.get("wall_time_s"))
     if is_positive_finite(wall) and wall_s > 0:
         # the launcher may leave its start-up out, but its run cannot have lasted longer than the process
@@ -168,6 +182,22 @@ def _outcome(trial: int, status: str, result: dict[str, Any], step_time: Any, st
                         wall_time_s=wall_time_s, error=_as_text(result.get("error")),
                         artifacts={str(k): v for k, v in (result.get("artifacts") or {}).items()},
                         measured_terms_s=measured_terms(result.get("measured_terms_s")) or {})
+
+
+def recheck(spec: TrialSpec, outcome: TrialOutcome, held_s: float) -> TrialOutcome:
+    """A harvested outcome record (a file anyone who can write the run folder can change) through parse_result's
+    rules for `spec` (review: a forged record's wall time of 1e-9 s or step time of 28 s over steps of 600 s passed
+    the type checks alone); `held_s` the time the run held its GPUs as the controller saw it, charged when the
+    record's own wall time cannot be the run's."""
+    if outcome.status.value not in RESULT_STATUSES:
+        return outcome
+    result = {"status": outcome.status.value, **{k: getattr(outcome, k) for k in METRIC_KEYS},
+              "step_times_s": outcome.step_times_s or None, "wall_time_s": outcome.wall_time_s, "error": outcome.error,
+              "artifacts": outcome.artifacts or None, "measured_terms_s": outcome.measured_terms_s or None}
+    # the record's own wall time stands unless it cannot be the run's: the run went on after its controller
+    # stopped heartbeating, so what the controller saw is a floor, not a cap
+    own = outcome.wall_time_s if is_positive_finite(outcome.wall_time_s) else 0.0
+    return parse_result(spec, result, [], max(held_s, own))
 
 
 def outcome_from_record(data: Any) -> TrialOutcome:

@@ -32,7 +32,7 @@ from autotune._signals import raise_if_terminated
 from autotune.backends import TrialOutcome, TrialSpec, TrialStatus, backend_class
 from autotune.backends.runs import harvest
 from autotune._numbers import is_positive_finite, measured_terms
-from autotune.backends.validation import METRIC_KEYS, possible_step
+from autotune.backends.validation import METRIC_KEYS, possible_step, recheck
 from autotune.config import LayoutConfig, Workload
 from autotune.errors import OutputClosed, StorageError
 from autotune.controller import _recovery, outcomes
@@ -547,7 +547,10 @@ class Controller:
             adopted = dataclasses.replace(trial, controller_id=self.controller_id)
             outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
             if outcome is not None:  # it finished while its controller was dead: no second run
-                self._finish(_Running(adopted, self._spec(trial, config)), outcome)
+                spec = self._spec(trial, config)
+                outcome = recheck(spec, outcome, _held_until_silent(trial, self.workload.cluster.gpus)
+                                  / self.workload.cluster.gpus)
+                self._finish(_Running(adopted, spec), outcome)
                 continue
             held = _held_until_silent(trial, self.workload.cluster.gpus)
             if gpu_hour_cap_reached(self.repo.gpu_seconds_spent(self.study.id) + held, self.options.max_gpu_hours):

@@ -36,7 +36,7 @@ class StudyOptions:
     seed: int | None = None
     trial_timeout_s: float = 3600.0  # a trial is a short profiling run; past this it is TIMEOUT
     warmup_steps: int = 3  # steps excluded from the measurement (compilation, allocator warm-up)
-    measured_steps: int = 5  # steps whose median is the trial's step time
+    measured_steps: int = 5  # steps whose mean is the trial's step time (the launcher reports it)
     prune_slow: bool = True  # stop a trial whose measured steps are clearly slower than the best so far
     slow_margin: float = 0.25  # "clearly": this much slower than the best step time (a share)
     validate_steps: int = 0  # after the study, run the winner again with this many steps (0: no)

@@ -23,38 +23,23 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
-def storable(value: Any) -> Any:
-    """`value` as every store can keep it: in each string (a dict's keys too) a NUL, which PostgreSQL refuses in
-    text and JSON, and a lone surrogate, which is no UTF-8 and which SQLite's driver refuses to encode, become
-    U+FFFD. Found by an adversarial pass: a launcher's message with either stopped the controller with its trial
-    dispatched, and every resume died the same way."""
-    if isinstance(value, str):
-        if value.isascii() and "\x00" not in value:
-            return value
-        return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c for c in value)
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [storable(v) for v in value]
-    return value
+def storable_text(value: str | None) -> str | None:
+    """`value` as every store's text column can keep it: a NUL, which PostgreSQL refuses in text, and a lone
+    surrogate, which is no UTF-8 and which SQLite's driver refuses to encode, become U+FFFD. Found by an
+    adversarial pass: a launcher's message with either stopped the controller with its trial dispatched, and
+    every resume died the same way. (JSON columns escape both themselves.)"""
+    if value is None or (value.isascii() and "\x00" not in value):
+        return value
+    return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c for c in value)
 
 
 class StorableText(TypeDecorator):
-    """Text written as every store can keep it (storable): the columns launcher text reaches."""
+    """Text written as every store can keep it (storable_text): the columns launcher text reaches."""
     impl = Text
     cache_ok = True
 
     def process_bind_param(self, value, dialect):
-        return storable(value)
-
-
-class StorableJSON(TypeDecorator):
-    """JSON written as every store can keep it (storable): a run's artifacts, named and written by launchers."""
-    impl = JSON
-    cache_ok = True
-
-    def process_bind_param(self, value, dialect):
-        return storable(value)
+        return storable_text(value)
 
 
 class StudyStatus(enum.StrEnum):
@@ -180,7 +165,9 @@ class TrialRow(Base):
     peak_mem_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
     step_times_s: Mapped[list[Any]] = mapped_column(JSON, default=list)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    artifacts: Mapped[dict[str, Any]] = mapped_column(StorableJSON, default=dict)
+    # JSON text escapes a NUL and a lone surrogate itself (\u0000, \udce9): a path of non-UTF-8 bytes reads back
+    # as written (review: replacing them broke a run folder's path)
+    artifacts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     dispatched_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)

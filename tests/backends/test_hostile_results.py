@@ -348,10 +348,13 @@ def test_a_step_time_far_from_the_runs_own_steps_and_a_wall_time_under_them_are_
 
     spec = dataclasses.replace(_spec(tmp_path), warmup_steps=3, measured_steps=5)
     lying = parse_result(spec, {"status": "completed", "step_time_s": 28.0, "step_times_s": [600.0] * 8}, [], 500.0)
-    assert lying.status == "failed" and "far from the median 600 s of the measured steps" in lying.error
-    # a mean within a quarter of the median stands (a slow step among them moves the mean, not the median)
-    assert parse_result(spec, {"status": "completed", "step_time_s": 66.0,
-                               "step_times_s": [90.0, 60, 60, 60, 60, 60, 60, 90]}, [], 600.0).status == "completed"
+    assert lying.status == "failed" and "outside the 600..600 s of the measured steps" in lying.error
+    # the mean of measured steps with one slow one stands (review: a test against the median refused it, the
+    # worker's own result and autotune's own mean of step lines alike)
+    slow_one = [40.0, 21, 20, 20, 20, 20, 20, 46]
+    assert parse_result(spec, {"status": "completed", "step_time_s": sum(slow_one[3:]) / 5,
+                               "step_times_s": slow_one}, [], 600.0).status == "completed"
+    assert parse_result(spec, {"status": "completed"}, slow_one, 600.0).status == "completed"
     instant = parse_result(spec, {"status": "completed", "step_time_s": 60.0, "wall_time_s": 1e-9}, [], 480.0)
     assert instant.status == "completed" and instant.wall_time_s == 480.0  # the process's own time
     assert parse_result(spec, {"status": "completed", "step_time_s": 60.0, "wall_time_s": 320.0}, [],
@@ -376,3 +379,23 @@ def test_step_lines_take_json_numbers_only_and_no_more_than_the_run_can_have(tmp
     CommandBackend._read_stdout(process, spec, reports.append, [], times, results)
     assert times == [60.0] * 32 and [r.step for r in reports] == list(range(1, 33))
     assert results == [GOOD]
+
+
+def test_a_harvested_record_meets_the_rules_of_a_launchers_result(tmp_path):
+    """Review: an outcome record read from a run folder after its controller died got the type checks alone, so a
+    forged one (anyone who can write the folder) brought a wall time of 1e-9 s or a step time of 28 s over steps
+    of 600 s. It now goes through parse_result's rules, charged at least what the controller saw it hold."""
+    from autotune.backends import TrialOutcome, TrialStatus
+    from autotune.backends.validation import recheck
+
+    spec = dataclasses.replace(_spec(tmp_path), warmup_steps=3, measured_steps=5)
+    lie = TrialOutcome(1, TrialStatus.COMPLETED, step_time_s=28.0, step_times_s=[600.0] * 8, wall_time_s=5000.0)
+    assert recheck(spec, lie, 100.0).status == TrialStatus.FAILED
+    instant = TrialOutcome(1, TrialStatus.COMPLETED, step_time_s=60.0, wall_time_s=1e-9)
+    assert recheck(spec, instant, 120.0).wall_time_s == 120.0  # the controller saw it hold 120 s
+    honest = TrialOutcome(1, TrialStatus.COMPLETED, step_time_s=60.0, step_times_s=[90.0, 60, 60] + [60.0] * 5,
+                          wall_time_s=600.0, peak_mem_gib=70.0)
+    kept = recheck(spec, honest, 120.0)  # it ran on after its controller went silent: its own time stands
+    assert kept.status == TrialStatus.COMPLETED and kept.wall_time_s == 600.0 and kept.peak_mem_gib == 70.0
+    stopped = TrialOutcome(1, TrialStatus.PRUNED, wall_time_s=1e-9)
+    assert recheck(spec, stopped, 120.0) is stopped  # no result of a launcher's: nothing to check

@@ -112,7 +112,8 @@ def test_finish_and_retry_keep_gpu_seconds(storage_url):
 def test_a_launchers_nul_and_lone_surrogates_are_stored_as_replacement_characters(storage_url):
     """Found by an adversarial pass: a launcher's message with a NUL (PostgreSQL refuses it in text) or an
     escaped lone surrogate (not UTF-8: SQLite's driver refuses to encode it) stopped the controller with the
-    trial dispatched, and every resume died the same way. Every store keeps them as U+FFFD, in text and JSON."""
+    trial dispatched, and every resume died the same way. Every store keeps them as U+FFFD in its text columns;
+    its JSON columns escape them and read them back as written (review: a non-UTF-8 path must stay the path)."""
     repo = Repository.open(storage_url)
     study = new_study(repo)
     trial = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget)
@@ -121,8 +122,8 @@ def test_a_launchers_nul_and_lone_surrogates_are_stored_as_replacement_character
                       artifacts={"log\ud800": "a\x00b", "list": ["\udfff", 1]})
     done = repo.trial(study.id, trial.number)
     assert done.message == "bad\ufffdnul \ufffd surrogate" and done.reason == "launcher\ufffd"
-    assert done.artifacts["log\ufffd"] == "a\ufffdb" and done.artifacts["list"] == ["\ufffd", 1]
-    assert done.artifacts["losses"] == ["lost\ufffd \ufffd"]
+    assert done.artifacts["log\ud800"] == "a\x00b" and done.artifacts["list"] == ["\udfff", 1]
+    assert done.artifacts["losses"] == ["lost\x00 \ud800"]
     rejected = repo.add_rejected(study.id, {"tp": 2}, "k2", "rule", "why\x00")
     assert repo.trial(study.id, rejected.number).message == "why\ufffd"
     repo.close()
