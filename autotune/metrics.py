@@ -1,7 +1,7 @@
 """Prometheus metrics of every study, read from the SQL store at scrape time.
 
 Served by `autotune dashboard` at /metrics and by the controller itself with
-`autotune start/resume --metrics-port PORT`. dashboards/grafana-autotune.json charts them.
+`autotune start/resume --metrics-port PORT` (dashboard.server.serve_metrics). dashboards/grafana-autotune.json charts them.
 """
 
 from __future__ import annotations
@@ -79,17 +79,3 @@ def registry_for(repo: Repository) -> CollectorRegistry:
 
 def render_latest(repo: Repository) -> bytes:
     return generate_latest(registry_for(repo))
-
-
-def serve(repo: Repository, port: int, host: str = "127.0.0.1"):
-    """Expose the metrics on http://host:port/metrics (a daemon thread). ConfigError when the port cannot be
-    bound (found by an adversarial pass: a port taken between the start's check and Ray being up was a
-    traceback, exit 1). Served by the dashboard's server, which answers /metrics alone here: prometheus_client's
-    own server (start_http_server) took any number of connections at once, each a thread reading the store,
-    and held a silent one for ever (the open items of the last notes)."""
-    from autotune.dashboard.server import serve_in_background
-
-    try:
-        return serve_in_background(repo, host, port, metrics_only=True)
-    except OSError as exc:
-        raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None

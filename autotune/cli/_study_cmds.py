@@ -634,10 +634,10 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
     from autotune.controller.session import build_controller
 
     if args.metrics_port:
-        from autotune.metrics import serve
+        from autotune.dashboard.server import serve_metrics
 
         try:
-            serve(repo, args.metrics_port)
+            serve_metrics(repo, args.metrics_port)
         except BaseException:
             if dispatcher is not None:  # started by `start`: nothing else would release it
                 dispatcher.shutdown()

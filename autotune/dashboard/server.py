@@ -34,7 +34,7 @@ from autotune.dashboard._pages import DashboardApp, page
 from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.storage import Repository
 
-__all__ = ["DashboardApp", "make_server", "serve_in_background"]
+__all__ = ["DashboardApp", "make_server", "serve_in_background", "serve_metrics"]
 
 # frame-ancestors 'none': no other site may frame the pages (read-only, but a framed page can still be
 # dressed up to mislead: clickjacking)
@@ -362,3 +362,15 @@ def serve_in_background(repo: Repository, host: str = "127.0.0.1", port: int = 0
     server = make_server(repo, host, port, artifact_roots, metrics_only)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def serve_metrics(repo: Repository, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """`start --metrics-port`: /metrics alone on http://host:port (a daemon thread), with the dashboard's limits.
+    prometheus_client's own server (start_http_server) took any number of connections at once, each a thread
+    reading the store, and held a silent one for ever (the open items of the last notes). ConfigError when the
+    port cannot be bound (found by an adversarial pass: a port taken between the start's check and Ray being up
+    was a traceback, exit 1)."""
+    try:
+        return serve_in_background(repo, host, port, metrics_only=True)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
