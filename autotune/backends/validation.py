@@ -145,23 +145,23 @@ def parse_result(spec: TrialSpec, result: dict[str, Any], times: list[float], wa
         measured = times[spec.warmup_steps:]
         step_time = sum(measured) / len(measured)
     steps_s = [_float(t) for t in (reported or times)][spec.warmup_steps:]
-    if status == "completed" and steps_s and all(is_positive_finite(t) for t in steps_s) and \
-            is_positive_finite(_float(step_time)):
+    plausible_steps = bool(steps_s) and all(is_positive_finite(t) for t in steps_s)
+    step_s = _float(step_time)
+    if status == "completed" and plausible_steps and is_positive_finite(step_s):
         # the step time and the run's own measured steps describe one run (an adversarial pass: a result of 28 s
         # over steps of 600 s was ranked first, exported, and pruned every honest run after it). Their mean, what
         # every honest launcher reports, lies between the fastest and the slowest (review: a test against the
         # median refused honest runs with one slow step)
         low, high = min(steps_s), max(steps_s)
-        if not low / CONSISTENCY_FACTOR <= _float(step_time) <= high * CONSISTENCY_FACTOR:
-            return _failed(spec, times, wall_s, f"step_time_s {_float(step_time):.6g} lies outside the "
+        if not low / CONSISTENCY_FACTOR <= step_s <= high * CONSISTENCY_FACTOR:
+            return _failed(spec, times, wall_s, f"step_time_s {step_s:.6g} lies outside the "
                                                 f"{low:.6g}..{high:.6g} s of the measured steps the run reports")
     wall = _float(result.get("wall_time_s"))
     if is_positive_finite(wall) and wall_s > 0:
         # the launcher may leave its start-up out, but its run cannot have lasted longer than the process
         wall = min(wall, wall_s)
-    floor_s = sum(steps_s) if steps_s and all(is_positive_finite(t) for t in steps_s) else (
-        spec.measured_steps * _float(step_time) if status == "completed" and is_positive_finite(_float(step_time))
-        else 0.0)
+    floor_s = sum(steps_s) if plausible_steps else (
+        spec.measured_steps * step_s if status == "completed" and is_positive_finite(step_s) else 0.0)
     if is_positive_finite(wall) and wall < 0.99 * floor_s:
         # nor shorter than the measured steps it reports, or without a list, than its measured steps at its step
         # time (an adversarial pass: 1e-300 s, then 1e-9 s without step times, went into the GPU-hours and kept

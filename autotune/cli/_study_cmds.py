@@ -353,10 +353,9 @@ def _start_in(repo, args: argparse.Namespace, space, workload, backend_options: 
         _start_header(args, study, space, workload, repo)
     except (KeyboardInterrupt, BrokenPipeError) as exc:  # the replay coverage enumerates the legal set: seconds
         # in which Ctrl-C may come; a closed output (`start | head -1`) stops the study before it ran, not exit 0
-        _interrupted_before_it_ran(repo, study)
-        dispatcher.shutdown()
-        if isinstance(exc, BrokenPipeError):
-            raise OutputClosed(str(exc)) from exc
+        closed = _stopped_before_it_ran(repo, study, dispatcher, exc)
+        if closed is not None:
+            raise closed from exc
         raise
     return _run(repo, study, args, dispatcher)
 
@@ -548,25 +547,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _joining(repo, study) -> str:
     """What the resume line adds when another controller runs the study (its heartbeat fresh): this one joins
     it. A new-user pass took a plain resume of a running study for a second, unrelated run of it."""
-    import datetime as dt
-
-    from autotune.controller.options import HEARTBEAT_S, STALE_AFTER_HEARTBEATS
+    from autotune.leaderboard import controller_silence_s
     from autotune.storage import StudyStatus
-    from autotune.storage.models import utcnow
-    from autotune.storage.repository import heartbeat_ahead_s
 
-    beat = study.controller_heartbeat_at
-    if study.status != StudyStatus.RUNNING or beat is None or heartbeat_ahead_s(beat) is not None:
-        return ""
-    if beat.tzinfo is not None:  # stored naive UTC; a server may hand it back aware
-        beat = beat.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    age_s = (utcnow() - beat).total_seconds()
-    if age_s > STALE_AFTER_HEARTBEATS * HEARTBEAT_S:
+    # the read side's rule for a live controller (a fresh heartbeat, none dated in the future)
+    if study.status != StudyStatus.RUNNING or study.controller_heartbeat_at is None or \
+            controller_silence_s(study) is not None:
         return ""
     sqlite = " (on SQLite one controller per study is what is supported: use PostgreSQL for several)" if \
         repo.url.startswith("sqlite") else ""
-    return (f"; another controller runs it (heartbeat {max(0.0, age_s):.0f} s ago): this one joins it, both taking "
-            f"runs from its budget{sqlite}")
+    return (f"; another controller runs it (its heartbeat is fresh): this one joins it, both taking runs from its "
+            f"budget{sqlite}")
 
 
 def _raised_cap(spent_h: float) -> str:
@@ -615,6 +606,15 @@ def _slots_wanted(max_concurrent: int | None, runs_left: int) -> int:
     placement group held for the whole study)."""
     runs_left = max(1, runs_left)
     return min(max_concurrent, runs_left) if max_concurrent else runs_left
+
+
+def _stopped_before_it_ran(repo, study, dispatcher, exc: BaseException) -> OutputClosed | None:
+    """A Ctrl-C or a closed output before the study's first run: the study `interrupted`, the dispatcher (None:
+    none started) let go; the OutputClosed to raise for a plain broken pipe, else None (raise `exc` again)."""
+    _interrupted_before_it_ran(repo, study)
+    if dispatcher is not None:
+        dispatcher.shutdown()
+    return OutputClosed(str(exc)) if isinstance(exc, BrokenPipeError) and not isinstance(exc, OutputClosed) else None
 
 
 def _interrupted_before_it_ran(repo, study) -> None:
@@ -673,12 +673,9 @@ def _run(repo, study, args: argparse.Namespace, dispatcher=None) -> int:
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # before the first run: the study says it stopped, not `created` (found by review), and Ray is let go;
             # a closed output (`start | head -1`) exited 0 with the study never run (found by a new-user pass)
-            _interrupted_before_it_ran(repo, study)
-            started = controller.dispatcher if controller is not None else dispatcher
-            if started is not None:
-                started.shutdown()
-            if isinstance(exc, BrokenPipeError) and not isinstance(exc, OutputClosed):
-                raise OutputClosed(str(exc)) from exc
+            closed = _stopped_before_it_ran(repo, study, controller.dispatcher if controller else dispatcher, exc)
+            if closed is not None:
+                raise closed from exc
             raise
         with sigterm_as_interrupt():  # again, after Ray started: it installs a SIGTERM handler of its own
             summary = controller.run()

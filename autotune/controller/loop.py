@@ -272,8 +272,9 @@ class Controller:
         """No run may start now: the GPU time the study's runs held (validation runs included) and that of its runs
         in flight under a live controller, counted at the mean of the runs that ended (before any has, at the cost
         forecast's run), reach its --max-gpu-hours (review: with four slots a 3 GPU-hour cap started 5 runs, 9.2
-        GPU-hours; a run in flight had counted nothing). With nothing in flight that is the cap spent for good: _capped, which ends the dispatch of budget
-        and validation runs alike; with runs in flight, a later check may find room (one ended early)."""
+        GPU-hours; a run in flight had counted nothing). With nothing in flight that is the cap spent for good:
+        _capped, which ends the dispatch of budget and validation runs alike; with runs in flight, a later check
+        may find room (one ended early)."""
         cap = self.options.max_gpu_hours
         if cap is None:
             return False
@@ -291,11 +292,10 @@ class Controller:
     def _forecast_run_gpu_s(self) -> float:
         """GPU-seconds a run in flight counts for before any run of the study has ended: the cost forecast's run
         (controller/forecast.py, what `start` and `resume` printed: taken at the first check, before a run is
-        dispatched; once the recipe's layout has run the forecast prices another). Review: a cap below one round's hours started the whole
-        first round (four slots, a 2 GPU-hour cap: four runs of 1.8), as a run in flight counted nothing until
-        one had ended."""
+        dispatched; once the recipe's layout has run the forecast prices another). Review: a cap below one round's
+        hours started the whole first round (four slots, a 2 GPU-hour cap: four runs of 1.8), as a run in flight
+        counted nothing until one had ended."""
         if self._first_run_gpu_s is None:
-            from autotune.backends import backend_class
             from autotune.controller.forecast import forecast
 
             estimate = forecast(self.state, self.baseline, 1, self.options, backend_class(self.study.backend),
@@ -545,14 +545,12 @@ class Controller:
                                          STALE_AFTER_HEARTBEATS * HEARTBEAT_S, self.dispatcher.free_slots):
             config = LayoutConfig.from_mapping(trial.config)
             adopted = dataclasses.replace(trial, controller_id=self.controller_id)
+            held = _held_until_silent(trial, self.workload.cluster.gpus)
             outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
             if outcome is not None:  # it finished while its controller was dead: no second run
                 spec = self._spec(trial, config)
-                outcome = recheck(spec, outcome, _held_until_silent(trial, self.workload.cluster.gpus)
-                                  / self.workload.cluster.gpus)
-                self._finish(_Running(adopted, spec), outcome)
+                self._finish(_Running(adopted, spec), recheck(spec, outcome, held / self.workload.cluster.gpus))
                 continue
-            held = _held_until_silent(trial, self.workload.cluster.gpus)
             if gpu_hour_cap_reached(self.repo.gpu_seconds_spent(self.study.id) + held, self.options.max_gpu_hours):
                 # not run again past the GPU-hour cap: ended as a cancelled run, its time counted (review: let go, it
                 # stayed dispatched, and the study hung or stayed interrupted with nothing that could run it)
