@@ -49,7 +49,7 @@ from autotune.controller.strategies import Strategy
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
 from autotune.storage.models import utcnow
-from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT, gpu_hour_cap_reached
+from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT, GpuHourCap, gpu_hour_cap_reached
 
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
@@ -275,19 +275,21 @@ class Controller:
         GPU-hours; a run in flight had counted nothing). With nothing in flight that is the cap spent for good:
         _capped, which ends the dispatch of budget and validation runs alike; with runs in flight, a later check
         may find room (one ended early)."""
-        cap = self.options.max_gpu_hours
+        cap = self._gpu_cap()
         if cap is None:
             return False
-        self._forecast_run_gpu_s()  # taken before the first dispatch, while the recipe's layout is open (review)
-        spent = self.repo.gpu_seconds_spent(self.study.id)
-        live = self.repo.live_runs(self.study.id, utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S))
+        reached, live = self.repo.cap_reached(self.study.id, cap)
         if live == 0:
-            self._capped = gpu_hour_cap_reached(spent, cap)
-            return self._capped
-        ended = [t.gpu_seconds for t in self.repo.trials(self.study.id, dispatched_only=True)
-                 if t.status != "dispatched" and t.origin != TrialOrigin.IMPORTED and t.gpu_seconds]
-        per_run_s = sum(ended) / len(ended) if ended else self._forecast_run_gpu_s()
-        return gpu_hour_cap_reached(spent + per_run_s * live, cap)
+            self._capped = reached
+        return reached
+
+    def _gpu_cap(self) -> GpuHourCap | None:
+        """The study's --max-gpu-hours as _cap_reached and claim_dispatch check it (None: no cap). The first
+        run's forecast is taken before the first dispatch, while the recipe's layout is open (review)."""
+        if self.options.max_gpu_hours is None:
+            return None
+        return GpuHourCap(self.options.max_gpu_hours, self._forecast_run_gpu_s(),
+                          utcnow() - dt.timedelta(seconds=STALE_AFTER_HEARTBEATS * HEARTBEAT_S))
 
     def _forecast_run_gpu_s(self) -> float:
         """GPU-seconds a run in flight counts for before any run of the study has ended: the cost forecast's run
@@ -349,7 +351,13 @@ class Controller:
             claimed = self.repo.claim_dispatch(self.study.id, config.to_dict(), config.key(), number,
                                                self.controller_id, self.study.budget,
                                                prediction(self.state, self.workload, config), note,
-                                               dispatch_key=dispatch_key, number=self._number(number))
+                                               dispatch_key=dispatch_key, number=self._number(number),
+                                               cap=self._gpu_cap())
+            if claimed == ClaimRefused.CAP:  # another controller's run took the last room under the cap since the check
+                self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "cap",
+                                               "message": "the study's GPU-hour cap was reached by its other runs"})
+                self._cap_reached()  # with nothing in flight any more, the cap is spent for good (_capped)
+                return False
             self.state.mark_tried(config.key())
             if claimed == ClaimRefused.BUDGET:  # another controller took the last of it since the check above
                 self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "budget",
@@ -516,7 +524,11 @@ class Controller:
                                                self.controller_id, self.study.budget,
                                                prediction(self.state, self.workload, config),
                                                dispatch_key=dispatch_key, origin=TrialOrigin.VALIDATION,
-                                               number=self._number(number))
+                                               number=self._number(number), cap=self._gpu_cap())
+            if claimed == ClaimRefused.CAP:  # another controller's run took the last room under the cap
+                self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "cap",
+                                               "message": "the study's GPU-hour cap was reached by its other runs"})
+                return
             if isinstance(claimed, ClaimRefused):  # another controller validated it since the check above
                 self.optuna.tell_fail(number, {"status": "not_dispatched", "reason": "duplicate",
                                                "message": "validation run already recorded"})

@@ -95,6 +95,7 @@ class ClaimRefused(enum.StrEnum):
 
     BUDGET = "budget"  # the study has dispatched its budget
     DUPLICATE = "duplicate"  # this layout (dispatch key) is already dispatched in the study
+    CAP = "cap"  # the study's runs, those in flight included, have held its --max-gpu-hours (GpuHourCap)
 
 
 class Base(DeclarativeBase):

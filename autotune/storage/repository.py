@@ -194,6 +194,45 @@ def _spent_gpu_seconds(study_id: int):
         TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), TrialRow.origin != TrialOrigin.IMPORTED.value)
 
 
+@dataclass(frozen=True)
+class GpuHourCap:
+    """What a run's start is checked against when a study has a --max-gpu-hours: the cap, the GPU-seconds a run
+    in flight counts for before any of the study's runs has ended (the cost forecast's run), and the moment
+    before which a run's heartbeat says its controller is gone (a stopped run holds no GPUs). After a run has
+    ended, a run in flight counts at the mean GPU-seconds of the runs that ended."""
+    max_gpu_hours: float
+    first_run_gpu_seconds: float
+    live_after: dt.datetime
+
+
+def _checked_spent(s: Session, study_id: int) -> float:
+    """_spent_gpu_seconds, refused when the sum is no plausible number (the readers refuse such a row; the
+    raw sum must too: review)."""
+    spent = float(s.scalar(_spent_gpu_seconds(study_id)) or 0.0)
+    if not (math.isfinite(spent) and spent >= 0):
+        name = s.scalar(select(StudyRow.name).where(StudyRow.id == study_id))
+        raise StorageError(f"the GPU-seconds of study {str(name)[:80]!r}'s runs sum to {spent!r}: a trial's "
+                           "gpu_seconds is no plausible number (was the store edited by hand?)")
+    return spent
+
+
+def _cap_state(s: Session, study_id: int, cap: GpuHourCap) -> tuple[bool, int]:
+    """Whether the study's runs, each in flight under a live controller counted as a whole run (GpuHourCap), reach
+    its cap, and how many runs are in flight: the one reading of the cap by the controller's check and by
+    claim_dispatch's, under the study row's lock."""
+    spent = _checked_spent(s, study_id)
+    live = int(s.scalar(select(func.count()).select_from(TrialRow).where(
+        TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
+        ~_heartbeat_stale(cap.live_after))) or 0)
+    if live == 0:
+        return gpu_hour_cap_reached(spent, cap.max_gpu_hours), 0
+    ended_mean = s.scalar(select(func.avg(TrialRow.gpu_seconds)).where(
+        TrialRow.study_id == study_id, TrialRow.dispatched.is_(True), TrialRow.origin != TrialOrigin.IMPORTED.value,
+        TrialRow.status != TrialRecordStatus.DISPATCHED.value, TrialRow.gpu_seconds > 0))
+    per_run = float(ended_mean) if ended_mean is not None else cap.first_run_gpu_seconds
+    return gpu_hour_cap_reached(spent + per_run * live, cap.max_gpu_hours), live
+
+
 def budget_below_dispatched(study: str, budget: int, dispatched: int) -> StudyError:
     """The refusal of a budget below the runs a study has dispatched (`resume --budget`)."""
     return StudyError(f"--budget {budget}: study {study!r} has dispatched {dispatched} runs already")
@@ -427,7 +466,8 @@ class Repository:
     def claim_dispatch(self, study_id: int, config: dict, config_key: str, optuna_trial_number: int | None,
                        controller_id: str, budget: int, predicted: dict | None = None,
                        strategy_note: str | None = None, dispatch_key: str | None = None,
-                       origin: TrialOrigin = TrialOrigin.STUDY, number: int | None = None) -> Trial | ClaimRefused:
+                       origin: TrialOrigin = TrialOrigin.STUDY, number: int | None = None,
+                       cap: GpuHourCap | None = None) -> Trial | ClaimRefused:
         """Record a trial as dispatched (numbered `number`, or the next free number), committed before
         anything runs it.
 
@@ -435,7 +475,9 @@ class Repository:
         its budget: counted under a lock of the study row, so concurrent controllers cannot overshoot)
         or ClaimRefused.DUPLICATE (this layout was already dispatched in the study). A deliberate repeat run of
         a measured layout passes its own `dispatch_key` (the layout's key plus a run number). A trial of
-        another `origin` (a validation run) is outside the budget.
+        another `origin` (a validation run) is outside the budget. With a `cap`, ClaimRefused.CAP when the study's
+        runs, those in flight included, have held its --max-gpu-hours, counted under the same lock (review: each
+        controller of a study checked it alone, so two could start a run each into the last room under it).
         """
         dispatch_key = dispatch_key or config_key
 
@@ -450,6 +492,8 @@ class Repository:
             if s.scalar(select(func.count()).select_from(TrialRow).where(
                     TrialRow.study_id == study_id, TrialRow.dispatch_key == dispatch_key)):
                 return ClaimRefused.DUPLICATE
+            if cap is not None and _cap_state(s, study_id, cap)[0]:
+                return ClaimRefused.CAP
             now = utcnow()
             row = TrialRow(study_id=study_id, number=_next_number(s, study_id) if number is None else number,
                            config=config,
@@ -591,21 +635,13 @@ class Repository:
     def gpu_seconds_spent(self, study_id: int) -> float:
         """GPU-seconds the study's own runs held (_spent_gpu_seconds)."""
         with self.session() as s:
-            spent = float(s.scalar(_spent_gpu_seconds(study_id)) or 0.0)
-            name = s.scalar(select(StudyRow.name).where(StudyRow.id == study_id)) if not (
-                math.isfinite(spent) and spent >= 0) else None
-        if name is not None:  # the readers refuse such a row; the raw sum must too (review)
-            raise StorageError(f"the GPU-seconds of study {str(name)[:80]!r}'s runs sum to {spent!r}: a trial's "
-                               "gpu_seconds is no plausible number (was the store edited by hand?)")
-        return spent
+            return _checked_spent(s, study_id)
 
-    def live_runs(self, study_id: int, stale_before: dt.datetime) -> int:
-        """Runs of the study in flight under a live controller (dispatched, heartbeat newer than `stale_before`):
-        those a GPU-hour cap counts before they end. A stopped run (released, or its controller dead) is none."""
+    def cap_reached(self, study_id: int, cap: GpuHourCap) -> tuple[bool, int]:
+        """Whether no run of the study may start under `cap` now, and how many of its runs are in flight under a
+        live controller (_cap_state; claim_dispatch checks the same under the study row's lock)."""
         with self.session() as s:
-            return int(s.scalar(select(func.count()).select_from(TrialRow).where(
-                TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
-                ~_heartbeat_stale(stale_before))) or 0)
+            return _cap_state(s, study_id, cap)
 
     def counts(self, study_id: int) -> dict[str, int]:
         """How many trials were dispatched, rejected, and ended in each status."""

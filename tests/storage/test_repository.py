@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import inspect, text
@@ -10,7 +13,8 @@ from sqlalchemy import inspect, text
 from autotune.errors import StorageError, StudyError
 from autotune.storage import REJECTED_BASE, Repository, current_revision, head_revision, make_engine, upgrade
 from autotune.storage.migrations import VERSION_TABLE, downgrade, stamped_revision
-from autotune.storage.models import SCHEMA_REVISION
+from autotune.storage.models import SCHEMA_REVISION, ClaimRefused, TrialOrigin, utcnow
+from autotune.storage.repository import GpuHourCap
 
 
 WORKLOAD = {"gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024, "seq_length": 4096,
@@ -61,6 +65,62 @@ def test_claim_dispatch_enforces_budget_and_uniqueness(storage_url):
     assert repo.claim_dispatch(study.id, {"tp": 4}, "k4", 2, "c1", study.budget, number=2) == "budget"
     counts = repo.counts(study.id)
     assert counts["dispatched"] == 2 and counts["rejected"] == 1 and counts["running"] == 2
+
+
+def _cap(hours: float, first_run_s: float) -> GpuHourCap:
+    return GpuHourCap(hours, first_run_s, utcnow() - dt.timedelta(minutes=5))
+
+
+def test_claim_dispatch_refuses_a_run_past_the_gpu_hour_cap(storage_url):
+    """Runs in flight count as a whole run each (before any ended: the forecast's run), so with 2,000 GPU-s a run
+    and a 1 GPU-hour cap the third start is refused; a stopped run (no heartbeat) holds nothing; once runs have
+    ended, one in flight counts at their mean."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo, budget=10)
+    cap = _cap(1.0, 2000.0)
+    assert repo.cap_reached(study.id, cap) == (False, 0)
+    first = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 0, "c1", study.budget, number=0, cap=cap)
+    second = repo.claim_dispatch(study.id, {"tp": 2}, "k2", 1, "c1", study.budget, number=1, cap=cap)
+    assert not isinstance(first, ClaimRefused) and not isinstance(second, ClaimRefused)
+    assert repo.cap_reached(study.id, cap) == (True, 2)
+    assert repo.claim_dispatch(study.id, {"tp": 4}, "k4", 2, "c1", study.budget, number=2, cap=cap) is ClaimRefused.CAP
+    assert repo.counts(study.id)["dispatched"] == 2  # the refused claim stored nothing
+    repo.release_trials(study.id, [second.number], {second.number: 100.0})  # stopped: it holds its GPUs no more
+    assert repo.cap_reached(study.id, cap) == (False, 1)
+    repo.finish_trial(study.id, first.number, "completed", metrics={"step_time_s": 2.0, "tokens_per_s_per_gpu": 5.0},
+                      step_times_s=[2.0], gpu_seconds=1700.0)
+    # 1,800 spent, nothing live: room; one run in flight then counts at the ended runs' mean (1,700), not 2,000
+    assert repo.cap_reached(study.id, cap) == (False, 0)
+    third = repo.claim_dispatch(study.id, {"tp": 4}, "k4", 2, "c1", study.budget, number=2, cap=cap)
+    assert not isinstance(third, ClaimRefused)
+    assert repo.cap_reached(study.id, cap) == (False, 1)  # 1,800 + 1,700 < 3,600
+    assert repo.cap_reached(study.id, _cap(3500 / 3600, 2000.0)) == (True, 1)
+    # a validation run is GPU time too
+    assert repo.claim_dispatch(study.id, {"tp": 4}, "k4", 3, "c1", study.budget, number=3, dispatch_key="k4#validate",
+                               origin=TrialOrigin.VALIDATION, cap=_cap(3500 / 3600, 2000.0)) is ClaimRefused.CAP
+
+
+def test_two_controllers_cannot_both_start_a_run_into_the_last_room_under_the_cap(postgres_url):
+    """Review: each controller checked the cap alone before claiming, so two controllers of one study could each
+    start a run into room for one. claim_dispatch counts the runs in flight under the study row's lock: of two
+    claims made at the same moment by two connections, one is refused, round after round."""
+    setup = Repository.open(postgres_url)
+    repos = [Repository.open(postgres_url) for _ in range(2)]
+    cap = _cap(1.0, 2000.0)  # one run in flight leaves room for exactly one more
+    for round_number in range(12):
+        study = new_study(setup, name=f"race{round_number}", budget=10)
+        setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
+        barrier = threading.Barrier(2)
+
+        def claim(index: int):
+            barrier.wait()
+            return repos[index].claim_dispatch(study.id, {"tp": 2 + index}, f"k{index + 1}", index + 1, f"c{index + 1}",
+                                               study.budget, number=index + 1, cap=cap)
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(claim, range(2)))
+        assert sum(r is ClaimRefused.CAP for r in results) == 1, results
+        assert setup.counts(study.id)["dispatched"] == 2
 
 
 def test_rejected_layouts_of_an_optuna_numbered_study_are_numbered_apart(storage_url):
