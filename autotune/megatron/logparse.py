@@ -42,10 +42,14 @@ MEMORY_FIGURE_UNREADABLE = re.compile(rf"(?:mem-max-(?:allocated|reserved)-gigab
 FAILURES = (  # (class, patterns): the first class whose pattern matches wins
     # the messages of an allocation that failed, not the words "out of memory" anywhere (an adversarial pass:
     # "no out of memory errors were observed" made a log of ten good iterations an OOM): PyTorch's, the CUDA
-    # runtime's and driver's, cuBLAS', NCCL's (`Cuda failure 2 'out of memory'`), Transformer Engine's
+    # runtime's and driver's, cuBLAS', NCCL's (`Cuda failure 2 'out of memory'`), Transformer Engine's (its
+    # cuBLAS and cuDNN checks print the library's status string: cublasGetStatusString's "the resource
+    # allocation failed" for CUBLAS_STATUS_ALLOC_FAILED, cuDNN's ALLOC_FAILED and, in cuDNN 9, the internal
+    # error of a device allocation; a failed host allocation is not the GPU's memory)
     ("oom", ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "error: out of memory",
              "Error: out of memory", "'out of memory'", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation",
-             "HIP out of memory")),
+             "HIP out of memory", "the resource allocation failed", "The resource allocation failed",
+             "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED")),
     ("nccl_timeout", ("Watchdog caught collective operation timeout", "NCCL timeout", "ProcessGroupNCCL's watchdog",
                       "collective operation timeout")),
     ("nccl_error", ("NCCL error", "ncclInternalError", "ncclSystemError", "ncclUnhandledCudaError",

@@ -747,6 +747,12 @@ def test_a_log_is_an_oom_by_an_allocators_message_and_not_after_its_last_iterati
     assert parse_log(iterations(5) + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n").failure \
         == "oom"
     for text in ("RuntimeError: CUDA error: out of memory", "NCCL WARN Cuda failure 2 'out of memory'",
-                 "CUDA Error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation"):
+                 "CUDA Error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation",
+                 # Transformer Engine's cuBLAS and cuDNN checks print the status string, not the enum name
+                 "RuntimeError: /opt/te/common/gemm/cublaslt_gemm.cu:412 in function cublas_gemm: cuBLAS Error: "
+                 "the resource allocation failed",
+                 "cuDNN Error: CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"):
         assert classify_failure(text) == "oom", text
+    # a host allocation is not the GPU's memory
+    assert classify_failure("cuDNN Error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED") == "crash"
     assert classify_failure("set expandable_segments:True to avoid out of memory errors") == "crash"
