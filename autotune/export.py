@@ -26,7 +26,7 @@ from autotune import __version__
 from autotune.config import KNOBS, PERF_INT_KNOBS, PERF_KNOBS, LayoutConfig
 from autotune.space import study_space_and_workload
 from autotune.errors import ConfigError, IllegalLayoutError, StudyError
-from autotune.megatron.overrides import TorchDtype, layout_fields, layout_overrides
+from autotune.megatron.overrides import TorchDtype, as_run, layout_fields, layout_overrides
 from autotune.space import violations
 from autotune.storage import Repository, Study, Trial
 
@@ -127,8 +127,9 @@ def chosen_trial_risk(pick: Any, trial: Trial) -> str | None:
 
 
 def _checked(study: Study, trial: Trial):
+    """The study's space and workload, and the trial's layout as its runs ran it (overrides.as_run)."""
     space, workload = study_space_and_workload(study)
-    return space, workload, _legal_layout(trial, workload)
+    return space, workload, as_run(_legal_layout(trial, workload), workload, study.backend, study.backend_options)
 
 
 def _legal_layout(trial: Trial, workload) -> LayoutConfig:

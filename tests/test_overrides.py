@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.config import LayoutConfig
@@ -46,7 +48,11 @@ def test_workload_fields_and_dense_models():
     fields = layout_fields(LayoutConfig(tp=8, sp=True), DENSE)
     assert fields["train.global_batch_size"] == 512
     assert fields["model.seq_length"] == fields["dataset.seq_length"] == 8192
-    assert fields["mixed_precision"] == "bf16_mixed"
+    # the recipe's own precision keeps the recipe's MixedPrecisionConfig (bf16_mixed would replace it, and with it
+    # the recipe's grad_reduce_in_fp32); another precision names Bridge's recipe for it
+    assert "mixed_precision" not in fields
+    assert layout_fields(LayoutConfig(tp=8, sp=True), dataclasses.replace(DENSE, precision="fp8"))[
+        "mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
     assert "model.expert_model_parallel_size" not in fields  # dense models get no expert fields
 
 

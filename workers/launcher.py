@@ -6,7 +6,8 @@
 On every rank: build the model's recipe ConfigContainer offline (the architecture from autotune's
 catalog through AutoBridge.from_hf_config; real vocabulary; mock data), apply the trial's overrides
 and the short-run settings with Megatron-Bridge's own override function, run `pretrain` with a
-callback that times every iteration (CUDA-synchronised), then reduce the peak memory over ranks.
+callback that times every iteration (CUDA-synchronised) and, at the end of training, reduces the peak
+memory over ranks (while the process group lives).
 Rank 0 writes RESULT.json; a rank that fails writes RESULT.rank<R>.json with its classified error
 and exits non-zero, which makes torchrun stop every other rank (no hung job is left behind).
 
@@ -43,14 +44,32 @@ def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snap
     ]
     from workers.result import spec_model
 
-    options = spec.get("backend_options", {})
-    is_moe = spec_model(spec).architecture.is_moe
-    if options.get("dispatcher", "alltoall") == "alltoall" and is_moe:
-        overrides += ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
+    from autotune.megatron.overrides import dispatcher_forced
+
+    model = spec_model(spec)
+    # mock data needs no tokenizer files: a recipe's Hugging Face tokenizer (Qwen3's) would be fetched from the hub
+    # at setup, which an offline cluster refuses (review). Megatron's null tokenizer adds one id (its EOD).
+    overrides += ["tokenizer.tokenizer_type=NullTokenizer", f"tokenizer.vocab_size={model.architecture.vocab_size - 1}"]
+    if model.architecture.is_moe:
+        if dispatcher_forced("megatron", spec.get("backend_options")) and spec.get("config", {}).get("dispatcher") is None:
+            # only where the trial sets no dispatcher: appended after the trial's overrides, this undid the
+            # dispatcher knob (review with megatron-probe: a flex_deepep trial ran all-to-all)
+            overrides += ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
+    warmup = int(spec["warmup_steps"])
+    graph = spec.get("config", {}).get("cuda_graph") or model.perf_defaults.get("cuda_graph")
+    if graph == "full_iteration" and warmup >= 2:
+        # Megatron captures a full-iteration graph during the 0-based iteration cuda_graph_warmup_steps (default
+        # 3, the default warm-up too: the capture fell into the first measured step, review); one warm-up
+        # iteration earlier keeps it out of the measurement (Megatron wants at least one eager iteration first)
+        overrides += [f"model.cuda_graph_warmup_steps={warmup - 1}"]
+    if nsys_ranks or memory_snapshot:
+        # Bridge starts nsys before the 0-based iteration profile_step_start and stops it (and writes a memory
+        # snapshot) after iteration count profile_step_end: the measured steps W..W+M-1 exactly (review: start
+        # W+1 captured M-1 of them; a snapshot alone kept Bridge's default end of 12, past a run of 8 steps)
+        overrides += [f"profiling.profile_step_start={int(spec['warmup_steps'])}", f"profiling.profile_step_end={steps}",
+                      f"profiling.profile_ranks={nsys_ranks or [0]}"]
     if nsys_ranks:
-        start = int(spec["warmup_steps"]) + 1
-        overrides += ["profiling.use_nsys_profiler=true", f"profiling.profile_step_start={start}",
-                      f"profiling.profile_step_end={steps}", f"profiling.profile_ranks={nsys_ranks}"]
+        overrides += ["profiling.use_nsys_profiler=true"]
     if memory_snapshot:
         overrides += ["profiling.record_memory_history=true", f"profiling.memory_snapshot_path={memory_snapshot}"]
     return overrides
@@ -95,6 +114,7 @@ def make_step_timer(rank: int):
         def __init__(self) -> None:
             self.times: list[float] = []
             self._start = 0.0
+            self.peaks_gib: tuple[float, float] | None = None
 
         def on_train_step_start(self, context) -> None:
             torch.cuda.synchronize()
@@ -106,6 +126,11 @@ def make_step_timer(rank: int):
             if rank == 0:
                 step = {"step": len(self.times), "step_time_s": self.times[-1]}
                 print(STEP_MARKER + json.dumps(step), flush=True)
+
+        def on_train_end(self, context) -> None:
+            # inside train(), on every rank, while the process group lives: pretrain() destroys the group it made
+            # before it returns, so a reduction after it measured rank 0 alone (review)
+            self.peaks_gib = peak_memory_over_ranks()
 
     return StepTimer()
 
@@ -133,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = build_config(spec, extra)
         timer = make_step_timer(rank)
         pretrain(cfg, forward_step, callbacks=[timer])
-        allocated, reserved = peak_memory_over_ranks()
+        if timer.peaks_gib is None:
+            raise RuntimeError("pretrain returned without calling the callback's on_train_end: no peak memory over "
+                               "the ranks (a Megatron-Bridge without that event?)")
+        allocated, reserved = timer.peaks_gib
         if rank == 0:
             write_json(args.result, success_result(spec, timer.times, allocated, reserved))
         return 0

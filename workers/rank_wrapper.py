@@ -15,8 +15,11 @@ import sys
 
 
 def nsys_command(output_prefix: str, command: list[str]) -> list[str]:
-    return ["nsys", "profile", "-s", "none", "-t", "nvtx,cuda", "--capture-range=cudaProfilerApi",
-            "--capture-range-end=stop", "--force-overwrite=true", "-o", output_prefix, *command]
+    # --cuda-graph-trace=node: a kernel launched inside a CUDA graph is recorded as itself; the default (graph) keeps
+    # one row per graph launch and none of its kernels, which under-counts compute and hides NCCL in graphed layouts
+    return ["nsys", "profile", "-s", "none", "-t", "nvtx,cuda", "--cuda-graph-trace=node",
+            "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--force-overwrite=true",
+            "-o", output_prefix, *command]
 
 
 def wrapped(argv: list[str], rank: int) -> list[str]:

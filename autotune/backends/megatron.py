@@ -13,7 +13,8 @@ result file, else from the ranks' failure files (OOM on any rank wins), else fro
 
 Options: workdir (shared or per-node directory for specs, results, traces; default
 /tmp/autotune-runs), python (the worker image's python, default "python"), nsys_ranks (list),
-memory_snapshot (bool), dispatcher ("alltoall" default, "recipe" keeps the recipe's), env (dict),
+memory_snapshot (bool), dispatcher ("recipe" default: the recipe's, or the trial's dispatcher knob; "alltoall" runs
+all-to-all where a trial sets none, for a container without the flex backends), env (dict),
 master_port (default: a free port on node 0), dry_run (print commands, run nothing).
 This backend has not run on a GPU: it is built from Megatron-Bridge's API and tested on CPU with a
 stand-in for torchrun.
@@ -92,7 +93,11 @@ class NodeLauncher:
         self._lock = threading.Lock()
 
     def address(self) -> str:
-        return socket.gethostbyname(socket.gethostname())
+        """This node's address as Ray reaches it: the other nodes' torchrun rendezvous there (review: the host
+        name's address is 127.0.1.1 on a stock Debian or Ubuntu /etc/hosts, unreachable from another node)."""
+        import ray
+
+        return ray.util.get_node_ip_address()
 
     def port(self) -> int:
         return free_port()
@@ -184,6 +189,8 @@ class MegatronBackend(Backend):
                 raise ConfigError(f"--nsys-ranks takes comma-separated rank numbers, got {args.nsys_ranks!r}") from None
         if getattr(args, "memory_snapshot", False):
             options["memory_snapshot"] = True
+        # written out: a study stored without it ran all-to-all, the default before (overrides.dispatcher_forced)
+        options.setdefault("dispatcher", "recipe")
         return options
 
     @classmethod

@@ -91,7 +91,9 @@ def register(sub) -> None:
     gpu.add_argument("--nsys-ranks", help="comma-separated ranks to trace with Nsight Systems, e.g. 0")
     gpu.add_argument("--memory-snapshot", action="store_true", help="record a CUDA memory snapshot per trial")
     gpu.add_argument("--dispatcher", choices=("alltoall", "recipe"),
-                     help="MoE token dispatcher: alltoall (default) or the recipe's own (flex)")
+                     help="MoE token dispatcher where a trial sets none: the recipe's own (default; flex with HybridEP "
+                          "for Qwen3-30B-A3B), or alltoall for a container without the flex backends (the knob "
+                          "phase then tries no dispatcher)")
     add_storage_option(p)
     add_ray_options(p)
     p.set_defaults(handler=cmd_start)
@@ -224,6 +226,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     _refuse_other_backends_flags(args)
     backend_options = backend_class(args.backend).options_from_cli(args)  # each backend reads its own flags
+    space = _without_unrunnable_dispatchers(space, workload, args.backend, backend_options)
     _check_headroom(args.memory_headroom_gib, workload)
     if args.memory_headroom_gib is not None:
         args.memory_headroom_gib += 0.0  # -0 is 0 (it printed "keeps the -0 GiB headroom")
@@ -243,6 +246,20 @@ def cmd_start(args: argparse.Namespace) -> int:
         backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
     repo = _open_existing_store(args)  # None: a new SQLite store, made once Ray is up
     return _start_in(repo, args, space, workload, backend_options, options, address)
+
+
+def _without_unrunnable_dispatchers(space, workload, backend: str, backend_options: dict):
+    """The space without its dispatcher knobs when every run is all-to-all (the megatron backend's `--dispatcher
+    alltoall`, for a container without the flex backends): a flex variant could not run there, and its SM count
+    would mean nothing."""
+    import dataclasses
+
+    from autotune.megatron.overrides import dispatcher_forced
+
+    if not (workload.model.architecture.is_moe and dispatcher_forced(backend, backend_options)):
+        return space
+    return dataclasses.replace(space, perf_domains={k: v for k, v in space.perf_domains.items()
+                                                    if k not in ("dispatcher", "dispatcher_sms")})
 
 
 def _refuse_other_backends_flags(args: argparse.Namespace) -> None:

@@ -66,8 +66,13 @@ def layout_fields(config: LayoutConfig, workload: Workload) -> dict[str, Any]:
         # Either field forces both in Bridge; set both so the intent is explicit.
         "ddp.use_distributed_optimizer": config.dist_opt,
         "optimizer.use_distributed_optimizer": config.dist_opt,
-        "mixed_precision": MIXED_PRECISION[workload.precision],
     })
+    if workload.precision != workload.model.defaults.precision:
+        # only a precision the recipe does not train in: the named recipe replaces the recipe's whole
+        # MixedPrecisionConfig, whose setup() then writes its own grad_reduce_in_fp32 onto ddp (a review with
+        # megatron-probe: `mixed_precision=bf16_mixed` on the Qwen3-30B-A3B recipe, which reduces gradients in
+        # bf16, turned on fp32 gradient reduction in every trial and every export: twice the gradient buffers)
+        fields["mixed_precision"] = MIXED_PRECISION[workload.precision]
     if not config.dist_opt:
         # Recipes that enable the precision-aware optimizer (Qwen3-30B-A3B) fail validate() without
         # the distributed optimizer ("only supported with distributed optimizer", seen with megatron-probe).
@@ -134,6 +139,21 @@ def perf_fields(config: LayoutConfig) -> dict[str, Any]:
             fields["model.cpu_offloading_activations"] = True
             fields["model.cpu_offloading_weights"] = False
     return fields
+
+
+def dispatcher_forced(backend: str, backend_options: dict[str, Any] | None) -> bool:
+    """Whether a study's runs ran the all-to-all MoE dispatcher wherever a trial set no dispatcher: the megatron
+    backend's `dispatcher: alltoall` option (for a container without the flex backends). A study stored before
+    that option was written explicitly (when all-to-all was the default) has none, and ran all-to-all."""
+    return backend == "megatron" and (backend_options or {}).get("dispatcher", "alltoall") == "alltoall"
+
+
+def as_run(config: LayoutConfig, workload: Workload, backend: str, backend_options: dict[str, Any] | None) -> LayoutConfig:
+    """`config` with the dispatcher its runs ran (dispatcher_forced): what an export must write, so that the exported
+    recipe runs what was measured (review: the worker ran all-to-all and the export left the recipe's flex)."""
+    if workload.model.architecture.is_moe and config.dispatcher is None and dispatcher_forced(backend, backend_options):
+        return config.replace(dispatcher="alltoall")
+    return config
 
 
 def safety_checks_off(config: LayoutConfig) -> list[str]:

@@ -176,11 +176,28 @@ def test_short_run_overrides():
     overrides = short_run_overrides(spec, [0], "/tmp/snap.pickle")
     assert "train.train_iters=5" in overrides and "logger.log_interval=1" in overrides
     assert "checkpoint.save=null" in overrides and "checkpoint.load=null" in overrides
-    assert "model.moe_token_dispatcher_type=alltoall" in overrides
-    assert "profiling.use_nsys_profiler=true" in overrides and "profiling.profile_step_start=3" in overrides
-    assert "profiling.profile_ranks=[0]" in overrides
+    assert "model.moe_token_dispatcher_type=alltoall" in overrides  # a study stored without the option: all-to-all
+    # the nsys window is the measured steps exactly: 0-based iterations W..W+M-1 (Bridge starts before iteration
+    # profile_step_start and stops after iteration count profile_step_end)
+    warmup, steps = spec["warmup_steps"], spec["warmup_steps"] + spec["measured_steps"]
+    assert "profiling.use_nsys_profiler=true" in overrides and f"profiling.profile_step_start={warmup}" in overrides
+    assert f"profiling.profile_step_end={steps}" in overrides and "profiling.profile_ranks=[0]" in overrides
+    # offline: the null tokenizer, one id short of the model's vocabulary (its EOD makes it whole)
+    assert "tokenizer.tokenizer_type=NullTokenizer" in overrides and "tokenizer.vocab_size=151935" in overrides
     dense = make_spec(model="llama3_8b", config={"tp": 1}).to_dict()
     assert not any("moe" in o for o in short_run_overrides(dense, [], None))
+    # a memory snapshot alone still gets the window's end (Bridge writes it there; its default end is 12)
+    snapshot = short_run_overrides(spec, [], "/tmp/snap.pickle")
+    assert f"profiling.profile_step_end={steps}" in snapshot and "profiling.use_nsys_profiler=true" not in snapshot
+    # the trial's own dispatcher knob wins; `dispatcher: recipe` (the default of a new study) adds nothing
+    flex = {**spec, "config": {**spec["config"], "dispatcher": "flex_deepep"}}
+    assert not any("dispatcher" in o for o in short_run_overrides(flex, [], None))
+    recipe = {**spec, "backend_options": {**spec["backend_options"], "dispatcher": "recipe"}}
+    assert not any("dispatcher" in o for o in short_run_overrides(recipe, [], None))
+    # a full-iteration CUDA graph is captured during the warm-up, not in the first measured step
+    graphed = {**spec, "config": {**spec["config"], "cuda_graph": "full_iteration"}}
+    assert f"model.cuda_graph_warmup_steps={warmup - 1}" in short_run_overrides(graphed, [], None)
+    assert not any("cuda_graph_warmup_steps" in o for o in short_run_overrides(spec, [], None))  # TE graphs: before
 
 
 def test_launch_commands_for_one_and_two_nodes():
