@@ -23,7 +23,8 @@ from autotune.storage.repository import gpu_hour_cap_reached, heartbeat_ahead_s
 
 # new columns go last: a script reading the CSV by position keeps working
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
-           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped", "source")
+           "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped", "source",
+           "verdict", "estimated_tokens_per_s_per_gpu")
 
 
 # What a study's numbers are, by backend: only backends that run the training measure anything.
@@ -71,6 +72,42 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
     }
 
 
+RECOMMENDED = "recommended"
+
+
+def _with_verdict(row: dict[str, Any], trial: Trial, pick: Any) -> dict[str, Any]:
+    """A completed row with what the study's answer makes of it (found by a new-user pass: the recommended row was
+    marked nowhere, and faster rows above it said nothing of why they lost):
+    - `verdict`: "recommended" (a run of the recommended layout), "at risk: WHY" (a layout the study does not
+      recommend as safe: an OOM among its runs, a peak inside the memory margin), else None;
+    - `estimated_tokens_per_s_per_gpu`: its layout's pooled estimate, what the recommendation ranks layouts by
+      (screening runs; None for a validation run, or where the backend repeats exactly)."""
+    row["verdict"] = row["estimated_tokens_per_s_per_gpu"] = None
+    if pick is None or row["status"] != "completed":
+        return row
+    if trial.origin != TrialOrigin.VALIDATION:
+        layout = pick.layout_of(trial.config_key)
+        row["estimated_tokens_per_s_per_gpu"] = layout.estimate_tokens_per_s_per_gpu if layout is not None else None
+    risk = pick.trial_risk(trial)
+    if trial.config_key == pick.trial.config_key:
+        row["verdict"] = RECOMMENDED + (f", at risk: {risk}" if risk else "")
+    elif risk:
+        row["verdict"] = f"at risk: {risk}"
+    return row
+
+
+def verdict_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
+    """What a row's note says of the study's answer: its verdict, or for a run faster than the recommendation that
+    is not at risk, the pooled estimate it lost on (a single lucky run is not the layout's speed)."""
+    if row.get("verdict"):
+        return row["verdict"]
+    speed, estimate, best = (row.get("tokens_per_s_per_gpu"), row.get("estimated_tokens_per_s_per_gpu"),
+                             summary.get("best_estimated_tokens_per_s_per_gpu"))
+    if speed and estimate and best and speed > (summary.get("best_tokens_per_s_per_gpu") or 0) and estimate < best:
+        return f"estimated {estimate:,.0f} with its similar layouts' runs, below the recommended {best:,.0f}"
+    return ""
+
+
 def _stopped(trial: Trial, study_status: str) -> bool:
     """A dispatched run of an interrupted study that no controller heartbeats any more. Another controller
     of the same study (several may share one PostgreSQL study) keeps heartbeating its own runs: those run."""
@@ -116,16 +153,17 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     # throughput (none where the backend's runs repeat exactly, such as replay)
     pick = study_recommendation(dispatched, study)
     noise = pick.noise if pick else None
-    rows = [_row(t, baseline_speed, noise, study.status, study.backend) for t in shown]
+    rows = [_with_verdict(_row(t, baseline_speed, noise, study.status, study.backend), t, pick) for t in shown]
     if top is not None:
         rows = rows[:top]
-    pinned = ([_row(baseline, baseline_speed, noise, study.status, study.backend)]
+    pinned = ([_with_verdict(_row(baseline, baseline_speed, noise, study.status, study.backend), baseline, pick)]
               if baseline and baseline.number not in {r["trial"] for r in rows} else [])
     counts = repo.counts(study.id)
     stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them
     from autotune.controller.options import StudyOptions
 
-    cap = StudyOptions.from_stored(study.options).max_gpu_hours
+    stored_options = StudyOptions.from_stored(study.options)
+    cap = stored_options.max_gpu_hours
     # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
     spent_s = sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED)
     best = pick.trial if pick else None
@@ -175,6 +213,11 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         "controller_heartbeat_ahead": _heartbeat_ahead(study),
         # the winner's longer runs after the budget (--validate-steps), reported apart from the screening
         "validation_runs": _validation_runs(pick, study, dispatched),
+        # --validate-steps asked for, the study finished, and none ran: why (found by a new-user pass: a study its cap
+        # stopped said nothing of the validation it promised)
+        "validation_skipped": ("the GPU-hour cap was reached first" if gpu_hour_cap_reached(spent_s, cap)
+                               else "none ran") if stored_options.validate_steps > 0 and pick is not None
+        and study.status == "finished" and not any(t.origin == TrialOrigin.VALIDATION for t in dispatched) else None,
         "baseline_trial": baseline.number if baseline else None,
         # why the recipe's own layout never ran, when it did not (found by review: the board did not say)
         "baseline_not_run": _baseline_not_run(study) if baseline is None and dispatched else None,
@@ -300,6 +343,8 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
                                   for t in others] if validating else [],
         "predicted": predicted,
         "stopped": _stopped(trial, study.status),  # dispatched, but the study's interruption cancelled it
+        # a run of the recommended layout, or of a layout at risk (found by a new-user pass: only export said so)
+        "verdict": _with_verdict({"status": trial.status}, trial, pick)["verdict"],
     }
     tokens, peak = predicted.get("tokens_per_s_per_gpu"), predicted.get("peak_mem_gib")
     # an interval overflowing a hand-edited 1.4e308 would be Infinity: no JSON, and no interval
@@ -448,10 +493,12 @@ ENDED_OTHERWISE = {"oom": "ran out of memory", "failed": "failed", "timeout": "t
 def validation_note(summary: dict[str, Any]) -> str:
     """`validation (--validate-steps, outside the budget): the recommended layout's validation run (trial 12)
     8,785 over 50 steps (screening 8,760); the runner-up TP2 ...'s validation run (trial 13) 8,543 over 50 steps
-    (screening 8,551)`, '' without validation runs."""
+    (screening 8,551)`; why none ran when one was asked for (validation_skipped); '' otherwise."""
     entries = summary.get("validation_runs") or []
     if not entries:
-        return ""
+        skipped = summary.get("validation_skipped")
+        return (f"no validation run (--validate-steps): {skipped}; the recommendation rests on the screening runs "
+                "alone") if skipped else ""
     parts = []
     for entry in entries:
         who = "the recommended layout's" if entry["recommended"] else \
@@ -577,18 +624,22 @@ def shown_status(row: dict[str, Any]) -> str:
     return "stopped" if row.get("stopped") else "running"
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
+def _cells(row: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     from autotune._tables import cell_text
 
     status = shown_status(row)
     style = STYLES.get(row["status"])
     speedup = row["speedup_vs_baseline"]
-    return [str(row["trial"]), f"[{style}]{status}[/]" if style else status,
+    verdict = row.get("verdict") or ""
+    # in the # column, which no width drops: * the recommended layout, ! a layout at risk (the legend says so)
+    mark = " *" if verdict.startswith(RECOMMENDED) else (" !" if verdict else "")
+    return [f"{row['trial']}{mark}", f"[{style}]{status}[/]" if style else status,
             LayoutConfig.from_mapping(row["config"]).short(),
             with_sd(row["tokens_per_s_per_gpu"], row.get("tokens_per_s_per_gpu_sd")),
             _fmt(row["tflops_per_gpu"], ".0f"), f"{100 * row['mfu']:.1f}%" if row["mfu"] else "",
             _fmt(row["step_time_s"], ".2f"), _fmt(row["peak_mem_gib"], ".1f"),
-            f"{speedup:.2f}x" if speedup else "", cell_text(row["note"] or row["reason"] or "")]
+            f"{speedup:.2f}x" if speedup else "",
+            cell_text("; ".join(filter(None, (row["note"] or row["reason"], verdict_text(row, summary)))))]
 
 
 def rich_table(board: Board, title: str | None = None):
@@ -611,11 +662,11 @@ def rich_table(board: Board, title: str | None = None):
                                      + (f" [{board.summary['benchmark_only']}]" if board.summary.get("benchmark_only")
                                         else "")))
     for row in board.rows:
-        table.add_row(*_cells(row))
+        table.add_row(*_cells(row, board.summary))
     if board.pinned:
         table.add_section()
         for row in board.pinned:
-            table.add_row(*_cells(row), style="dim")
+            table.add_row(*_cells(row, board.summary), style="dim")
     return Group(table, Text(legend(board), style="dim"))
 
 
@@ -679,7 +730,8 @@ def legend(board: Board) -> str:
     # inside the memory margin, or out of memory in a run), and only the JSON summary said which it recommends
     if s.get("best_trial") is not None:
         risk = best_risk_note(s)
-        parts.append(f"recommended: trial {s['best_trial']}" + (f" ({risk})" if risk else ""))
+        parts.append(f"recommended: trial {s['best_trial']}" + (f" ({risk})" if risk else "")
+                     + " (# marked *; ! marks a layout at risk)")
     if s.get("risky_faster_trials"):
         parts.append(f"faster but at risk, so not recommended: {risky_note(s)}")
     return "; ".join(parts)
@@ -725,6 +777,8 @@ def status_label(summary: dict[str, Any]) -> str:
     if summary.get("gpu_hour_cap_reached") and summary["status"] != "running" and \
             summary["dispatched"] < summary["budget"]:  # the cap stopped runs of the budget (not only spent)
         return f"{summary['status']}, GPU-hour cap"
+    if summary["status"] == "finished" and summary.get("best_config") is None and summary.get("dispatched"):
+        return "finished, no run completed"  # found by a new-user pass: it read as a study still to end
     return summary["status"]
 
 

@@ -763,7 +763,7 @@ def _print_final(board, summary, storage: str | None = None) -> None:
         peak += f" (keeps the {s['memory_headroom_gib']:g} GiB headroom)"
     console.print(f"[bold]best layout[/bold] (trial {s['best_trial']}): {best.short()} -> "
                   f"{leaderboard.best_with_se(s, flag_risk=False)} tokens/s/GPU{source}{runs}{speedup}, {peak}")
-    if s.get("validation_runs"):
+    if s.get("validation_runs") or s.get("validation_skipped"):
         console.print(leaderboard.validation_note(s), markup=False)
     if s["risky_faster_trials"]:
         console.print(f"faster but not recommended (they ran, at risk): {leaderboard.risky_note(s)}", markup=False)
@@ -1029,7 +1029,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         console = wide_console()
         console.print(leaderboard.rich_table(board))
         console.print(leaderboard.summary_line(board.summary), markup=False)  # it names the study
-        if board.summary.get("validation_runs"):  # the rows show the runs; this line, what they decided
+        # the rows show the runs; this line, what they decided (or why none ran)
+        if board.summary.get("validation_runs") or board.summary.get("validation_skipped"):
             console.print(leaderboard.validation_note(board.summary), markup=False)
     return 0
 
@@ -1173,6 +1174,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             table.add_row(key, escape(shown))  # a launcher's message is not markup
     # terminal_safe: a stored prediction's term names are text from the store (found by review: an ESC in one
     # reached the terminal)
+    if view.get("verdict"):  # a run of the recommended layout, or of one at risk (as the leaderboard marks it)
+        table.add_row("the study's answer", escape(terminal_safe(view["verdict"])))
     if runs_text := leaderboard.layout_runs_text(view):
         table.add_row("this layout", escape(terminal_safe(runs_text)))
     if predicted_text := leaderboard.prediction_text(view, source):

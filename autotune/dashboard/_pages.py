@@ -27,11 +27,13 @@ body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}ta
 th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}th{background:#f4f4f4}
 td.l,th.l{text-align:left}a{color:#1d3557}.completed{color:#2a9d8f}.oom{color:#e63946}.pruned{color:#b08900}
 .failed,.timeout{color:#8d5a97}.muted{color:#777}
-.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px;margin:16px 0}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(560px,100%),1fr));gap:16px;margin:16px 0}
+.scroll{overflow-x:auto}@media (max-width:700px){body{margin:8px}}
 .chart{border:1px solid #e5e5e5;border-radius:6px;min-height:360px}.chart.wide{grid-column:1/-1}
 .banner{background:#fff3cd;border:1px solid #e9c46a;border-radius:6px;padding:8px 12px;margin:8px 0}
 .pick{background:#eef6f4;border:1px solid #2a9d8f;border-radius:6px;padding:8px 12px;margin:8px 0}
-.baseline-row{background:#fff8ef}
+.baseline-row td{border-top:2px solid #e9c46a;border-bottom:2px solid #e9c46a}
+.recommended-row{background:#e3f4ef;font-weight:600}.risky-row{background:#fff3e0}
 """
 SORTABLE = ("trial", "status", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s", "peak_mem_gib",
             "gpu_seconds")
@@ -60,7 +62,7 @@ def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = Fa
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     js = ("<script src='/static/plotly.min.js'></script><script src='/static/dashboard.js'></script>"
           if scripts else "")
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
             f"<style>{STYLE}</style>{js}</head><body>{body}</body></html>").encode()
 
 
@@ -210,7 +212,9 @@ class DashboardApp:
             chart("predicted-memory-chart", fig.predicted_vs_measured(name, rows, "peak_mem_gib", limit,
                                                                       observed=s["metrics_source"]))))
         gpus = study.workload.get("gpus")
-        hours = "simulated GPU-hours" if study.backend == "simulate" else "GPU-hours"
+        # a replayed study's hours are the table's, not spent (found by a new-user pass: unlabelled)
+        source = s["metrics_source"]
+        hours = "GPU-hours" if source == "measured" else f"{source} GPU-hours"
         summary = (f"<p id='summary'>{escape(study.model)} on {text(gpus)}x {text(study.workload.get('gpu', ''))}"
                    f" ({escape(study.backend)} backend, {escape(study.sampler)} sampler); dispatched "
                    f"{s['dispatched']}/{s['budget']}, completed {s['completed']}, OOM {s['oom']}, pruned "
@@ -225,7 +229,8 @@ class DashboardApp:
                       + f" of a cap of {num(s['max_gpu_hours'] * 3600, 'h')}"
                       + (" (reached: no further run starts)" if s["gpu_hour_cap_reached"] else "")
                       if s.get("max_gpu_hours") is not None else "")
-                   + f"; status <b>{escape(study.status)}</b></p>")
+                   # as the study list and `status` say it (review: "finished" here, "finished, GPU-hour cap" there)
+                   + f"; status <b>{escape(leaderboard.status_label(s))}</b></p>")
         running = study.status in ("running", "created") or s["running"] > 0
         benchmark = (f"<p class='banner' id='benchmark-only'>{escape(s['benchmark_only'])}: these runs are not a "
                      "tuned result (export refuses them unless told otherwise)</p>") if s.get("benchmark_only") else ""
@@ -240,7 +245,14 @@ class DashboardApp:
     @staticmethod
     def _pick(name: str, s: dict[str, Any]) -> str:
         if not s["best_config"]:
-            return "<p class='pick' id='pick'>no completed run yet</p>"
+            if s["status"] != "finished":
+                return "<p class='pick' id='pick'>no completed run yet</p>"
+            # found by a new-user pass: a finished study of OOMs only read as if it had not ended
+            ended = ", ".join(f"{s[k]} {label}" for k, label in (("oom", "out of memory"), ("pruned", "pruned"),
+                                                                   ("failed", "failed"), ("timeout", "timed out"))
+                              if s.get(k))
+            return (f"<p class='pick' id='pick'>the study finished and no run completed"
+                    f"{': ' + escape(ended) if ended else ''} (each run's page says why): it has no answer</p>")
         layout = LayoutConfig.from_mapping(s["best_config"]).short()
         versus = f", {num(s['speedup_vs_baseline'], '.2f')}x the recipe's layout" if s["speedup_vs_baseline"] else ""
         risky = list(zip(s.get("risky_faster_trials") or [], s.get("risky_faster_reasons") or []))
@@ -258,7 +270,7 @@ class DashboardApp:
                 f"tokens/s/GPU ({runs}{escape(leaderboard.estimate_note(s))}), {peak}"
                 f"{versus}{margin}</p>"
                 + (f"<p class='muted' id='validation'>{escape(leaderboard.validation_note(s))}</p>"
-                   if s.get("validation_runs") else ""))
+                   if s.get("validation_runs") or s.get("validation_skipped") else ""))
 
     def _table(self, name: str, rows: list[dict[str, Any]], s: dict[str, Any], sort: str, order: str) -> str:
         if sort in SORTABLE:
@@ -274,9 +286,14 @@ class DashboardApp:
         for r in rows:
             status = leaderboard.shown_status(r)
             baseline = " baseline-row" if r["trial"] == s.get("baseline_trial") else ""
-            note = r["reason"] or r["note"] or ""
+            verdict = r.get("verdict") or ""
+            # the recommended layout's runs and the layouts at risk, marked (found by a new-user pass: nothing
+            # on the table said which row is the answer, nor why faster rows above it are not)
+            marked = (" recommended-row" if verdict.startswith(leaderboard.RECOMMENDED)
+                      else " risky-row" if verdict else "")
+            note = "; ".join(filter(None, (r["reason"] or r["note"], leaderboard.verdict_text(r, s))))
             body.append(
-                f"<tr class='trial-row{baseline}'><td><a href='{fig.trial_url(name, r['trial'])}'>{r['trial']}</a></td>"
+                f"<tr class='trial-row{baseline}{marked}'><td><a href='{fig.trial_url(name, r['trial'])}'>{r['trial']}</a></td>"
                 f"<td class='l {escape(r['status'])}'>{escape(status)}</td>"
                 f"<td class='l'>{escape(LayoutConfig.from_mapping(r['config']).short())}</td>"
                 f"<td>{escape(leaderboard.with_sd(r['tokens_per_s_per_gpu'], r.get('tokens_per_s_per_gpu_sd')))}</td>"
@@ -287,10 +304,22 @@ class DashboardApp:
                 f"<td class='l'>{escape(note)}{' (recipe layout)' if baseline and note != 'baseline' else ''}</td></tr>")
         legend = ("<p class='muted'>layout: TP tensor, PP pipeline, VPP virtual pipeline, CP context, EP expert, "
                   "ETP expert-tensor parallel; SP sequence parallel; MBS micro-batch size; rc=sel selective "
-                  "recompute, rc=full/METHOD/LAYERS full recompute; DO distributed optimizer. The highlighted row "
-                  "is the recipe's own layout, the baseline of the \"vs recipe\" column. "
-                  f"{escape(leaderboard.noise_note(s))}</p>")
-        return f"<h2>trials</h2>{legend}<table id='leaderboard'><tr>{header}</tr>{''.join(body)}</table>"
+                  "recompute, rc=full/METHOD/LAYERS full recompute; DO distributed optimizer. "
+                  + self._baseline_legend(s) +
+                  "Rows in bold green are runs of the recommended layout; rows in amber, layouts at risk (the note "
+                  f"says why). {escape(leaderboard.noise_note(s))}</p>")
+        return (f"<h2>trials</h2>{legend}<div class='scroll'><table id='leaderboard'><tr>{header}</tr>{''.join(body)}"
+                "</table></div>")
+
+    @staticmethod
+    def _baseline_legend(s: dict[str, Any]) -> str:
+        """What the legend says of the recipe's own layout: the highlighted row, or why no row is (found by a
+        new-user pass: the legend named a highlighted row that was not there)."""
+        if s.get("baseline_trial") is not None:
+            return "The outlined row is the recipe's own layout, the baseline of the \"vs recipe\" column. "
+        why = s.get("baseline_not_run")
+        return ("The recipe's own layout did not run" + (f" ({escape(why)})" if why else "")
+                + ", so the \"vs recipe\" column is empty. ")
 
     @staticmethod
     def _memory(study, summary: dict[str, Any]) -> tuple[float, float]:
@@ -327,10 +356,14 @@ class DashboardApp:
                           + (" <span class='muted'>± one run-to-run sd</span>" if key == "tokens_per_s_per_gpu" and sd
                              else "") + "</td><td>"
                           + (escape(leaderboard.with_sd(value, sd)) if key == "tokens_per_s_per_gpu" and sd
-                             else num(value, spec) if spec else text(value)) + "</td></tr>"
+                             # as the study's table says it: a dispatched run is running, or stopped (review)
+                             else escape(leaderboard.shown_status({"status": value, "stopped": view["stopped"]}))
+                             if key == "status" else num(value, spec) if spec else text(value)) + "</td></tr>"
                           for key, label, spec in TRIAL_FIELDS
                           if (value := getattr(trial, key)) not in (None, 0, "")
                           and (key != "origin" or trial.origin != "study"))
+        if view.get("verdict"):
+            metrics += f"<tr id='verdict'><td class='l'>the study's answer</td><td>{escape(view['verdict'])}</td></tr>"
         if runs_text := leaderboard.layout_runs_text(view):
             metrics += f"<tr id='layout-runs'><td class='l'>this layout</td><td>{escape(runs_text)}</td></tr>"
         config = "".join(f"<tr><td class='l'>{escape(k)}</td><td>{text(v) if v is not None else '&mdash;'}</td></tr>"

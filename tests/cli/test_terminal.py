@@ -76,8 +76,10 @@ def test_start_on_a_terminal_says_what_happens_while_ray_starts_and_ends_with_th
     spinner = shown.index("starting a local Ray with 16 logical GPUs")
     assert "Ray is up (" in shown and shown.index("Ray is up (") > spinner
     final = shown[shown.rindex("polish-1: top 10 (simulated)"):]  # review: the title looked measured
-    rows = re.findall(r"^│\s*(\d+) │ completed", final, flags=re.M)
+    rows = re.findall(r"^│\s*(\d+)( [*!])? │ completed", final, flags=re.M)
     assert len(rows) == 6  # every trial number on screen (rich cut the # column to nothing at 80 columns)
+    # the recommended layout's run is marked where no width drops it (found by a new-user pass: nowhere)
+    assert [mark for _, mark in rows].count(" *") >= 1 and "(# marked *" in " ".join(final.split())
     assert re.search(r"\d+\.\d% │", final)  # MFU in per cent
     # every line fits, but the closing hint: a command to copy is one line, which the terminal wraps for the eye
     # (rich's own wrap put a newline into it, so that a copied command broke at `--storage`)
@@ -98,7 +100,8 @@ def test_a_cut_leaderboard_keeps_the_recipe_baseline_pinned_below_the_rule(store
     for columns in (80, 120):
         shown = in_terminal("leaderboard", "polish-1", "--top", "1", "--storage", url, columns=columns)
         lines = shown.splitlines()
-        rows = [(i, m.group(1)) for i, line in enumerate(lines) for m in [re.match(r"│\s*(\d+) │", line)] if m]
+        rows = [(i, m.group(1)) for i, line in enumerate(lines) for m in [re.match(r"│\s*(\d+)(?: [*!])? │", line)]
+                if m]
         assert [n for _, n in rows] == [str(board["trials"][0]["trial"]), str(baseline)], shown
         rule = next(i for i, line in enumerate(lines) if line.startswith("├"))
         assert rows[0][0] < rule < rows[1][0]  # the baseline sits below a rule, apart from the ranking
@@ -204,9 +207,12 @@ def test_the_table_names_the_recommendation_and_the_faster_layouts_it_passed_ove
     summary = json.loads(run_cli("leaderboard", "h30", "--storage", url, "--format", "json", env=env).stdout)["summary"]
     assert summary["risky_faster_trials"], summary  # this margin leaves faster layouts inside it
     table = " ".join(run_cli("leaderboard", "h30", "--storage", url, env=env).stdout.split())
-    assert f"recommended: trial {summary['best_trial']};" in table
+    assert f"recommended: trial {summary['best_trial']} (# marked *" in table
     first = summary["risky_faster_trials"][0]
     assert f"faster but at risk, so not recommended: trial {first} (peaked at " in table
+    # and on the rows themselves: the recommended run marked *, the risky one ! with its reason in the note
+    assert re.search(rf"│ {summary['best_trial']} \* │", table) and re.search(rf"│ {first} ! │", table)
+    assert "at risk: peaked at " in table
     # and exporting one of them by hand says so (it went out without a word); the recommendation does not
     risky = run_cli("export", "h30", "--trial", str(first), "--format", "json", "--storage", url, env=env)
     assert risky.returncode == 0 and f"note: trial {first}'s layout is at risk: it peaked at " in risky.stderr

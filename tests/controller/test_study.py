@@ -283,8 +283,15 @@ def test_validation_runs_count_against_the_cap_and_a_raised_cap_runs_the_ones_it
     repo, study, summary = _capped(tmp_path, "val", budget=5, cap=12.0, validate_steps=50)
     assert summary.counts["dispatched"] == 5 and summary.counts["validation"] == 1  # the second one kept
     assert summary.stop_reason == "gpu_hours" and study.status == "finished"
+    from autotune import leaderboard
+
+    assert leaderboard.build(repo, study).summary["validation_skipped"] is None  # one ran
     repo, study, summary = _capped(tmp_path, "val0", budget=5, cap=8.0, validate_steps=50)
     assert summary.counts["validation"] == 0 and summary.stop_reason == "gpu_hours"
+    # and the board says so (found by a new-user pass: the validation the study promised was skipped unsaid)
+    board = leaderboard.build(repo, repo.get_study("val0"))
+    assert board.summary["validation_skipped"] == "the GPU-hour cap was reached first"
+    assert leaderboard.validation_note(board.summary).startswith("no validation run (--validate-steps): the GPU-hour")
     repo.set_study_limits(study.id, 5, dt.datetime(2020, 1, 1), max_gpu_hours=100.0)
     assert repo.get_study("val0").status == "interrupted"  # validation runs owed: resumable
     summary = build_controller(repo, repo.get_study("val0"), dispatcher="inprocess").run()

@@ -90,6 +90,12 @@ def test_study_page_escapes_every_value_and_has_every_chart(repo):
     assert "7,900 ±237 tokens/s/GPU (one run)" in pick
     assert "±: one run-to-run sd (3.0%, assumed until a layout runs twice)" in html
     assert re.search(r"<td>7,400 ±222</td>", html)  # each row's throughput carries its own
+    # the answer is marked on its row, not only in the pick box (found by a new-user pass), and the trial page of
+    # its run says so too
+    recommended = re.findall(r"<tr class='trial-row[^']*recommended-row'><td><a href='[^']*/trial/(\d+)'", html)
+    assert recommended and "7,900" in html.split(f"/trial/{recommended[0]}'")[1].split("</tr>")[0]
+    assert "recommended" in app.trial_page(f"demo{HOSTILE}", int(recommended[0])).decode().split("id='verdict'")[1][:200]
+    assert "name='viewport'" in html  # a phone shows the page at its own width, not a scaled-down desktop
 
 
 def test_throughput_chart_zooms_to_the_data_with_units_legend_baseline_and_running_best(repo):
@@ -891,3 +897,24 @@ def test_the_recommendation_banner_says_when_no_peak_was_measured(repo):
     html = DashboardApp(repo).study_page(f"demo{HOSTILE}", "trial", "asc").decode()
     pick = re.search(r"<p class='pick' id='pick'>.*?</p>", html, re.S).group(0)
     assert "peak memory not measured" in pick and "peak  GiB" not in pick and "peak GiB" not in pick
+
+
+def test_a_finished_study_without_a_completed_run_says_it_has_no_answer(tmp_path):
+    """Found by a new-user pass: a finished study of OOMs only read "no completed run yet", as if still to end,
+    and a replayed study's hours were unlabelled."""
+    repo = Repository.open(f"sqlite:///{tmp_path / 'oom.db'}")
+    study = repo.create_study(name="ooms", model="qwen3_30b", workload={
+        "gpus": 16, "gpus_per_node": 8, "gpu": "h100", "global_batch_size": 1024, "seq_length": 4096,
+        "precision": "bf16"}, space={"domains": {}}, budget=2, sampler="auto", backend="replay",
+        backend_options={}, options={}, optuna_study_name="autotune:ooms", status="finished")
+    for n, config in enumerate(({"ep": 4, "mbs": 8}, {"ep": 2, "mbs": 8})):
+        layout = LayoutConfig.from_mapping(config)
+        trial = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), n, "c", 2, number=n)
+        repo.finish_trial(study.id, trial.number, "oom", reason="oom", metrics={"peak_mem_gib": 90.0},
+                          gpu_seconds=100.0)
+    html = DashboardApp(repo).study_page("ooms", "trial", "asc").decode()
+    pick = re.search(r"<p class='pick' id='pick'>(.*?)</p>", html, re.S).group(1)
+    assert "finished and no run completed: 2 out of memory" in pick and "yet" not in pick
+    assert "status <b>finished, no run completed</b>" in html
+    assert leaderboard.status_label(leaderboard.build(repo, study).summary) == "finished, no run completed"
+    assert "replayed GPU-hours" in html
