@@ -80,6 +80,7 @@ class _Running:
     spec: TrialSpec
     steps: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    pruned_because: str | None = None  # SlowBranchPruner.why, when the controller cut it short
 
 
 class Controller:
@@ -417,6 +418,7 @@ class Controller:
                 # a layout that ran out of memory or peaked in the margin): never cut short (found by review)
                 if run.trial.origin != TrialOrigin.VALIDATION and \
                         self.pruner.should_prune(run.steps, self.best_step_time_s):
+                    run.pruned_because = run.pruned_because or self.pruner.why(run.steps, self.best_step_time_s)
                     self.dispatcher.cancel(number)
             if outcome is not None:
                 self._finish(run, outcome)
@@ -445,6 +447,8 @@ class Controller:
         predicted = trial.predicted.get("peak_mem_gib") if isinstance(trial.predicted, dict) else None
         outcome, metrics = outcomes.checked(outcome, self.workload, LayoutConfig.from_mapping(trial.config), predicted)
         status = outcome.status.value
+        if status == "pruned" and run.pruned_because:  # the pruner's figures, not the backend's "cancelled"
+            outcome = dataclasses.replace(outcome, error=run.pruned_because)
         reason = outcomes.verdict(status, outcome.error, bool(run.steps))
         stored = metrics if status in ("completed", "oom") else {"peak_mem_gib": metrics.get("peak_mem_gib")}
         self.repo.finish_trial(self.study.id, number, status, reason=reason, message=outcome.error, metrics=stored,

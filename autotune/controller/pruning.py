@@ -24,3 +24,10 @@ class SlowBranchPruner:
         if len(measured) < self.min_measured:
             return False
         return statistics.median(measured) > best_step_time_s * (1 + self.margin)
+
+    def why(self, step_times_s: list[float], best_step_time_s: float) -> str:
+        """What a pruned run's record says (found by a new-user pass: "cancelled by the controller", no figure)."""
+        measured = step_times_s[self.warmup_steps:]
+        return (f"pruned as a slow branch: its median measured step, {statistics.median(measured):,.3g} s over "
+                f"{len(measured)} step(s) after {self.warmup_steps} warm-up, is over {1 + self.margin:g}x the best "
+                f"completed run's {best_step_time_s:,.3g} s, so it cannot win")

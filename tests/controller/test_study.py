@@ -120,6 +120,9 @@ def test_slow_branches_are_pruned(tmp_path):
     pruned = [t for t in trials if t.status == "pruned"]
     assert pruned and all(t.reason == "slow_branch" for t in pruned)
     assert all(len(t.step_times_s) < 6 for t in pruned)  # stopped before all 6 steps
+    # its record says why, with the figures (found by a new-user pass: "cancelled by the controller")
+    assert all(t.message.startswith("pruned as a slow branch: its median measured step, ") and "the best completed run's"
+               in t.message for t in pruned)
     states = {t.number: t.state for t in optuna_trials(url, "slow")}
     assert all(states[t.number] == TrialState.PRUNED for t in pruned)
 
