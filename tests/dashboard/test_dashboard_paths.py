@@ -542,6 +542,7 @@ def test_connections_over_the_cap_are_answered_503_at_once_and_a_freed_slot_serv
 
     monkeypatch.setattr(dashboard_server, "MAX_CONNECTIONS", 2)
     server, port = live_dashboard
+    _wait_for(lambda: server.open_connections == 0)  # an earlier request's thread gone (it would take a slot)
     silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
     for connection in silent:  # a request begun and never finished: each holds its slot
         connection.sendall(b"GET / HTTP/1.1\r\nHost: local")
