@@ -59,7 +59,11 @@ def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = Fa
     from autotune._tables import terminal_safe
 
     title, body = terminal_safe(title), terminal_safe(body)
-    meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    # a page with charts reloads itself from dashboard.js, which stops once the reader zooms or hides a trace (found
+    # by a new-user pass: a reload every 3 s undid every zoom); a page without charts, by the browser
+    meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s and not scripts else ""
+    if refresh_s and scripts:
+        body = f"<div id='refresh' data-refresh-s='{int(refresh_s)}' class='muted'></div>{body}"
     js = ("<script src='/static/plotly.min.js'></script><script src='/static/dashboard.js'></script>"
           if scripts else "")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
@@ -124,7 +128,9 @@ class DashboardApp:
         rows = []
         from autotune.errors import ConfigError
 
+        running = False
         for s in self.repo.list_studies():
+            running = running or s.status in ("running", "created")
             try:
                 summary = leaderboard.build(self.repo, s, top=0).summary
             except ConfigError as exc:  # one hand-edited study (an unknown GPU type) does not hide the others
@@ -149,7 +155,7 @@ class DashboardApp:
                  "<th>dispatched</th><th>OOM</th><th>best tokens/s/GPU (± standard error)</th>"
                  "<th>best vs recipe (x)</th></tr>"
                  + "".join(rows) + "</table><p><button type='submit'>compare selected</button></p></form>")
-        return page("autotune studies", f"<h1>autotune studies</h1>{table}")
+        return page("autotune studies", f"<h1>autotune studies</h1>{table}", self.refresh_s if running else None)
 
     def compare_page(self, names: list[str]) -> bytes:
         """Several studies side by side (clusters, models): their answers, and best-so-far curves."""
@@ -397,7 +403,9 @@ class DashboardApp:
                 f"<h2>config</h2><table id='config'>{config}</table>"
                 f"<h2>overrides</h2><pre id='overrides'>{escape(chr(10).join(overrides))}</pre>"
                 f"<h2>artifacts</h2>{artifacts}")
-        return page(f"{name} trial {number}", body, scripts=True)
+        # a run still going: its page follows it (review: it stayed "dispatched" while the table said running)
+        live = trial.status == "dispatched" and not view["stopped"]
+        return page(f"{name} trial {number}", body, self.refresh_s if live else None, scripts=True)
 
     def _artifact_list(self, study, trial) -> str:
         """Each artifact the launcher recorded: a link when the dashboard serves it, else its path and why not

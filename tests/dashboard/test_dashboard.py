@@ -533,6 +533,25 @@ def test_in_a_real_headless_chromium(repo, tmp_path):
             driver.switch_to.alert  # the hostile study name never ran
         errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors  # no CSP violation, no missing script
+        # a running study's page reloads itself until the reader zooms (found by a new-user pass: the browser's
+        # meta refresh undid every zoom every 3 s)
+        from sqlalchemy import text
+
+        with repo.engine.begin() as c:
+            c.execute(text("UPDATE autotune_studies SET status = 'running'"))
+        driver.get(f"{base}/study/{quote(name, safe='')}")
+        _rendered(driver, 7)
+        assert "reloads every 3 s" in driver.find_element(By.ID, "refresh").text
+        driver.execute_script("window.autotuneMarker = 1;"
+                              "Plotly.relayout(document.getElementById('throughput-chart'), {'xaxis.range': [1, 2]});")
+        WebDriverWait(driver, 5).until(lambda d: "paused" in d.find_element(By.ID, "refresh").text)
+        time.sleep(4.5)  # past the 3 s a reload would have come after
+        assert driver.execute_script("return window.autotuneMarker") == 1  # the same page: no reload undid the zoom
+        driver.execute_script("window.autotuneMarker = 2;")
+        driver.get(f"{base}/study/{quote(name, safe='')}")
+        _rendered(driver, 7)
+        driver.execute_script("window.autotuneMarker = 3;")
+        WebDriverWait(driver, 10).until(lambda d: d.execute_script("return window.autotuneMarker") is None)  # reloaded
     finally:
         driver.quit()
         server.shutdown()

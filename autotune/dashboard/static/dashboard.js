@@ -4,6 +4,23 @@
 "use strict";
 document.addEventListener("DOMContentLoaded", function () {
   var config = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"]};
+  // A page of a study or trial still running reloads itself every data-refresh-s seconds, until the reader
+  // zooms, pans or hides a trace: then it says so and waits, so that the view is not undone under them.
+  var refresh = document.getElementById("refresh");
+  var timer = null;
+  function pause() {
+    if (timer === null) { return; }
+    window.clearTimeout(timer);
+    timer = null;
+    refresh.textContent = "auto-refresh paused while you look at a chart: reload the page for new runs";
+  }
+  if (refresh) {
+    var seconds = parseInt(refresh.getAttribute("data-refresh-s"), 10);
+    if (seconds > 0) {
+      timer = window.setTimeout(function () { window.location.reload(); }, seconds * 1000);
+      refresh.textContent = "this page reloads every " + seconds + " s while the study runs";
+    }
+  }
   document.querySelectorAll("div.chart[data-figure]").forEach(function (div) {
     var source = document.getElementById(div.getAttribute("data-figure"));
     if (!source || typeof Plotly === "undefined") { return; }
@@ -11,6 +28,10 @@ document.addEventListener("DOMContentLoaded", function () {
     Plotly.newPlot(div, figure.data, figure.layout, config).then(function () {
       div.setAttribute("data-rendered", "1");
     });
+    div.on("plotly_relayout", function (change) {  // a zoom, a pan, an autoscale by the reader; not a resize
+      if (Object.keys(change || {}).some(function (key) { return /^(xaxis|yaxis|dragmode)/.test(key); })) { pause(); }
+    });
+    div.on("plotly_legendclick", function () { pause(); return true; });
     div.on("plotly_click", function (event) {
       var point = event.points && event.points[0];
       var link = point && point.customdata;
