@@ -24,7 +24,7 @@ from autotune.storage.repository import gpu_hour_cap_reached, heartbeat_ahead_s
 # new columns go last: a script reading the CSV by position keeps working
 COLUMNS = ("trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
            "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped", "source",
-           "verdict", "estimated_tokens_per_s_per_gpu")
+           "verdict", "estimated_tokens_per_s_per_gpu", "partial_tokens_per_s_per_gpu")
 
 
 # What a study's numbers are, by backend: only backends that run the training measure anything.
@@ -96,11 +96,31 @@ def _with_verdict(row: dict[str, Any], trial: Trial, pick: Any) -> dict[str, Any
     return row
 
 
+def _with_partial(row: dict[str, Any], trial: Trial, study: Study) -> dict[str, Any]:
+    """A pruned run's throughput over the measured steps it made before it was cut short (`partial_tokens_per_s_
+    per_gpu`, from their median step, as the pruner judged it; None without measured steps): found by a new-user
+    pass, pruned runs were on no chart, although they are most of a study's runs at times."""
+    import statistics
+
+    from autotune.controller.options import StudyOptions
+
+    row["partial_tokens_per_s_per_gpu"] = None
+    measured = list(trial.step_times_s)[StudyOptions.from_stored(study.options).warmup_steps:]
+    w = study.workload
+    if row["status"] == "pruned" and measured and all(isinstance(w.get(k), int) and w[k] > 0 for k in
+                                                      ("global_batch_size", "seq_length", "gpus")):
+        row["partial_tokens_per_s_per_gpu"] = (w["global_batch_size"] * w["seq_length"]
+                                               / (statistics.median(measured) * w["gpus"]))
+    return row
+
+
 def verdict_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
     """What a row's note says of the study's answer: its verdict, or for a run faster than the recommendation that
     is not at risk, the pooled estimate it lost on (a single lucky run is not the layout's speed)."""
     if row.get("verdict"):
         return row["verdict"]
+    if row.get("partial_tokens_per_s_per_gpu"):
+        return f"{row['partial_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU over its measured steps before it was cut short"
     speed, estimate, best = (row.get("tokens_per_s_per_gpu"), row.get("estimated_tokens_per_s_per_gpu"),
                              summary.get("best_estimated_tokens_per_s_per_gpu"))
     if speed and estimate and best and speed > (summary.get("best_tokens_per_s_per_gpu") or 0) and estimate < best:
@@ -153,10 +173,12 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     # throughput (none where the backend's runs repeat exactly, such as replay)
     pick = study_recommendation(dispatched, study)
     noise = pick.noise if pick else None
-    rows = [_with_verdict(_row(t, baseline_speed, noise, study.status, study.backend), t, pick) for t in shown]
+    rows = [_with_partial(_with_verdict(_row(t, baseline_speed, noise, study.status, study.backend), t, pick), t, study)
+            for t in shown]
     if top is not None:
         rows = rows[:top]
-    pinned = ([_with_verdict(_row(baseline, baseline_speed, noise, study.status, study.backend), baseline, pick)]
+    pinned = ([_with_partial(_with_verdict(_row(baseline, baseline_speed, noise, study.status, study.backend), baseline,
+                                           pick), baseline, study)]
               if baseline and baseline.number not in {r["trial"] for r in rows} else [])
     counts = repo.counts(study.id)
     stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them

@@ -141,6 +141,12 @@ def throughput_by_trial(study: str, rows: list[dict[str, Any]], baseline: float 
                                   for t, r, e in zip(points["text"], runs, sd)]
                 points["hovertemplate"] = "%{text}<extra></extra>"
             data.append(points)
+    pruned = [r for r in rows if r.get("partial_tokens_per_s_per_gpu")]
+    if pruned:  # where a cut-short run stood when the pruner judged it (its measured steps' median)
+        points = _points(study, pruned, "pruned (its steps before the cut)", "trial", "partial_tokens_per_s_per_gpu",
+                         COLORS["pruned"], symbol="triangle-down")
+        points["hovertemplate"] = "%{text}<br>%{y:,.0f} tokens/s/GPU over its measured steps, then pruned<extra></extra>"
+        data.append(points)
     xs, ys = running_best(rows)
     if xs:
         data.append({"type": "scatter", "mode": "lines", "name": "fastest safe run so far", "x": xs, "y": ys,

@@ -123,6 +123,17 @@ def test_slow_branches_are_pruned(tmp_path):
     # its record says why, with the figures (found by a new-user pass: "cancelled by the controller")
     assert all(t.message.startswith("pruned as a slow branch: its median measured step, ") and "the best completed run's"
                in t.message for t in pruned)
+    # and the board shows where each stood when it was cut (the median of its measured steps, as the pruner saw it)
+    from autotune import leaderboard
+    from autotune.dashboard._figures import throughput_by_trial
+
+    board = leaderboard.build(repo, study)
+    partial = {r["trial"]: r["partial_tokens_per_s_per_gpu"] for r in board.rows if r["status"] == "pruned"}
+    best = max(r["tokens_per_s_per_gpu"] or 0 for r in board.rows)
+    assert partial and all(p is None or 0 < p < best for p in partial.values())
+    assert any(partial.values())
+    names = [t["name"] for t in throughput_by_trial("slow", board.rows, None)["data"]]
+    assert "pruned (its steps before the cut)" in names
     states = {t.number: t.state for t in optuna_trials(url, "slow")}
     assert all(states[t.number] == TrialState.PRUNED for t in pruned)
 
