@@ -673,10 +673,13 @@ def rich_table(board: Board, title: str | None = None):
 
     from autotune._tables import Col, FittedTable
 
-    # at 80 columns TFLOP/s (MFU says it), then step time, then the note give way
+    # at 80 columns TFLOP/s (MFU says it), then step time, then the note give way; an empty "vs recipe" column (the
+    # recipe's layout did not complete: the legend says why) before any of them (found by a new-user pass)
+    empty_versus = not any(row["speedup_vs_baseline"] for row in board.rows + board.pinned)
     table = FittedTable([Col("#", "right"), Col("status"), Col("layout", wrap=True, whole=True),
                          Col("tok/s/GPU", "right"), Col("TFLOP/s", "right", optional=3), Col("MFU", "right"),
-                         Col("step s", "right", optional=2), Col("mem GiB", "right"), Col("vs recipe", "right"),
+                         Col("step s", "right", optional=2), Col("mem GiB", "right"),
+                         Col("vs recipe", "right", optional=4 if empty_versus else 0),
                          Col("note", wrap=True, optional=1)],
                         # a title is markup: the study's name and the note are text
                         title=escape((title or f"{board.study.name}: leaderboard")

@@ -128,9 +128,11 @@ def register(sub) -> None:
     add_storage_option(p)
     p.set_defaults(handler=cmd_leaderboard)
 
-    p = sub.add_parser("show", help="one trial: config, metrics, prediction, overrides, artifacts")
+    p = sub.add_parser("show", help="one trial (the recommended one when no TRIAL is given): config, metrics, "
+                                    "prediction, overrides, artifacts")
     p.add_argument("study", help="the study's name (see `autotune status`)")
-    p.add_argument("trial", type=trial_number, nargs="?", help="trial number (omit with --calibration)")
+    p.add_argument("trial", type=trial_number, nargs="?",
+                   help="trial number (default: the trial the study recommends; omit with --calibration)")
     p.add_argument("--calibration", action="store_true",
                    help="the cost model's per-term scales fitted to the study's measurements, and the memory "
                         "model's measured/predicted peak ratio")
@@ -1088,7 +1090,7 @@ def _show_calibration(repo, study, as_json: bool) -> int:
     for column in ("step-time term", "prior sd", "fitted scale", "change"):
         table.add_column(column, justify="right" if column != "step-time term" else "left")
     for term, fit in calibration["step_time_terms"].items():
-        table.add_row(term, f"+-{fit['prior_sd_pct']:.0f}%", f"{fit['scale']:.2f}", f"{fit['change_pct']:+.1f}%")
+        table.add_row(term, f"±{fit['prior_sd_pct']:.0f}%", f"{fit['scale']:.2f}", f"{fit['change_pct']:+.1f}%")
     console = wide_console()
     if not calibration["runs"]:  # found by an adversarial pass: a table of "fitted" 1.00s, as if fitted
         console.print(f"{study.name}: no run has completed yet: nothing to fit, the cost model is the published "
@@ -1102,8 +1104,8 @@ def _show_calibration(repo, study, as_json: bool) -> int:
 
         shown = noise_note(calibration).removeprefix("±: ")  # `one run-to-run sd (2.6%, from 1 layout run ...)`
         measured = f"; the leaderboard's ± is {shown}" if shown else ""
-        console.print(f"step time the terms leave unexplained: {'>=' if at_cap else '+-'}{unexplained:.0%} "
-                      f"(1 sd, chosen by the fit, which assumes at least +-{STEP_NOISE_LOG_STD:.0%} of run-to-run "
+        console.print(f"step time the terms leave unexplained: {'≥' if at_cap else '±'}{unexplained:.0%} "
+                      f"(1 sd, chosen by the fit, which assumes at least ±{STEP_NOISE_LOG_STD:.0%} of run-to-run "
                       f"noise{measured}; more than the noise means effects of no term, which the search's GP learns "
                       "instead)")
     traced = calibration["traced_runs"]
@@ -1134,8 +1136,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     study = repo.get_study(args.study)
     if args.calibration:
         return _show_calibration(repo, study, args.json)
-    if args.trial is None:
-        raise ConfigError("show needs a TRIAL number, or --calibration")
+    if args.trial is None:  # the study's answer (found by a new-user pass: `show STUDY` was refused)
+        from autotune.controller.recommend import study_recommendation
+
+        pick = study_recommendation(repo.trials(study.id, dispatched_only=True), study)
+        if pick is None:
+            raise ConfigError(f"study {study.name!r} has no completed run to recommend: give a TRIAL number "
+                              "(`autotune leaderboard` lists them), or --calibration")
+        args.trial = pick.trial.number
     trial = repo.trial(study.id, args.trial)
     _, workload = study_space_and_workload(study)
     from autotune.megatron import benchmark_only

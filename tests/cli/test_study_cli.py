@@ -105,6 +105,10 @@ def test_status_and_show(cli, finished_study):
     shown = json.loads(cli("show", "demo", "1", "--storage", url, "--json").stdout)
     assert shown["number"] == 1 and shown["predicted"]["tokens_per_s_per_gpu"] > 0
     assert any(o.startswith("model.expert_model_parallel_size=") for o in shown["overrides"])
+    # without a TRIAL, the trial the study recommends (found by a new-user pass: `show STUDY` was refused)
+    board = json.loads(cli("leaderboard", "demo", "--format", "json", "--storage", url).stdout)["summary"]
+    assert json.loads(cli("show", "demo", "--storage", url, "--json").stdout)["number"] == board["best_trial"]
+    assert "the study's answer" in cli("show", "demo", "--storage", url).stdout
 
 
 def test_a_study_that_completes_nothing_exits_1_and_says_why(cli, tmp_path):
@@ -163,7 +167,7 @@ def test_show_calibration_gives_the_fitted_terms_and_what_they_leave_unexplained
     assert all(term["scale"] > 0 for term in fitted["step_time_terms"].values())
     assert fitted["unexplained_step_time_log_sd"] in {round(n, 3) for n in STEP_NOISE_GRID_LOG_STD}
     shown = cli("show", "demo", "--calibration", "--storage", url)
-    assert shown.returncode == 0 and "leave unexplained: +-" in " ".join(shown.stdout.split())
+    assert shown.returncode == 0 and "leave unexplained: ±" in " ".join(shown.stdout.split())
     words = " ".join(shown.stdout.split())  # a simulate study's runs are not called measured
     assert "simulated runs" in words and "peak memory: simulated / predicted" in words and "measured" not in words
     # the run-to-run noise it names is the leaderboard's, not only the fit's assumed floor (a new-user pass)
