@@ -295,7 +295,10 @@ def knob_importance(rows: list[dict[str, Any]]) -> Figure:
         data.append({"type": "bar", "orientation": "h", "name": "importance (fANOVA)",
                      "x": [100 * importances[k] for k in knobs], "y": knobs, "marker": {"color": COLORS["best"]},
                      "hovertemplate": "%{y}: %{x:.0f}% of the throughput variance<extra></extra>"})
-    layout = _layout("knob importance (optuna.importance, fANOVA)",
+    runs = len(_completed(rows))
+    # a forest fitted to a few runs moves from one run to the next (found by a new-user pass): the title says on
+    # how many it rests, and that under twenty it is a rough guide
+    layout = _layout(f"knob importance (fANOVA, {runs} completed runs{': rough' if runs < 20 else ''})",
                      "share of the throughput variance (%)", "knob")
     layout["yaxis"].pop("tickformat")
     layout["xaxis"].update(ticksuffix="%", rangemode="tozero")

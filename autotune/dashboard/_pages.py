@@ -159,7 +159,7 @@ class DashboardApp:
 
     def compare_page(self, names: list[str]) -> bytes:
         """Several studies side by side (clusters, models): their answers, and best-so-far curves."""
-        rows, boards, unknown = [], [], []
+        rows, boards, unknown, running = [], [], [], False
         for name in dict.fromkeys(names):  # each study once, in the order asked
             try:
                 study = self.repo.get_study(name)
@@ -170,8 +170,12 @@ class DashboardApp:
             s = board.summary
             boards.append((name, board.rows, s["baseline_tokens_per_s_per_gpu"]))
             best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
-            hours = "simulated " if study.backend == "simulate" else ""
+            source = s["metrics_source"]
+            hours = "" if source == "measured" else f"{source} "  # replayed hours too (a new user's pass)
+            running = running or study.status in ("running", "created")
+            # a running study's answer is interim: its status beside it (found by a new-user pass)
             rows.append(f"<tr><td class='l'><a href='/study/{quote(name, safe='')}'>{escape(name)}</a></td>"
+                        f"<td class='l'>{escape(leaderboard.status_label(s))}</td>"
                         f"<td class='l'>{escape(study.model)}</td><td>{text(study.workload.get('gpus'))}</td>"
                         f"<td class='l'>{text(study.workload.get('gpu'))}</td><td class='l'>{escape(study.backend)}</td>"
                         f"<td class='l'>{escape(best)}</td>"
@@ -184,7 +188,8 @@ class DashboardApp:
         if not rows:
             return page("compare", f"<p><a href='/'>studies</a></p><h1>compare</h1>{missing}"
                                    "<p>select studies on <a href='/'>the list</a> to compare them</p>")
-        table = ("<table id='compare'><tr><th class='l'>study</th><th class='l'>model</th><th>GPUs</th>"
+        table = ("<table id='compare'><tr><th class='l'>study</th><th class='l'>status</th><th class='l'>model</th>"
+                 "<th>GPUs</th>"
                  "<th class='l'>GPU</th><th class='l'>backend</th><th class='l'>recommended layout</th>"
                  "<th>tokens/s/GPU (± standard error)</th><th>vs recipe (x)</th><th>completed</th><th>OOM</th>"
                  "<th>GPU-hours</th></tr>"
@@ -195,7 +200,8 @@ class DashboardApp:
         charts = (chart("compare-relative-chart", fig.compare_running_best(boards, relative=True))
                   + chart("compare-absolute-chart", fig.compare_running_best(boards, relative=False)))
         return page("compare studies", f"<p><a href='/'>studies</a></p><h1>compare studies</h1>{missing}{table}"
-                                       f"<div class='charts'>{charts}</div>{note}", scripts=True)
+                                       f"<div class='charts'>{charts}</div>{note}", self.refresh_s if running else None,
+                    scripts=True)
 
     # --- one study ----------------------------------------------------------------------------------
 
