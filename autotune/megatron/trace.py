@@ -2,8 +2,10 @@
 
 Reads the CUPTI_ACTIVITY_KIND_KERNEL table (start, end, deviceId, shortName -> StringIds) of an
 nsys report exported to SQLite (`nsys export --type sqlite`; done here when given a .nsys-rep and
-nsys is installed). Per device, kernels whose name contains "nccl" are communication, the rest
-compute; each set's intervals are merged into a union first, so concurrent kernels on several
+nsys is installed). Per device, kernels whose name contains "nccl" or "userbuffers" (Transformer Engine's
+TP communication overlap, which Llama3-70B's recipe turns on) are communication, the rest compute (the
+DeepEP / HybridEP dispatch and combine kernels are not told apart by their short names: counted as compute,
+untested on a GPU); each set's intervals are merged into a union first, so concurrent kernels on several
 streams are never double counted. overlapped = |comm union intersect compute union|,
 exposed communication = |comm union| - overlapped.
 """
@@ -113,7 +115,8 @@ def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
         # lowers a name per kernel, in C, under the deadline
         materialized = "MATERIALIZED " if sqlite3.sqlite_version_info >= (3, 35) else ""
         cursor = db.execute(f"WITH names AS {materialized}(SELECT id, CASE WHEN value IS NULL THEN NULL "
-                            "ELSE instr(lower(CAST(value AS TEXT)), 'nccl') > 0 END AS is_nccl FROM StringIds) "
+                            "ELSE instr(lower(CAST(value AS TEXT)), 'nccl') > 0 OR instr(lower(CAST(value AS TEXT)), 'userbuffers') > 0 "
+                            "END AS is_nccl FROM StringIds) "
                             "SELECT k.start, k.end, k.deviceId, s.is_nccl "
                             "FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN names AS s ON s.id = k.shortName")
         number = 0
@@ -158,7 +161,8 @@ def _check_plain_table(db: sqlite3.Connection, table: str, path) -> None:
 
 
 def _add_kernel(by_device, path, number: int, start, end, device, is_nccl) -> None:
-    """One kernel row: `is_nccl` (1/0, None without a name) says whether its name contains "nccl"."""
+    """One kernel row: `is_nccl` (1/0, None without a name) says whether it is communication (a name holding "nccl" or
+    "userbuffers")."""
     if None in (start, end, device, is_nccl):
         return  # a kernel row without a time, device or name says nothing to sum
     # nsys writes integers (ns, device ids): a text, real or blob value is not its export (a file is

@@ -261,6 +261,11 @@ def test_trace_summary_uses_interval_unions(tmp_path):
     assert d1.exposed_communication_s == 0 and d1.overlap_share == 1.0
     assert union([(5, 9), (0, 3), (2, 4)]) == [(0, 4), (5, 9)]
     assert intersection([(0, 4), (5, 9)], [(3, 6)]) == [(3, 4), (5, 6)]
+    # Transformer Engine's userbuffers kernels (TP communication overlap) are communication too (review)
+    _trace_db(tmp_path / "ub.sqlite", [(0, 10 * ms, 0, "sm90_xmma_gemm"),
+                                       (8 * ms, 12 * ms, 0, "userbuffers_fp16_sum_inplace_gpu_rw")])
+    (ub,) = summarize(tmp_path / "ub.sqlite")
+    assert ub.compute_s == pytest.approx(0.010) and ub.exposed_communication_s == pytest.approx(0.002)
 
 
 def test_trace_cli(cli, tmp_path):
