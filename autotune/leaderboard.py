@@ -123,8 +123,12 @@ def verdict_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
         return f"{row['partial_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU over its measured steps before it was cut short"
     speed, estimate, best = (row.get("tokens_per_s_per_gpu"), row.get("estimated_tokens_per_s_per_gpu"),
                              summary.get("best_estimated_tokens_per_s_per_gpu"))
-    if speed and estimate and best and speed > (summary.get("best_tokens_per_s_per_gpu") or 0) and estimate < best:
+    if not (speed and speed > (summary.get("best_tokens_per_s_per_gpu") or 0)):
+        return ""
+    if estimate and best and estimate < best:
         return f"estimated {estimate:,.0f} with its similar layouts' runs, below the recommended {best:,.0f}"
+    if summary.get("validation_runs"):  # the longer validation runs reversed the screening's order
+        return "not recommended: the validation runs decided (see the validation line)"
     return ""
 
 

@@ -903,10 +903,14 @@ def test_the_export_writes_the_dispatcher_the_runs_ran(tmp_path, backend, option
                                  if not line.startswith("#")])
     assert overrides.get("model.moe_token_dispatcher_type") == written
     assert ("model.moe_token_dispatcher_type = 'alltoall'" in export.render_recipe(study, trial)) == bool(written)
-    # a trial that set the dispatcher keeps its own
-    flex = {"ep": 8, "dist_opt": True, "dispatcher": "flex_deepep"}
+    # a trial that set a flex dispatcher ran it, unless the study forced all-to-all (then its SM count is dropped:
+    # all-to-all ignores it; review)
+    flex = {"ep": 8, "dist_opt": True, "dispatcher": "flex_deepep", "dispatcher_sms": 24}
     repo2, study2, _ = _study_with_trial(tmp_path / "flex", flex, backend=backend, backend_options=options)
-    assert "model.moe_token_dispatcher_type=flex" in export.render_overrides(study2, repo2.trials(study2.id)[0])
+    flexed = parse_overrides([line for line in export.render_overrides(study2, repo2.trials(study2.id)[0]).splitlines()
+                              if not line.startswith("#")])
+    assert flexed["model.moe_token_dispatcher_type"] == ("alltoall" if written else "flex")
+    assert ("model.moe_flex_dispatcher_num_sms" in flexed) == (not written)
 
 
 def test_a_study_that_runs_every_trial_all_to_all_tunes_no_dispatcher():

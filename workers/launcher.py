@@ -50,11 +50,13 @@ def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snap
     # mock data needs no tokenizer files: a recipe's Hugging Face tokenizer (Qwen3's) would be fetched from the hub
     # at setup, which an offline cluster refuses (review). Megatron's null tokenizer adds one id (its EOD).
     overrides += ["tokenizer.tokenizer_type=NullTokenizer", f"tokenizer.vocab_size={model.architecture.vocab_size - 1}"]
-    if model.architecture.is_moe:
-        if dispatcher_forced("megatron", spec.get("backend_options")) and spec.get("config", {}).get("dispatcher") is None:
-            # only where the trial sets no dispatcher: appended after the trial's overrides, this undid the
-            # dispatcher knob (review with megatron-probe: a flex_deepep trial ran all-to-all)
-            overrides += ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
+    if model.architecture.is_moe and dispatcher_forced("megatron", spec.get("backend_options")):
+        # every run all-to-all (a container without the flex backends): a study made so tunes no dispatcher knob
+        # (cli._without_unrunnable_dispatchers), and one stored before the option was written ran its flex trials
+        # all-to-all too, which resuming it keeps (overrides.as_run says the same to export). With the recipe's
+        # dispatcher (the default), nothing is added, so a trial's dispatcher knob is what runs (review with
+        # megatron-probe: the override, appended after the trial's own, had undone that knob in every study)
+        overrides += ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
     warmup = int(spec["warmup_steps"])
     graph = spec.get("config", {}).get("cuda_graph") or model.perf_defaults.get("cuda_graph")
     if graph == "full_iteration" and warmup >= 2:

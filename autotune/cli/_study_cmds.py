@@ -1126,7 +1126,7 @@ def _show_calibration(repo, study, as_json: bool) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from autotune.config import LayoutConfig
     from autotune.space import study_space_and_workload
-    from autotune.megatron.overrides import layout_overrides
+    from autotune.megatron.overrides import as_run, layout_overrides
 
     from autotune.errors import ConfigError
 
@@ -1156,7 +1156,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     # the prediction made before the run (the same figures as the dashboard's trial page)
     view = leaderboard.trial_view(repo, study, trial)
     data = {**trial.to_dict(), **{k: v for k, v in view.items() if k != "predicted"},
-            "overrides": layout_overrides(LayoutConfig.from_mapping(trial.config), workload)
+            # as the run was given them (overrides.as_run: an all-to-all study's dispatcher too, as export writes it)
+            "overrides": layout_overrides(as_run(LayoutConfig.from_mapping(trial.config), workload, study.backend,
+                                                 study.backend_options), workload)
             + benchmark_only.overrides(settings)}
     if args.json:
         print(json.dumps(data, indent=2, default=str))

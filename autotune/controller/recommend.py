@@ -33,6 +33,7 @@ Imports neither Optuna nor Ray: the read side (leaderboard, export, dashboard) u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -155,7 +156,12 @@ class Recommendation:
         imported ones), or (`validation`) its longer validation runs; None when it has none."""
         if validation:
             return self.validation.get(config_key)
-        return next((r for r in self.layouts if r.trial.config_key == config_key), None)
+        return self._by_key.get(config_key)
+
+    @functools.cached_property
+    def _by_key(self) -> dict[str, LayoutResult]:
+        """The layouts by key, made once (review: the leaderboard asks for each row's, 2,000 rows took 0.2 s)."""
+        return {r.trial.config_key: r for r in reversed(self.layouts)}  # the first of a key wins, as next() did
 
     def mean_se(self, result: LayoutResult) -> float | None:
         """The standard error of a layout's mean, tokens/s/GPU (None where runs repeat exactly)."""

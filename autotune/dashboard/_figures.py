@@ -110,7 +110,8 @@ def _safe_screening(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     may recommend. A validation run is a longer measurement of a layout already on the curve, and a run inside the
     memory margin is no candidate (found by a new-user pass: curves ended above the recommendation, on both)."""
     return [r for r in _completed(rows) if r.get("note") != "validation"
-            and "at risk" not in (r.get("verdict") or "")]
+            # the recommendation's own runs stay, at risk or not: with no layout keeping the margin it is one too
+            and not (r.get("verdict") or "").startswith("at risk")]
 
 
 def running_best(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:

@@ -128,9 +128,7 @@ class DashboardApp:
         rows = []
         from autotune.errors import ConfigError
 
-        running = False
         for s in self.repo.list_studies():
-            running = running or s.status in ("running", "created")
             try:
                 summary = leaderboard.build(self.repo, s, top=0).summary
             except ConfigError as exc:  # one hand-edited study (an unknown GPU type) does not hide the others
@@ -155,7 +153,8 @@ class DashboardApp:
                  "<th>dispatched</th><th>OOM</th><th>best tokens/s/GPU (± standard error)</th>"
                  "<th>best vs recipe (x)</th></tr>"
                  + "".join(rows) + "</table><p><button type='submit'>compare selected</button></p></form>")
-        return page("autotune studies", f"<h1>autotune studies</h1>{table}", self.refresh_s if running else None)
+        # not refreshed: it holds the form whose ticks choose the studies to compare (a reload would undo them: review)
+        return page("autotune studies", f"<h1>autotune studies</h1>{table}")
 
     def compare_page(self, names: list[str]) -> bytes:
         """Several studies side by side (clusters, models): their answers, and best-so-far curves."""
@@ -172,7 +171,8 @@ class DashboardApp:
             best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
             source = s["metrics_source"]
             hours = "" if source == "measured" else f"{source} "  # replayed hours too (a new user's pass)
-            running = running or study.status in ("running", "created")
+            # a live controller's study only: a dead one's would reload the page for ever (review)
+            running = running or (study.status == "running" and not s.get("controller_silent_s"))
             # a running study's answer is interim: its status beside it (found by a new-user pass)
             rows.append(f"<tr><td class='l'><a href='/study/{quote(name, safe='')}'>{escape(name)}</a></td>"
                         f"<td class='l'>{escape(leaderboard.status_label(s))}</td>"
@@ -313,7 +313,7 @@ class DashboardApp:
                 f"<td>{num(r['mfu'], '%')}</td><td>{num(r['step_time_s'], ',.2f')}</td>"
                 f"<td>{num(r['peak_mem_gib'], '.1f')}</td><td>{num(r['gpu_seconds'], 'h')}</td>"
                 f"<td>{num(r['speedup_vs_baseline'], '.2f')}</td>"
-                f"<td class='l'>{escape(note)}{' (recipe layout)' if baseline and note != 'baseline' else ''}</td></tr>")
+                f"<td class='l'>{escape(note)}{' (recipe layout)' if baseline and r['note'] != 'baseline' else ''}</td></tr>")
         legend = ("<p class='muted'>layout: TP tensor, PP pipeline, VPP virtual pipeline, CP context, EP expert, "
                   "ETP expert-tensor parallel; SP sequence parallel; MBS micro-batch size; rc=sel selective "
                   "recompute, rc=full/METHOD/LAYERS full recompute; DO distributed optimizer. "
@@ -354,7 +354,7 @@ class DashboardApp:
     # --- one trial ------------------------------------------------------------------------------------
 
     def trial_page(self, name: str, number: int) -> bytes:
-        from autotune.megatron.overrides import layout_overrides
+        from autotune.megatron.overrides import as_run, layout_overrides
         from autotune.space import study_space_and_workload
 
         study = self.repo.get_study(name)
@@ -390,8 +390,8 @@ class DashboardApp:
         from autotune.megatron import benchmark_only
 
         # what the run was given: the layout's overrides and the study's benchmark-only settings (as `show`)
-        overrides = layout_overrides(layout, workload) + benchmark_only.overrides(
-            benchmark_only.of_study(study))
+        overrides = layout_overrides(as_run(layout, workload, study.backend, study.backend_options), workload) \
+            + benchmark_only.overrides(benchmark_only.of_study(study))
         artifacts = self._artifact_list(study, trial)
         message = f"<pre>{escape(trial.message)}</pre>" if trial.message else ""
         measured_step = trial.step_time_s if trial.status == "completed" else None
@@ -410,7 +410,7 @@ class DashboardApp:
                 f"<h2>overrides</h2><pre id='overrides'>{escape(chr(10).join(overrides))}</pre>"
                 f"<h2>artifacts</h2>{artifacts}")
         # a run still going: its page follows it (review: it stayed "dispatched" while the table said running)
-        live = trial.status == "dispatched" and not view["stopped"]
+        live = trial.status == "dispatched" and not view["stopped"] and not leaderboard.controller_silence_s(study)
         return page(f"{name} trial {number}", body, self.refresh_s if live else None, scripts=True)
 
     def _artifact_list(self, study, trial) -> str:

@@ -149,10 +149,12 @@ def dispatcher_forced(backend: str, backend_options: dict[str, Any] | None) -> b
 
 
 def as_run(config: LayoutConfig, workload: Workload, backend: str, backend_options: dict[str, Any] | None) -> LayoutConfig:
-    """`config` with the dispatcher its runs ran (dispatcher_forced): what an export must write, so that the exported
-    recipe runs what was measured (review: the worker ran all-to-all and the export left the recipe's flex)."""
-    if workload.model.architecture.is_moe and config.dispatcher is None and dispatcher_forced(backend, backend_options):
-        return config.replace(dispatcher="alltoall")
+    """`config` with the dispatcher its runs ran (dispatcher_forced: all-to-all whatever the layout says, as the worker
+    runs it; a study stored before the option was written ran its flex trials all-to-all too), without a flex SM count
+    that all-to-all ignores: what an export must write and `show` must list, so that the exported recipe runs what was
+    measured (review: the worker ran all-to-all and the export left the recipe's flex)."""
+    if workload.model.architecture.is_moe and dispatcher_forced(backend, backend_options):
+        return config.replace(dispatcher="alltoall", dispatcher_sms=None)
     return config
 
 

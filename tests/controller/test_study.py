@@ -265,6 +265,32 @@ def _capped(tmp_path, name, budget, cap, concurrency=1, validate_steps=0):
     return repo, repo.get_study(name), summary
 
 
+def test_a_claim_the_cap_refuses_stops_this_round_without_ending_the_search(tmp_path, monkeypatch):
+    """claim_dispatch refuses a run the cap has no room for under the study's lock (another controller's run took
+    it since this controller's own check): the proposal is told to Optuna as not dispatched (reason cap), nothing is
+    stored for it, and the study goes on once there is room (the space is not taken for used up)."""
+    from optuna.trial import TrialState
+
+    from autotune.storage import ClaimRefused
+
+    repo, study = _q16(tmp_path, "capclaim", budget=3, options={"max_gpu_hours": 100.0})
+    real, refused = repo.claim_dispatch, []
+
+    def claim(*args, **kwargs):
+        assert kwargs.get("cap") is not None  # the controller hands its cap to the locked check
+        if not refused:
+            refused.append(args[4] if len(args) > 4 else None)
+            return ClaimRefused.CAP
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(repo, "claim_dispatch", claim)
+    summary = build_controller(repo, study, dispatcher="inprocess").run()
+    assert refused and summary.counts["dispatched"] == 3 and summary.stop_reason == "budget"
+    failed = [t for t in optuna_trials(repo.url, "capclaim") if t.state == TrialState.FAIL]
+    assert [t.user_attrs.get("reason") for t in failed] == ["cap"]
+    repo.close()
+
+
 def test_with_several_runs_in_flight_the_cap_counts_them_at_the_mean_run(tmp_path):
     """Review: four slots and a 3 GPU-hour cap started five runs (9.2 GPU-hours): a run in flight counted
     nothing; and then a cap below one round's hours started the whole first round (no run had ended to tell

@@ -951,3 +951,27 @@ def test_a_finished_study_without_a_completed_run_says_it_has_no_answer(tmp_path
     assert "status <b>finished, no run completed</b>" in html
     assert leaderboard.status_label(leaderboard.build(repo, study).summary) == "finished, no run completed"
     assert "replayed GPU-hours" in html
+
+
+def test_row_verdict_texts_the_csv_column_order_and_the_curve_of_a_study_at_risk():
+    """Review: a faster row that lost on the validation runs said nothing; a study whose every layout is at risk drew
+    no curve ("no completed run yet"); new CSV columns must come last, after the fifteen a script may read by place."""
+    from autotune.dashboard._figures import regret_curve, running_best
+
+    summary = {"best_tokens_per_s_per_gpu": 900.0, "best_estimated_tokens_per_s_per_gpu": 905.0}
+    lost = {"tokens_per_s_per_gpu": 950.0, "estimated_tokens_per_s_per_gpu": 880.0}
+    assert leaderboard.verdict_text(lost, summary) == ("estimated 880 with its similar layouts' runs, below the "
+                                                       "recommended 905")
+    swapped = {"tokens_per_s_per_gpu": 950.0, "estimated_tokens_per_s_per_gpu": 930.0}
+    assert leaderboard.verdict_text(swapped, summary) == ""
+    assert "validation runs decided" in leaderboard.verdict_text(swapped, {**summary, "validation_runs": [{}]})
+    assert leaderboard.verdict_text({"tokens_per_s_per_gpu": 800.0, "estimated_tokens_per_s_per_gpu": 790.0},
+                                    summary) == ""  # slower than the answer: nothing to explain
+    assert leaderboard.COLUMNS[:15] == (
+        "trial", "status", "reason", "config", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_sd",
+        "tflops_per_gpu", "mfu", "peak_mem_gib", "gpu_seconds", "speedup_vs_baseline", "note", "stopped", "source")
+    at_risk = [{"trial": 1, "status": "completed", "tokens_per_s_per_gpu": 9000.0,
+                "verdict": "recommended, at risk: peaked at 78.0 GiB"},
+               {"trial": 2, "status": "completed", "tokens_per_s_per_gpu": 9500.0, "verdict": "at risk: peaked at 79"}]
+    assert running_best(at_risk) == ([1], [9000.0])  # the recommendation's runs stay on the curve
+    assert regret_curve(at_risk)["data"]

@@ -189,11 +189,13 @@ def test_short_run_overrides():
     # a memory snapshot alone still gets the window's end (Bridge writes it there; its default end is 12)
     snapshot = short_run_overrides(spec, [], "/tmp/snap.pickle")
     assert f"profiling.profile_step_end={steps}" in snapshot and "profiling.use_nsys_profiler=true" not in snapshot
-    # the trial's own dispatcher knob wins; `dispatcher: recipe` (the default of a new study) adds nothing
-    flex = {**spec, "config": {**spec["config"], "dispatcher": "flex_deepep"}}
-    assert not any("dispatcher" in o for o in short_run_overrides(flex, [], None))
+    # `dispatcher: recipe` (the default of a new study) adds nothing: a trial's own dispatcher knob is what runs;
+    # a study forced all-to-all (or stored before the option was written) runs every trial all-to-all, as before
     recipe = {**spec, "backend_options": {**spec["backend_options"], "dispatcher": "recipe"}}
-    assert not any("dispatcher" in o for o in short_run_overrides(recipe, [], None))
+    flex = {**recipe, "config": {**spec["config"], "dispatcher": "flex_deepep"}}
+    assert not any("dispatcher" in o for o in short_run_overrides(recipe, [], None) + short_run_overrides(flex, [], None))
+    old_flex = {**spec, "config": {**spec["config"], "dispatcher": "flex_deepep"}}
+    assert "model.moe_token_dispatcher_type=alltoall" in short_run_overrides(old_flex, [], None)
     # a full-iteration CUDA graph is captured during the warm-up, not in the first measured step
     graphed = {**spec, "config": {**spec["config"], "cuda_graph": "full_iteration"}}
     assert f"model.cuda_graph_warmup_steps={warmup - 1}" in short_run_overrides(graphed, [], None)
