@@ -66,7 +66,11 @@ def page(title: str, body: str, refresh_s: int | None = None, scripts: bool = Fa
         body = f"<div id='refresh' data-refresh-s='{int(refresh_s)}' class='muted'></div>{body}"
     js = ("<script src='/static/plotly.min.js'></script><script src='/static/dashboard.js'></script>"
           if scripts else "")
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
+    # the viewport: a phone lays the page out at its own width; color-scheme: the plots are drawn for a light page,
+    # and a browser's automatic dark mode left their text unreadable (both found by a new-user pass)
+    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<meta name='color-scheme' content='only light'><link rel='icon' href='data:,'>{meta}<title>{escape(title)}</title>"
             f"<style>{STYLE}</style>{js}</head><body>{body}</body></html>").encode()
 
 

@@ -96,6 +96,7 @@ def test_study_page_escapes_every_value_and_has_every_chart(repo):
     assert recommended and "7,900" in html.split(f"/trial/{recommended[0]}'")[1].split("</tr>")[0]
     assert "recommended" in app.trial_page(f"demo{HOSTILE}", int(recommended[0])).decode().split("id='verdict'")[1][:200]
     assert "name='viewport'" in html  # a phone shows the page at its own width, not a scaled-down desktop
+    assert "content='only light'" in html  # no automatic dark mode over plots drawn for a light page
     assert "2 completed runs: rough" in figure(html, "importance-chart")["layout"]["title"]["text"]
     compare = app.compare_page([f"demo{HOSTILE}"]).decode()
     assert "<th class='l'>status</th>" in compare and "<td class='l'>finished</td>" in compare
