@@ -227,6 +227,9 @@ def test_a_trial_shows_its_sd_its_layouts_other_runs_and_the_prediction_it_ran_a
     assert f"7,900 ±{7900 * log_sd:,.0f} (one run-to-run sd)" in words
     assert f"this layout ran 2 times: trials 2 (7,900), {again.number} (8,100); mean 8,000 ±" in words
     assert "predicted before the run 7,000 tokens/s/GPU (80% interval" in words and "simulated/predicted: 1.13x throughput" in words
+    # the interval says what it is, and a simulated ratio what it can say (found by a new-user pass)
+    assert "the uncalibrated cost model's errors on published Megatron-Bridge runs" in words
+    assert "a simulated run is drawn from the same model" in words
     assert "predicted step compute 20 s, ep 5 s" in words  # no step time stored: terms without shares
     assert '"breakdown"' not in shown.stdout  # the raw JSON is for --json
     as_json = json.loads(cli("show", name, "2", "--storage", str(repo.engine.url), "--json").stdout)
