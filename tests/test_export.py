@@ -913,10 +913,10 @@ def test_the_export_writes_the_dispatcher_the_runs_ran(tmp_path, backend, option
     assert ("model.moe_flex_dispatcher_num_sms" in flexed) == (not written)
 
 
-def test_a_study_that_runs_every_trial_all_to_all_tunes_no_dispatcher():
+def test_a_study_that_runs_every_trial_all_to_all_tunes_no_dispatcher(tmp_path):
     """`--backend megatron --dispatcher alltoall` (a container without the flex backends): no flex variant, no SM
     count; the recipe's dispatcher (the default) keeps both knobs."""
-    from autotune.cli._study_cmds import _without_unrunnable_dispatchers
+    from autotune.controller.session import without_unrunnable_dispatchers as _without_unrunnable_dispatchers
     from autotune.space import load_space, make_workload
 
     space = load_space("qwen3_30b")
@@ -926,3 +926,14 @@ def test_a_study_that_runs_every_trial_all_to_all_tunes_no_dispatcher():
     assert not {"dispatcher", "dispatcher_sms"} & set(forced.perf_domains) and "cuda_graph" in forced.perf_domains
     for backend, options in (("megatron", {"dispatcher": "recipe"}), ("simulate", {})):
         assert _without_unrunnable_dispatchers(space, workload, backend, options).perf_domains == space.perf_domains
+    # a study made through the Python API stores the recipe's dispatcher as the CLI does, and a forced one no knob
+    from autotune.controller.session import create_study
+    from autotune.storage import Repository
+
+    repo = Repository.open(f"sqlite:///{tmp_path / 'api.db'}")
+    plain = create_study(repo, name="api", space=space, workload=workload, budget=2, sampler="auto",
+                         backend="megatron", backend_options={}, seed=0)
+    assert plain.backend_options["dispatcher"] == "recipe" and "dispatcher" in plain.space["perf_domains"]
+    forced = create_study(repo, name="api2", space=space, workload=workload, budget=2, sampler="auto",
+                          backend="megatron", backend_options={"dispatcher": "alltoall"}, seed=0)
+    assert "dispatcher" not in forced.space["perf_domains"] and "dispatcher_sms" not in forced.space["perf_domains"]

@@ -213,7 +213,7 @@ def _check_positive(name: str, value: int | float | None) -> None:
 def cmd_start(args: argparse.Namespace) -> int:
     from autotune.backends._reach import check_reachable
     from autotune.megatron import benchmark_only
-    from autotune.controller.session import check_study_inputs, check_study_name
+    from autotune.controller.session import check_study_inputs, check_study_name, without_unrunnable_dispatchers
 
     for name in ("--max-concurrent", "--local-gpus", "--trial-timeout", "--warmup-steps", "--measured-steps"):
         _check_positive(name, getattr(args, name.lstrip("-").replace("-", "_")))
@@ -228,7 +228,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     _refuse_other_backends_flags(args)
     backend_options = backend_class(args.backend).options_from_cli(args)  # each backend reads its own flags
-    space = _without_unrunnable_dispatchers(space, workload, args.backend, backend_options)
+    space = without_unrunnable_dispatchers(space, workload, args.backend, backend_options)  # as create_study stores it
     _check_headroom(args.memory_headroom_gib, workload)
     if args.memory_headroom_gib is not None:
         args.memory_headroom_gib += 0.0  # -0 is 0 (it printed "keeps the -0 GiB headroom")
@@ -248,20 +248,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         backend_class(args.backend).check_local(backend_options)  # the trials run on this machine
     repo = _open_existing_store(args)  # None: a new SQLite store, made once Ray is up
     return _start_in(repo, args, space, workload, backend_options, options, address)
-
-
-def _without_unrunnable_dispatchers(space, workload, backend: str, backend_options: dict):
-    """The space without its dispatcher knobs when every run is all-to-all (the megatron backend's `--dispatcher
-    alltoall`, for a container without the flex backends): a flex variant could not run there, and its SM count
-    would mean nothing."""
-    import dataclasses
-
-    from autotune.megatron.overrides import dispatcher_forced
-
-    if not (workload.model.architecture.is_moe and dispatcher_forced(backend, backend_options)):
-        return space
-    return dataclasses.replace(space, perf_domains={k: v for k, v in space.perf_domains.items()
-                                                    if k not in ("dispatcher", "dispatcher_sms")})
 
 
 def _refuse_other_backends_flags(args: argparse.Namespace) -> None:

@@ -121,6 +121,9 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
     from autotune._paths import with_absolute_workdir
 
     backend_options = with_absolute_workdir(backend_options)  # the Python API's too, not only the CLI's
+    if backend == "megatron":  # written out, as the CLI writes it: a study stored without it ran all-to-all (review)
+        backend_options = {"dispatcher": "recipe", **backend_options}
+    space = without_unrunnable_dispatchers(space, workload, backend, backend_options)
     check_study_inputs(space, workload, budget, sampler, backend, backend_options)
     name = check_study_name(name or default_study_name(workload))
     stored = study_options(options, seed).to_stored()
@@ -137,6 +140,21 @@ def create_study(repo: Repository, *, name: str | None, space: SearchSpace, work
     except BaseException:
         _drop_orphan_optuna_study(repo.url, name)  # both records or neither
         raise
+
+
+def without_unrunnable_dispatchers(space: SearchSpace, workload: Workload, backend: str,
+                                   backend_options: dict[str, Any]) -> SearchSpace:
+    """The space without its dispatcher knobs when every run is all-to-all (the megatron backend's `dispatcher:
+    alltoall`, for a container without the flex backends): a flex variant could not run there, and its SM count
+    would mean nothing."""
+    import dataclasses
+
+    from autotune.megatron.overrides import dispatcher_forced
+
+    if not (workload.model.architecture.is_moe and dispatcher_forced(backend, backend_options)):
+        return space
+    return dataclasses.replace(space, perf_domains={k: v for k, v in space.perf_domains.items()
+                                                    if k not in ("dispatcher", "dispatcher_sms")})
 
 
 def check_name_free(repo: Repository, name: str) -> None:
