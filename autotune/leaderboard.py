@@ -96,21 +96,20 @@ def _with_verdict(row: dict[str, Any], trial: Trial, pick: Any) -> dict[str, Any
     return row
 
 
-def _with_partial(row: dict[str, Any], trial: Trial, study: Study) -> dict[str, Any]:
+def _with_partial(row: dict[str, Any], trial: Trial, workload: dict[str, Any], warmup_steps: int) -> dict[str, Any]:
     """A pruned run's throughput over the measured steps it made before it was cut short (`partial_tokens_per_s_
     per_gpu`, from their median step, as the pruner judged it; None without measured steps): found by a new-user
-    pass, pruned runs were on no chart, although they are most of a study's runs at times."""
-    import statistics
-
-    from autotune.controller.options import StudyOptions
-
+    pass, pruned runs were on no chart, although they are most of a study's runs at times. The store has checked
+    the workload's counts and the step times (positive)."""
+    measured = list(trial.step_times_s)[warmup_steps:]
     row["partial_tokens_per_s_per_gpu"] = None
-    measured = list(trial.step_times_s)[StudyOptions.from_stored(study.options).warmup_steps:]
-    w = study.workload
-    if row["status"] == "pruned" and measured and all(isinstance(w.get(k), int) and w[k] > 0 for k in
-                                                      ("global_batch_size", "seq_length", "gpus")):
-        row["partial_tokens_per_s_per_gpu"] = (w["global_batch_size"] * w["seq_length"]
-                                               / (statistics.median(measured) * w["gpus"]))
+    if row["status"] == "pruned" and measured:
+        import statistics
+
+        from autotune.cost.flops import tokens_per_s_per_gpu  # the cost package's import, for pruned rows only
+
+        row["partial_tokens_per_s_per_gpu"] = tokens_per_s_per_gpu(
+            workload["global_batch_size"], workload["seq_length"], workload["gpus"], statistics.median(measured))
     return row
 
 
@@ -177,18 +176,20 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     # throughput (none where the backend's runs repeat exactly, such as replay)
     pick = study_recommendation(dispatched, study)
     noise = pick.noise if pick else None
-    rows = [_with_partial(_with_verdict(_row(t, baseline_speed, noise, study.status, study.backend), t, pick), t, study)
-            for t in shown]
-    if top is not None:
-        rows = rows[:top]
-    pinned = ([_with_partial(_with_verdict(_row(baseline, baseline_speed, noise, study.status, study.backend), baseline,
-                                           pick), baseline, study)]
-              if baseline and baseline.number not in {r["trial"] for r in rows} else [])
-    counts = repo.counts(study.id)
-    stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them
     from autotune.controller.options import StudyOptions
 
     stored_options = StudyOptions.from_stored(study.options)
+
+    def board_row(trial: Trial) -> dict[str, Any]:
+        row = _row(trial, baseline_speed, noise, study.status, study.backend)
+        return _with_partial(_with_verdict(row, trial, pick), trial, study.workload, stored_options.warmup_steps)
+
+    rows = [board_row(t) for t in shown]
+    if top is not None:
+        rows = rows[:top]
+    pinned = [board_row(baseline)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
+    counts = repo.counts(study.id)
+    stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them
     cap = stored_options.max_gpu_hours
     # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
     spent_s = sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED)

@@ -14,7 +14,7 @@ result file, else from the ranks' failure files (OOM on any rank wins), else fro
 Options: workdir (shared or per-node directory for specs, results, traces; default
 /tmp/autotune-runs), python (the worker image's python, default "python"), nsys_ranks (list),
 memory_snapshot (bool), dispatcher ("recipe" default: the recipe's, or the trial's dispatcher knob; "alltoall" runs
-all-to-all where a trial sets none, for a container without the flex backends), env (dict),
+every trial all-to-all, for a container without the flex backends; a study stored without the option ran so), env (dict),
 master_port (default: a free port on node 0), dry_run (print commands, run nothing).
 This backend has not run on a GPU: it is built from Megatron-Bridge's API and tested on CPU with a
 stand-in for torchrun.

@@ -91,9 +91,9 @@ def register(sub) -> None:
     gpu.add_argument("--nsys-ranks", help="comma-separated ranks to trace with Nsight Systems, e.g. 0")
     gpu.add_argument("--memory-snapshot", action="store_true", help="record a CUDA memory snapshot per trial")
     gpu.add_argument("--dispatcher", choices=("alltoall", "recipe"),
-                     help="MoE token dispatcher where a trial sets none: the recipe's own (default; flex with HybridEP "
-                          "for Qwen3-30B-A3B), or alltoall for a container without the flex backends (the knob "
-                          "phase then tries no dispatcher)")
+                     help="MoE token dispatcher: the recipe's own or a trial's dispatcher knob (recipe, the default; "
+                          "flex with HybridEP for Qwen3-30B-A3B), or alltoall for every trial, for a container without "
+                          "the flex backends (the knob phase then tries no dispatcher)")
     add_storage_option(p)
     add_ray_options(p)
     p.set_defaults(handler=cmd_start)

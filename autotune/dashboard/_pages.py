@@ -104,6 +104,12 @@ def chart(chart_id: str, figure: fig.Figure, wide: bool = False) -> str:
             f"<script type='application/json' id='{chart_id}-data'>{payload}</script>")
 
 
+def _followed(study, summary: dict[str, Any]) -> bool:
+    """Whether a study's pages reload themselves: it is being started or run, or runs of it are in flight, under
+    a live controller (a dead one's study would reload them for ever: review)."""
+    return (study.status in ("running", "created") or summary["running"] > 0) and not summary.get("controller_silent_s")
+
+
 def provenance(backend: str, origin: str = "study") -> str:
     """The banner saying where a page's numbers come from; an imported run's page says it was measured
     (found by review: it carried its simulated study's banner while `show` said measured)."""
@@ -175,8 +181,7 @@ class DashboardApp:
             best = LayoutConfig.from_mapping(s["best_config"]).short() if s["best_config"] else ""
             source = s["metrics_source"]
             hours = "" if source == "measured" else f"{source} "  # replayed hours too (a new user's pass)
-            # a live controller's study only: a dead one's would reload the page for ever (review)
-            running = running or (study.status == "running" and not s.get("controller_silent_s"))
+            running = running or _followed(study, s)
             # a running study's answer is interim: its status beside it (found by a new-user pass)
             rows.append(f"<tr><td class='l'><a href='/study/{quote(name, safe='')}'>{escape(name)}</a></td>"
                         f"<td class='l'>{escape(leaderboard.status_label(s))}</td>"
@@ -247,7 +252,7 @@ class DashboardApp:
                       if s.get("max_gpu_hours") is not None else "")
                    # as the study list and `status` say it (review: "finished" here, "finished, GPU-hour cap" there)
                    + f"; status <b>{escape(leaderboard.status_label(s))}</b></p>")
-        running = study.status in ("running", "created") or s["running"] > 0
+        running = _followed(study, s)
         benchmark = (f"<p class='banner' id='benchmark-only'>{escape(s['benchmark_only'])}: these runs are not a "
                      "tuned result (export refuses them unless told otherwise)</p>") if s.get("benchmark_only") else ""
         silent = (f"<p class='banner' id='controller-silent'>{escape(leaderboard.silence_note(s))}</p>"
