@@ -34,7 +34,8 @@ from autotune.backends.base import STEP_MARKER  # noqa: E402 (the protocol is au
 
 def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snapshot: str | None) -> list[str]:
     """The settings of a profiling run, after the trial's own overrides."""
-    steps = int(spec["warmup_steps"]) + int(spec["measured_steps"])
+    warmup = int(spec["warmup_steps"])
+    steps = warmup + int(spec["measured_steps"])
     overrides = [
         f"train.train_iters={steps}", "train.eval_iters=0", f"train.eval_interval={steps + 1}",
         "logger.log_interval=1", "logger.log_throughput=true",
@@ -52,12 +53,11 @@ def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snap
     overrides += ["tokenizer.tokenizer_type=NullTokenizer", f"tokenizer.vocab_size={model.architecture.vocab_size - 1}"]
     if model.architecture.is_moe and dispatcher_forced("megatron", spec.get("backend_options")):
         # every run all-to-all (a container without the flex backends): a study made so tunes no dispatcher knob
-        # (cli._without_unrunnable_dispatchers), and one stored before the option was written ran its flex trials
+        # (controller.session.without_unrunnable_dispatchers), and one stored before the option was written ran its flex trials
         # all-to-all too, which resuming it keeps (overrides.as_run says the same to export). With the recipe's
         # dispatcher (the default), nothing is added, so a trial's dispatcher knob is what runs (review with
         # megatron-probe: the override, appended after the trial's own, had undone that knob in every study)
         overrides += ["model.moe_token_dispatcher_type=alltoall", "model.moe_flex_dispatcher_backend=null"]
-    warmup = int(spec["warmup_steps"])
     graph = spec.get("config", {}).get("cuda_graph") or model.perf_defaults.get("cuda_graph")
     if graph == "full_iteration" and warmup >= 2:
         # Megatron captures a full-iteration graph during the 0-based iteration cuda_graph_warmup_steps (default
@@ -68,7 +68,7 @@ def short_run_overrides(spec: dict[str, Any], nsys_ranks: list[int], memory_snap
         # Bridge starts nsys before the 0-based iteration profile_step_start and stops it (and writes a memory
         # snapshot) after iteration count profile_step_end: the measured steps W..W+M-1 exactly (review: start
         # W+1 captured M-1 of them; a snapshot alone kept Bridge's default end of 12, past a run of 8 steps)
-        overrides += [f"profiling.profile_step_start={int(spec['warmup_steps'])}", f"profiling.profile_step_end={steps}",
+        overrides += [f"profiling.profile_step_start={warmup}", f"profiling.profile_step_end={steps}",
                       f"profiling.profile_ranks={nsys_ranks or [0]}"]
     if nsys_ranks:
         overrides += ["profiling.use_nsys_profiler=true"]

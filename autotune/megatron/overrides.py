@@ -142,7 +142,7 @@ def perf_fields(config: LayoutConfig) -> dict[str, Any]:
 
 
 def dispatcher_forced(backend: str, backend_options: dict[str, Any] | None) -> bool:
-    """Whether a study's runs ran the all-to-all MoE dispatcher wherever a trial set no dispatcher: the megatron
+    """Whether every run of a study runs the all-to-all MoE dispatcher, whatever its layout says: the megatron
     backend's `dispatcher: alltoall` option (for a container without the flex backends). A study stored before
     that option was written explicitly (when all-to-all was the default) has none, and ran all-to-all."""
     return backend == "megatron" and (backend_options or {}).get("dispatcher", "alltoall") == "alltoall"

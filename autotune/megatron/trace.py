@@ -114,9 +114,9 @@ def summarize_sqlite(path: str | Path, deadline_s: float | None = None,
         # MATERIALIZED (SQLite 3.35+) makes sure each name is lowered once; an older SQLite plans it alike or
         # lowers a name per kernel, in C, under the deadline
         materialized = "MATERIALIZED " if sqlite3.sqlite_version_info >= (3, 35) else ""
-        cursor = db.execute(f"WITH names AS {materialized}(SELECT id, CASE WHEN value IS NULL THEN NULL "
-                            "ELSE instr(lower(CAST(value AS TEXT)), 'nccl') > 0 OR instr(lower(CAST(value AS TEXT)), 'userbuffers') > 0 "
-                            "END AS is_nccl FROM StringIds) "
+        cursor = db.execute(f"WITH names AS {materialized}(SELECT id, CASE WHEN name IS NULL THEN NULL "
+                            "ELSE instr(name, 'nccl') > 0 OR instr(name, 'userbuffers') > 0 END AS is_nccl "
+                            "FROM (SELECT id, lower(CAST(value AS TEXT)) AS name FROM StringIds)) "
                             "SELECT k.start, k.end, k.deviceId, s.is_nccl "
                             "FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN names AS s ON s.id = k.shortName")
         number = 0
