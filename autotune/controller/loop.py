@@ -567,15 +567,24 @@ class Controller:
                 spec = self._spec(trial, config)
                 self._finish(_Running(adopted, spec), recheck(spec, outcome, held / self.workload.cluster.gpus))
                 continue
-            if gpu_hour_cap_reached(self.repo.gpu_seconds_spent(self.study.id) + held, self.options.max_gpu_hours):
+            # the cap is checked with the re-run's claim, under the study row's lock (as claim_dispatch checks a new
+            # run's): two adopters checking it alone could each start a run into room for one
+            retried, in_flight = self.repo.retry_trial(self.study.id, trial.number,
+                                                       "re-run: its controller stopped while it ran", self.controller_id,
+                                                       gpu_seconds=held, cap=self._gpu_cap())
+            if not retried and in_flight:
+                # runs in flight hold the room for now: let it go (no heartbeat, so not in flight itself; no owner, so
+                # this controller too may take it), and a later pass adopts it again once one of them has ended and
+                # left room, or the cap is spent for good
+                self.repo.release_trials(self.study.id, [trial.number], {trial.number: held}, disown=True)
+                continue
+            if not retried:
                 # not run again past the GPU-hour cap: ended as a cancelled run, its time counted (review: let go, it
                 # stayed dispatched, and the study hung or stayed interrupted with nothing that could run it)
                 self._finish(_Running(adopted, self._spec(trial, config)), TrialOutcome(
                     trial.number, TrialStatus.PRUNED, wall_time_s=held / self.workload.cluster.gpus,
                     error="not run again: the study's GPU-hour cap was spent (--max-gpu-hours)"))
                 continue
-            self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
-                                  self.controller_id, gpu_seconds=held)
             self._submit(dataclasses.replace(adopted, attempt=trial.attempt + 1), config)
 
 

@@ -216,14 +216,19 @@ def _checked_spent(s: Session, study_id: int) -> float:
     return spent
 
 
-def _cap_state(s: Session, study_id: int, cap: GpuHourCap) -> tuple[bool, int]:
+def _cap_state(s: Session, study_id: int, cap: GpuHourCap, held_gpu_seconds: float = 0.0,
+               starting: int | None = None) -> tuple[bool, int]:
     """Whether the study's runs, each in flight under a live controller counted as a whole run (GpuHourCap), reach
-    its cap, and how many runs are in flight: the one reading of the cap by the controller's check and by
-    claim_dispatch's, under the study row's lock."""
-    spent = _checked_spent(s, study_id)
-    live = int(s.scalar(select(func.count()).select_from(TrialRow).where(
-        TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
-        ~_heartbeat_stale(cap.live_after))) or 0)
+    its cap, and how many runs are in flight: the one reading of the cap by the controller's check, by
+    claim_dispatch's and by retry_trial's, under the study row's lock. `held_gpu_seconds`: time an attempt held
+    that its row does not count yet; `starting`: the trial about to start again, not counted in flight (a new
+    claim is not in the table yet either)."""
+    spent = _checked_spent(s, study_id) + held_gpu_seconds
+    in_flight = [TrialRow.study_id == study_id, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
+                 ~_heartbeat_stale(cap.live_after)]
+    if starting is not None:
+        in_flight.append(TrialRow.number != starting)
+    live = int(s.scalar(select(func.count()).select_from(TrialRow).where(*in_flight)) or 0)
     if live == 0:
         return gpu_hour_cap_reached(spent, cap.max_gpu_hours), 0
     ended_mean = s.scalar(select(func.avg(TrialRow.gpu_seconds)).where(
@@ -540,20 +545,24 @@ class Repository:
                 controller_id=controller_id, heartbeat_at=utcnow()))
             return result.rowcount == 1
 
-    def release_trials(self, study_id: int, numbers: list[int], held_gpu_seconds: dict[int, float] | None = None) -> None:
+    def release_trials(self, study_id: int, numbers: list[int], held_gpu_seconds: dict[int, float] | None = None,
+                       disown: bool = False) -> None:
         """Let go of dispatched trials this controller cancelled (an interruption): no heartbeat, so readers
         show them stopped at once and the next controller adopts them without waiting for staleness.
         `held_gpu_seconds`: what each stopped attempt held its GPUs, added to the trial's GPU time (review: an
-        interrupted attempt's hours were never counted, against --max-gpu-hours or in the study's GPU-hours)."""
+        interrupted attempt's hours were never counted, against --max-gpu-hours or in the study's GPU-hours).
+        `disown`: no controller's either, so that the releasing controller too adopts them again (stale_trials
+        leaves a controller's own trials out)."""
         if not numbers:
             return
         held = held_gpu_seconds or {}
+        owner = {"controller_id": None} if disown else {}
         with self.session() as s:
             for number in numbers:
                 s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number,
                                                  TrialRow.status == TrialRecordStatus.DISPATCHED.value)
                           .values(heartbeat_at=None,
-                                  gpu_seconds=TrialRow.gpu_seconds + _gpu_time(held.get(number, 0.0))))
+                                  gpu_seconds=TrialRow.gpu_seconds + _gpu_time(held.get(number, 0.0)), **owner))
 
     def heartbeat_trials(self, study_id: int, numbers: list[int]) -> None:
         if not numbers:
@@ -594,14 +603,26 @@ class Repository:
             s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number).values(**values))
 
     def retry_trial(self, study_id: int, number: int, message: str, controller_id: str,
-                    gpu_seconds: float = 0.0, worker_lost: bool = False) -> None:
-        """A trial goes back to dispatched for its next attempt (its GPU time so far is kept).
+                    gpu_seconds: float = 0.0, worker_lost: bool = False,
+                    cap: GpuHourCap | None = None) -> tuple[bool, int]:
+        """A trial goes back to dispatched for its next attempt (its GPU time so far, plus `gpu_seconds`, is kept).
 
         `worker_lost` counts the attempt as lost to a dead worker or node (column `worker_losses`, the
         messages in artifacts under `losses`): those get one retry; re-runs after a controller death
-        do not count.
+        do not count. Returns whether it was written, and how many other runs are in flight: with a `cap`,
+        nothing is written when the study's runs, the others in flight counted as in claim_dispatch and this
+        attempt's `gpu_seconds` included, have held its --max-gpu-hours; with others in flight, a later check may
+        find room again. Checked under the study row's lock, as claim_dispatch checks a new run (the last note: the
+        adopter counted the time spent alone, outside the lock, so two adopters, or an adopter and a new claim,
+        could each start a run into room for one).
         """
         with self.session() as s:
+            live = 0
+            if cap is not None:
+                s.scalar(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+                reached, live = _cap_state(s, study_id, cap, held_gpu_seconds=_gpu_time(gpu_seconds), starting=number)
+                if reached:
+                    return False, live
             row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
             artifacts = dict(row.artifacts or {})
             if worker_lost:
@@ -611,6 +632,7 @@ class Repository:
             row.dispatched_at = row.heartbeat_at = utcnow()
             row.controller_id, row.artifacts = controller_id, artifacts
             row.gpu_seconds = row.gpu_seconds + _gpu_time(gpu_seconds)
+        return True, live
 
     def worker_losses(self, study_id: int, number: int) -> int:
         """How many attempts of this trial ended because its worker or node died."""

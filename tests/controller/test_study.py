@@ -426,6 +426,26 @@ def test_a_dead_controllers_run_is_not_run_again_past_the_cap(tmp_path):
         repo.close()
 
 
+def test_a_dead_controllers_run_waits_while_others_in_flight_hold_the_room_under_the_cap(tmp_path):
+    """The last note: the adopter checked the cap by the time spent alone, outside the study row's lock. It now
+    counts the runs in flight as a new run's claim does: while another controller's run holds the last room, the
+    dead run is let go (its held time counted, no heartbeat) rather than run or cancelled, and it runs once that
+    room is back."""
+    repo, study, stale = _study_with_a_stale_run(tmp_path, "wait", cap=2.0, budget=3)
+    # spent 3,700 + held 960 < 7,200, but a live run counting at the ended runs' mean (3,700) fills it
+    live = repo.claim_dispatch(study.id, {"ep": 4, "dist_opt": True}, "other-layout", None, "alive:1", 3, number=102)
+    controller = build_controller(repo, repo.get_study("wait"), dispatcher="inprocess")
+    controller._adopt_stale()
+    waiting = repo.trial(study.id, stale)
+    assert (waiting.status, waiting.attempt, waiting.heartbeat_at, waiting.gpu_seconds) == ("dispatched", 1, None, 960)
+    repo.finish_trial(study.id, live.number, "completed", metrics={"tokens_per_s_per_gpu": 7000.0, "step_time_s": 30.0,
+                      "peak_mem_gib": 60.0}, gpu_seconds=100.0)
+    controller.run()
+    again = repo.trial(study.id, stale)
+    assert (again.status, again.attempt) == ("completed", 2) and again.gpu_seconds > 960
+    repo.close()
+
+
 def test_an_imported_runs_hours_are_on_the_board_but_not_of_the_cap(tmp_path):
     """The last note: the live view's room under the cap subtracted the board's GPU-seconds, imported runs'
     included, while the cap counts the study's own runs (Repository.gpu_seconds_spent). The board now says both."""

@@ -123,6 +123,75 @@ def test_two_controllers_cannot_both_start_a_run_into_the_last_room_under_the_ca
         assert setup.counts(study.id)["dispatched"] == 2
 
 
+def _stale(repo: Repository, study, key: str, number: int):
+    """A run claimed by a controller that died an hour ago (its heartbeat stopped then)."""
+    from autotune.storage.models import TrialRow
+
+    trial = repo.claim_dispatch(study.id, {"tp": number}, key, number, "dead", study.budget, number=number)
+    with repo.session() as s:
+        row = s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.number == trial.number).one()
+        row.heartbeat_at = utcnow() - dt.timedelta(hours=1)
+    return trial
+
+
+def test_a_dead_controllers_run_starts_again_only_into_room_under_the_cap(storage_url):
+    """retry_trial with a cap counts what claim_dispatch counts (runs in flight at a whole run each) plus the time
+    the dead attempt held, and writes nothing when that reaches the cap, saying how many runs are in flight (with
+    some, room may come back; with none, the cap is spent)."""
+    repo = Repository.open(storage_url)
+    study = new_study(repo, budget=10)
+    cap = _cap(1.0, 2000.0)
+    live = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 1, "c1", study.budget, number=1, cap=cap)
+    stale = _stale(repo, study, "k2", 2)
+    assert repo.retry_trial(study.id, stale.number, "again", "c2", gpu_seconds=1700.0, cap=cap) == (False, 1)
+    assert repo.trial(study.id, stale.number).attempt == 1 and repo.trial(study.id, stale.number).gpu_seconds == 0
+    repo.finish_trial(study.id, live.number, "completed", metrics={"step_time_s": 2.0, "tokens_per_s_per_gpu": 5.0},
+                      step_times_s=[2.0], gpu_seconds=1000.0)
+    # nothing else in flight: 1,000 spent + 1,700 held < 3,600
+    assert repo.retry_trial(study.id, stale.number, "again", "c2", gpu_seconds=1700.0, cap=cap) == (True, 0)
+    trial = repo.trial(study.id, stale.number)
+    assert (trial.attempt, trial.gpu_seconds, trial.controller_id) == (2, 1700.0, "c2")
+    other = _stale(repo, study, "k3", 3)
+    # the re-run in flight counts at the ended runs' mean: 2,700 spent + 1,000 in flight + 0 held >= 3,600
+    assert repo.retry_trial(study.id, other.number, "again", "c2", cap=cap) == (False, 1)
+    assert repo.retry_trial(study.id, other.number, "again", "c2", cap=_cap(2.0, 2000.0)) == (True, 1)
+
+
+def test_two_controllers_cannot_both_rerun_a_dead_controllers_run_into_the_last_room(postgres_url):
+    """The last note: the adopter checked the time spent alone (no run in flight counted) outside the study row's
+    lock, so two controllers adopting two dead runs at the same moment both started one into room for one (that
+    check passes both here). Round after round, of two adopters each
+    re-running its own dead run at once, at most one starts (both may wait: each counts the other's adopted run in
+    flight; neither overruns)."""
+    setup = Repository.open(postgres_url)
+    repos = [Repository.open(postgres_url) for _ in range(2)]
+    cap = _cap(1.0, 2000.0)  # one run in flight leaves room for exactly one more
+    started = 0
+    for round_number in range(12):
+        study = new_study(setup, name=f"adopt{round_number}", budget=10)
+        setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
+        dead = [_stale(setup, study, f"k{n}", n) for n in (1, 2)]
+        barrier = threading.Barrier(2)
+
+        def adopt(index: int):
+            number = dead[index].number
+            assert repos[index].adopt_trial(study.id, number, f"c{index + 1}", utcnow() - dt.timedelta(minutes=5))
+            barrier.wait()
+            return repos[index].retry_trial(study.id, number, "re-run", f"c{index + 1}", cap=cap)[0]
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(adopt, range(2)))
+        assert sum(results) <= 1, results
+        started += sum(results)
+        assert sum(t.attempt == 2 for t in setup.trials(study.id)) == sum(results)
+    # one at a time, the first adopter starts its run and the second waits
+    study = new_study(setup, name="adopt-serial", budget=10)
+    setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
+    first, second = (_stale(setup, study, f"k{n}", n) for n in (1, 2))
+    assert repos[0].retry_trial(study.id, first.number, "re-run", "c1", cap=cap) == (True, 1)
+    assert repos[1].retry_trial(study.id, second.number, "re-run", "c2", cap=cap) == (False, 2)
+
+
 def test_rejected_layouts_of_an_optuna_numbered_study_are_numbered_apart(storage_url):
     """Runs take the numbers Optuna gives them (0, 1, 2, ...); rejected layouts are no Optuna trials and
     are numbered from REJECTED_BASE, so neither ever takes the other's number."""
