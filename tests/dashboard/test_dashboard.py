@@ -554,6 +554,25 @@ def test_in_a_real_headless_chromium(repo, tmp_path):
         WebDriverWait(driver, 5).until(lambda d: "paused" in d.find_element(By.ID, "refresh").text)
         time.sleep(4.5)  # past the 3 s a reload would have come after
         assert driver.execute_script("return window.autotuneMarker") == 1  # the same page: no reload undid the zoom
+        # the last note: dragging a dimension of the parallel-categories chart did not pause it; a real mouse drag
+        driver.get(f"{base}/study/{quote(name, safe='')}")
+        _rendered(driver, 7)
+        driver.execute_script("window.autotuneMarker = 4;")
+        first, last = (driver.find_elements(By.CSS_SELECTOR, "#knobs-chart g.dimension text.dimlabel")[i] for i in (0, -1))
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", first)
+        before = driver.execute_script(
+            "return document.getElementById('knobs-chart').data[0].dimensions.map(d => d.label);")
+        across = last.location["x"] - first.location["x"] + 60  # the first dimension dragged past the last
+        ActionChains(driver).click_and_hold(first).move_by_offset(40, 0).pause(0.2).move_by_offset(across - 40, 0) \
+            .pause(0.2).release().perform()
+        WebDriverWait(driver, 5).until(lambda d: "paused" in d.find_element(By.ID, "refresh").text)
+        time.sleep(4.5)
+        assert driver.execute_script("return window.autotuneMarker") == 4  # dragged, not reloaded
+        order = driver.execute_script("var d = document.getElementById('knobs-chart')._fullData[0].dimensions;"
+                                      "return d.slice().sort((a, b) => a.displayindex - b.displayindex)"
+                                      ".map(x => x.label);")
+        assert sorted(order) == sorted(before) and order != before  # the drag moved the dimension
+        driver.save_screenshot(str(shots / "knobs-dragged.png"))
         driver.execute_script("window.autotuneMarker = 2;")
         driver.get(f"{base}/study/{quote(name, safe='')}")
         _rendered(driver, 7)

@@ -5,7 +5,7 @@
 document.addEventListener("DOMContentLoaded", function () {
   var config = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"]};
   // A page of a study or trial still running reloads itself every data-refresh-s seconds, until the reader
-  // zooms, pans or hides a trace: then it says so and waits, so that the view is not undone under them.
+  // zooms, pans, drags or hides a trace: then it says so and waits, so that the view is not undone under them.
   var refresh = document.getElementById("refresh");
   var timer = null;
   function pause() {
@@ -32,6 +32,10 @@ document.addEventListener("DOMContentLoaded", function () {
       if (Object.keys(change || {}).some(function (key) { return /^(xaxis|yaxis|dragmode)/.test(key); })) { pause(); }
     });
     div.on("plotly_legendclick", function () { pause(); return true; });
+    // dragging a parallel-categories dimension or category restyles the trace, at the drag's end; a drag in
+    // any chart (a zoom box, a dimension moved) pauses from its first move, so no reload lands mid-drag
+    div.on("plotly_restyle", function () { pause(); });
+    div.addEventListener("pointermove", function (event) { if (event.buttons & 1) { pause(); } });
     div.on("plotly_click", function (event) {
       var point = event.points && event.points[0];
       var link = point && point.customdata;
