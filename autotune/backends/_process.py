@@ -26,6 +26,26 @@ def parse_command(command: str | list[str]) -> list[str]:
     return argv
 
 
+def shell_word(arg: str) -> str:
+    """`arg` quoted for a POSIX shell as shlex.quote quotes it; one with an unprintable character (a newline, an
+    ESC) in bash's $'...' form with that character escaped, so that a printed command (`--dry-run`) neither reads
+    as two lines nor drives the reader's terminal, and pasted into bash it is the same argument."""
+    if arg.isprintable():
+        return shlex.quote(arg)
+    escaped = []
+    for ch in arg:
+        code = ord(ch)
+        if ch in "\\'":
+            escaped.append("\\" + ch)
+        elif ch.isprintable():
+            escaped.append(ch)
+        elif ch in "\n\t\r":
+            escaped.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
+        else:  # \xNN only below 0x80: bash writes \xNN as that byte, not as the character's UTF-8
+            escaped.append(f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "$'" + "".join(escaped) + "'"
+
+
 def check_command(command: str | list[str]) -> list[str]:
     """The argv, checked to name an executable that exists (ConfigError otherwise)."""
     import shutil

@@ -245,6 +245,19 @@ class Backend(ABC):
         when it can run any legal layout. The search then spends its budget only on these."""
         return None
 
+    @classmethod
+    def launch_lines(cls, spec: "TrialSpec", options: dict[str, Any]) -> list[str] | None:
+        """What `autotune start --dry-run` prints for one trial: how this backend would launch it, as a person could
+        run it by hand (the spec file the lines name is written where they say, under the trial's run folder).
+        None when a run launches nothing outside this process (simulated, replayed): such a study has no dry run.
+        Default: None."""
+        return None
+
+    @classmethod
+    def has_dry_run(cls) -> bool:
+        """True when this backend says how it launches a trial (launch_lines is its own, not the default's)."""
+        return cls.launch_lines.__func__ is not Backend.launch_lines.__func__
+
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         self.options = dict(options or {})
 

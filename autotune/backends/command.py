@@ -31,9 +31,9 @@ from typing import Any
 from autotune.backends.base import (Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
 from autotune.backends._process import (KILL_GRACE_S, bounded_lines, check_command, die_with_parent, kill_group,
-                                       parse_command, reaped_argv)
+                                       parse_command, reaped_argv, shell_word)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
-from autotune.backends.runs import check_workdir, prepare_trial_dir, write_outcome
+from autotune.backends.runs import check_workdir, prepare_trial_dir, trial_dir, write_outcome
 from autotune.backends.validation import json_object, max_step_reports, parse_result, step_report
 from autotune.errors import ConfigError
 
@@ -58,6 +58,20 @@ class CommandBackend(Backend):
     @classmethod
     def check_local(cls, options: dict[str, Any]) -> None:
         check_workdir(options)
+
+    @classmethod
+    def launch_lines(cls, spec: TrialSpec, options: dict[str, Any]) -> list[str]:
+        """The command as `run` starts it, quoted for a shell (it is never run through one), with the spec file on
+        its stdin and the environment it adds; the run folder is this attempt's, as `run` prepares it."""
+        folder = trial_dir(options, spec)
+        added = {**{str(k): str(v) for k, v in (options.get("env") or {}).items()}, "AUTOTUNE_TRIAL_DIR": str(folder)}
+        command = " ".join(shell_word(a) for a in parse_command(options["command"]))
+        # an environment variable's name is no word a shell quotes: one it cannot assign is passed through env(1)
+        assign = " ".join(f"{shell_word(k)}={shell_word(v)}" for k, v in added.items())
+        prefix = assign if all(k.isidentifier() and k.isascii() for k in added) else f"env {assign}"
+        return [f"trial {spec.trial}: {spec.gpus} GPUs; config {json.dumps(spec.config)}",
+                f"  {prefix} {command} < {shell_word(str(folder / 'spec.json'))}",
+                "  overrides: " + " ".join(spec.overrides)]
 
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         options = {**self.options, **spec.backend_options}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 import threading
@@ -38,7 +37,7 @@ from autotune._numbers import parse_int
 from autotune.backends.base import (STEP_MARKER, Backend, Reporter, StepReport, TrialOutcome, TrialSpec, TrialStatus,
                                     stopped_outcome)
 from autotune.backends._proctree import TRIAL_TOKEN_ENV, kill_marked
-from autotune.backends._process import KILL_GRACE_S, bounded_lines, die_with_parent, kill_group, reaped_argv
+from autotune.backends._process import KILL_GRACE_S, bounded_lines, die_with_parent, kill_group, reaped_argv, shell_word
 from autotune.backends.runs import prepare_trial_dir, trial_dir, write_new_file, write_outcome
 from autotune._paths import shown
 from autotune.backends.validation import json_object, max_step_reports, parse_result, step_report
@@ -222,6 +221,10 @@ class MegatronBackend(Backend):
         if beyond:
             raise ConfigError(f"--nsys-ranks {beyond[0]}: a trial has ranks 0..{ranks - 1}")
 
+    @classmethod
+    def launch_lines(cls, spec: TrialSpec, options: dict[str, Any]) -> list[str]:
+        return dry_run_lines(spec, options)
+
     def run(self, spec: TrialSpec, report: Reporter, cancelled: threading.Event) -> TrialOutcome:
         import ray
         from ray.util import get_current_placement_group
@@ -371,7 +374,7 @@ def dry_run_lines(spec: TrialSpec, options: dict[str, Any]) -> list[str]:
     for rank in range(nodes):
         command = node_command(spec, options, rank, "$MASTER_ADDR", int(options.get("master_port") or 29500))
         # $MASTER_ADDR stays unquoted so that a pasted command expands it
-        lines.append(f"  node {rank}: " + " ".join(c if "$MASTER_ADDR" in c else shlex.quote(c) for c in command))
+        lines.append(f"  node {rank}: " + " ".join(c if "$MASTER_ADDR" in c else shell_word(c) for c in command))
     lines.append("  overrides: " + " ".join(spec.overrides))
     return lines
 

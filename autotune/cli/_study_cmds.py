@@ -83,9 +83,10 @@ def register(sub) -> None:
     p.add_argument("--sim-seconds", type=float_in(0.0, 86400.0, what="--sim-seconds"), help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
     gpu = p.add_argument_group("megatron backend (GPU clusters)")
-    gpu.add_argument("--dry-run", action="store_true",
-                     help="print each trial's per-node commands and overrides and write the spec files they name "
-                          "(under --workdir); run nothing, write no database")
+    p.add_argument("--dry-run", action="store_true",
+                   help="megatron and command backends: print how each trial would be launched (per-node commands "
+                        "and overrides; the command line) and write the spec files they name (under --workdir); "
+                        "run nothing, write no database")
     gpu.add_argument("--workdir", help="where trials write specs, results and traces (default /tmp/autotune-runs)")
     gpu.add_argument("--worker-python", help="the worker image's python (default: python)")
     gpu.add_argument("--nsys-ranks", help="comma-separated ranks to trace with Nsight Systems, e.g. 0")
@@ -443,14 +444,17 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
     name; no database is written and nothing runs."""
     import tempfile
 
+    from autotune.backends import backend_class
     from autotune.backends.runs import study_dir
     from autotune.dispatch._dryrun import DryRunDispatcher
     from autotune.controller.session import build_controller, create_study
     from autotune.errors import ConfigError
     from autotune.storage import Repository
 
-    if args.backend != "megatron":
-        raise ConfigError("--dry-run shows the megatron backend's launch commands: use --backend megatron")
+    backend = backend_class(args.backend)
+    if not backend.has_dry_run():
+        raise ConfigError(f"--dry-run shows how trials are launched, and a {args.backend} run launches nothing: "
+                          "use --backend megatron or --backend command")
     name = args.study or "dry-run"
     specs = study_dir(backend_options, name)
     try:  # fail here, in one line, rather than half-way through the trials
@@ -460,11 +464,12 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
     with tempfile.TemporaryDirectory() as directory:
         repo = Repository.open(f"sqlite:///{directory}/dry-run.db")
         study = create_study(repo, name=name, space=space, workload=workload,
-                             budget=args.budget, sampler=args.sampler, backend="megatron",
+                             budget=args.budget, sampler=args.sampler, backend=args.backend,
                              backend_options=backend_options, seed=args.seed, options=options)
         print(f"dry run: {workload_summary(workload)}; {study.budget} trial(s). Nothing runs and no database is "
               f"written; the spec.json files the commands name are written under {specs}/")
-        controller = build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options))
+        controller = build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options,
+                                                                               lines=backend.launch_lines))
         print(_forecast_line(_forecast(controller, study.budget), study.backend, 1))
         controller.run()
         repo.close()

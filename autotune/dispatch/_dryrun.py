@@ -1,11 +1,11 @@
 """`--dry-run`: print what a study would launch, run nothing.
 
-Stands in for the Ray dispatcher: each submitted trial's per-node commands and overrides are
-printed, and the cost model answers in its place so the proposal sequence is the one a real study
-would start with (later proposals depend on real measurements, which a dry run cannot have).
-The spec file the commands name is written where they say (`<workdir>/<study>/trial<N>-attempt1/
-spec.json`, as the megatron backend writes it), so a printed command runs as it stands on a node
-that sees that folder; nothing else is written.
+Stands in for the Ray dispatcher: each submitted trial's launch is printed (the backend's `launch_lines`: the
+megatron backend's per-node commands and overrides, the command backend's command line), and the cost model
+answers in its place so the proposal sequence is the one a real study would start with (later proposals depend
+on real measurements, which a dry run cannot have). The spec file the commands name is written where they say
+(`<workdir>/<study>/trial<N>-attempt1/spec.json`, as both backends write it), so a printed command runs as it
+stands on a node that sees that folder; nothing else is written.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 from autotune.backends.base import TrialSpec
 from autotune.dispatch._base import Dispatcher, TrialEvent
-from autotune.backends.megatron import dry_run_lines
 from autotune.backends.runs import prepare_trial_dir, write_new_file
 from autotune.backends.simulate import SimulateBackend
 
@@ -24,8 +23,14 @@ from autotune.backends.simulate import SimulateBackend
 class DryRunDispatcher(Dispatcher):
     capacity = 1
 
-    def __init__(self, options: dict[str, Any], emit: Callable[[str], None] = print) -> None:
-        self.options, self.emit = options, emit
+    def __init__(self, options: dict[str, Any], emit: Callable[[str], None] = print,
+                 lines: Callable[[TrialSpec, dict[str, Any]], list[str] | None] | None = None) -> None:
+        """`lines`: the study's backend's Backend.launch_lines (the megatron backend's by default)."""
+        if lines is None:
+            from autotune.backends.megatron import MegatronBackend
+
+            lines = MegatronBackend.launch_lines
+        self.options, self.emit, self.lines = options, emit, lines
         self._simulate = SimulateBackend({"seconds_per_trial": 0.0, "noise": 0.0})
         self._done: list[TrialEvent] = []
 
@@ -42,7 +47,7 @@ class DryRunDispatcher(Dispatcher):
             from autotune.errors import ConfigError
 
             raise ConfigError(f"--dry-run cannot write trial {spec.trial}'s spec.json: {one_line(str(exc))}") from None
-        for line in dry_run_lines(spec, options):
+        for line in self.lines(spec, options) or []:
             self.emit(line)
         outcome = self._simulate.run(spec, lambda r: None, threading.Event())
         self._done.append(TrialEvent(spec.trial, [], outcome))

@@ -83,3 +83,17 @@ class BackendContract:
         cancel.set()
         outcome, _ = self.run(self.spec(), cancel)
         assert outcome.status in (TrialStatus.PRUNED, TrialStatus.COMPLETED)  # fast backends may finish first
+
+    def test_a_dry_run_says_how_it_launches_a_trial_on_printable_lines_or_nothing(self, tmp_path):
+        """Backend.launch_lines (`start --dry-run`): None, when a run launches nothing outside the controller, or
+        lines naming the trial, each printable (no control character reaches the reader's terminal) and naming
+        no folder outside the study's run folder; has_dry_run says which."""
+        backend = self.backend()
+        options = {**backend.options, "workdir": str(tmp_path)}
+        lines = type(backend).launch_lines(self.spec(trial=5), options)
+        assert (lines is not None) == type(backend).has_dry_run()
+        if lines is None:
+            return
+        assert lines and all(isinstance(line, str) and line.isprintable() for line in lines)
+        assert lines[0].startswith("trial 5:")
+        assert any(f"{tmp_path}/suite/trial5-attempt1" in line for line in lines)
