@@ -28,21 +28,21 @@ def parse_command(command: str | list[str]) -> list[str]:
 
 def shell_word(arg: str) -> str:
     """`arg` quoted for a POSIX shell as shlex.quote quotes it; one with an unprintable character (a newline, an
-    ESC) in bash's $'...' form with that character escaped, so that a printed command (`--dry-run`) neither reads
-    as two lines nor drives the reader's terminal, and pasted into bash it is the same argument."""
+    ESC, a bidi override, an undecodable byte) in bash's $'...' form, its bytes (as the OS gets them: os.fsencode)
+    outside printable ASCII escaped as \\xHH, so that a printed command (`--dry-run`) neither reads as two lines
+    nor drives the reader's terminal, and pasted into bash, in any locale, it is the same argument (review: a
+    \\uXXXX escape is the literal text in the C locale, and an undecodable byte came back as another)."""
     if arg.isprintable():
         return shlex.quote(arg)
     escaped = []
-    for ch in arg:
-        code = ord(ch)
+    for byte in os.fsencode(arg):
+        ch = chr(byte)
         if ch in "\\'":
             escaped.append("\\" + ch)
-        elif ch.isprintable():
+        elif 0x20 <= byte < 0x7f:
             escaped.append(ch)
-        elif ch in "\n\t\r":
-            escaped.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
-        else:  # \xNN only below 0x80: bash writes \xNN as that byte, not as the character's UTF-8
-            escaped.append(f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            escaped.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{byte:02x}"))
     return "$'" + "".join(escaped) + "'"
 
 

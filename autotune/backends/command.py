@@ -66,9 +66,10 @@ class CommandBackend(Backend):
         folder = trial_dir(options, spec)
         added = {**{str(k): str(v) for k, v in (options.get("env") or {}).items()}, "AUTOTUNE_TRIAL_DIR": str(folder)}
         command = " ".join(shell_word(a) for a in parse_command(options["command"]))
-        # an environment variable's name is no word a shell quotes: one it cannot assign is passed through env(1)
+        # an environment variable's name is no word a shell quotes: one it cannot assign is passed through env(1),
+        # after `--` (a name starting with "-" is no option of env's)
         assign = " ".join(f"{shell_word(k)}={shell_word(v)}" for k, v in added.items())
-        prefix = assign if all(k.isidentifier() and k.isascii() for k in added) else f"env {assign}"
+        prefix = assign if all(k.isidentifier() and k.isascii() for k in added) else f"env -- {assign}"
         return [f"trial {spec.trial}: {spec.gpus} GPUs; config {json.dumps(spec.config)}",
                 f"  {prefix} {command} < {shell_word(str(folder / 'spec.json'))}",
                 "  overrides: " + " ".join(spec.overrides)]

@@ -444,6 +444,7 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
     name; no database is written and nothing runs."""
     import tempfile
 
+    from autotune._paths import one_line
     from autotune.backends import backend_class
     from autotune.backends.runs import study_dir
     from autotune.dispatch._dryrun import DryRunDispatcher
@@ -466,8 +467,9 @@ def _dry_run(space, workload, args, backend_options, options) -> int:
         study = create_study(repo, name=name, space=space, workload=workload,
                              budget=args.budget, sampler=args.sampler, backend=args.backend,
                              backend_options=backend_options, seed=args.seed, options=options)
+        # the folder as an error message shows a name (an ESC in --workdir is shown, not sent: review)
         print(f"dry run: {workload_summary(workload)}; {study.budget} trial(s). Nothing runs and no database is "
-              f"written; the spec.json files the commands name are written under {specs}/")
+              f"written; the spec.json files the commands name are written under {one_line(str(specs))}/")
         controller = build_controller(repo, study, dispatcher=DryRunDispatcher(backend_options,
                                                                                lines=backend.launch_lines))
         print(_forecast_line(_forecast(controller, study.budget), study.backend, 1))

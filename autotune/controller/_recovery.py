@@ -62,12 +62,22 @@ def reconcile(repo, study_id: int, optuna, stale_s: float, tell_trial) -> None:
             tell_trial(number, trial)
 
 
-def adoptable(repo, study_id: int, controller_id: str, stale_s: float, free_slots):
-    """Trials whose controller stopped heartbeating, each adopted (compare-and-set: two adopters
-    cannot both win) before it is yielded; stops while `free_slots()` is 0."""
+def adoptable(repo, study_id: int, controller_id: str, stale_s: float, free_slots, outcome_of, rerun_cap):
+    """Trials whose controller stopped heartbeating, each adopted (compare-and-set: two adopters cannot both win)
+    before it is yielded with the outcome its run left (`outcome_of(trial)`, read first: None when it must run
+    again) and the adoption (storage.Adoption: ADOPTED, or CAP for one that must run again and that the GPU-hour
+    cap has no room for). A trial to run again is adopted only into room under the cap (`rerun_cap(trial)`: the
+    GpuHourCap or None, and the GPU-seconds its dead attempt held), checked with the adoption under the study
+    row's lock; one the runs in flight leave no room for is left stale for a later pass. Stops while
+    `free_slots()` is 0."""
+    from autotune.storage import Adoption
+
     cutoff = utcnow() - dt.timedelta(seconds=stale_s)
     for trial in repo.stale_trials(study_id, stale_s, controller_id):
         if free_slots() == 0:
             return
-        if repo.adopt_trial(study_id, trial.number, controller_id, cutoff):
-            yield trial
+        outcome = outcome_of(trial)
+        cap, held = rerun_cap(trial) if outcome is None else (None, 0.0)
+        adoption = repo.adopt_trial(study_id, trial.number, controller_id, cutoff, cap=cap, held_gpu_seconds=held)
+        if adoption in (Adoption.ADOPTED, Adoption.CAP):
+            yield trial, outcome, adoption

@@ -49,7 +49,7 @@ from autotune.controller.strategies import Strategy
 from autotune.space import SearchSpace, enumerate_legal
 from autotune.storage import ClaimRefused, Repository, Study, StudyStatus, Trial, TrialNumbering, TrialOrigin
 from autotune.storage.models import utcnow
-from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT, GpuHourCap, gpu_hour_cap_reached
+from autotune.storage.repository import MAX_GPU_SECONDS_PER_ATTEMPT, GpuHourCap
 
 if TYPE_CHECKING:
     from autotune.dispatch import Dispatcher
@@ -553,38 +553,37 @@ class Controller:
 
     def _adopt_stale(self) -> None:
         """Adopt trials whose controller stopped heartbeating: record the outcome a run left behind,
-        or run it again. A controller's death says nothing about the layout, so this does not use up
-        the one retry that a worker or node death gets (MAX_ATTEMPTS applies to those only)."""
+        or run it again, into room under the GPU-hour cap (checked with the adoption, under the study row's
+        lock, as a new run's claim is: _recovery.adoptable). A controller's death says nothing about the layout,
+        so this does not use up the one retry that a worker or node death gets (MAX_ATTEMPTS applies to those
+        only)."""
         if self.dispatcher.free_slots() == 0:
             return
-        for trial in _recovery.adoptable(self.repo, self.study.id, self.controller_id,
-                                         STALE_AFTER_HEARTBEATS * HEARTBEAT_S, self.dispatcher.free_slots):
+        from autotune.storage import Adoption
+
+        gpus = self.workload.cluster.gpus
+        cap = self._gpu_cap()
+        for trial, outcome, adoption in _recovery.adoptable(
+                self.repo, self.study.id, self.controller_id, STALE_AFTER_HEARTBEATS * HEARTBEAT_S,
+                self.dispatcher.free_slots,
+                outcome_of=lambda t: harvest(self.study.backend_options, self.study.name, t.number, t.attempt, t.config),
+                rerun_cap=lambda t: (cap, _held_until_silent(t, gpus))):
             config = LayoutConfig.from_mapping(trial.config)
             adopted = dataclasses.replace(trial, controller_id=self.controller_id)
-            held = _held_until_silent(trial, self.workload.cluster.gpus)
-            outcome = harvest(self.study.backend_options, self.study.name, trial.number, trial.attempt, trial.config)
+            held = _held_until_silent(trial, gpus)
             if outcome is not None:  # it finished while its controller was dead: no second run
                 spec = self._spec(trial, config)
-                self._finish(_Running(adopted, spec), recheck(spec, outcome, held / self.workload.cluster.gpus))
+                self._finish(_Running(adopted, spec), recheck(spec, outcome, held / gpus))
                 continue
-            # the cap is checked with the re-run's claim, under the study row's lock (as claim_dispatch checks a new
-            # run's): two adopters checking it alone could each start a run into room for one
-            retried, in_flight = self.repo.retry_trial(self.study.id, trial.number,
-                                                       "re-run: its controller stopped while it ran", self.controller_id,
-                                                       gpu_seconds=held, cap=self._gpu_cap())
-            if not retried and in_flight:
-                # runs in flight hold the room for now: let it go (no heartbeat, so not in flight itself; no owner, so
-                # this controller too may take it), and a later pass adopts it again once one of them has ended and
-                # left room, or the cap is spent for good
-                self.repo.release_trials(self.study.id, [trial.number], {trial.number: held}, disown=True)
-                continue
-            if not retried:
+            if adoption is Adoption.CAP:
                 # not run again past the GPU-hour cap: ended as a cancelled run, its time counted (review: let go, it
                 # stayed dispatched, and the study hung or stayed interrupted with nothing that could run it)
                 self._finish(_Running(adopted, self._spec(trial, config)), TrialOutcome(
-                    trial.number, TrialStatus.PRUNED, wall_time_s=held / self.workload.cluster.gpus,
+                    trial.number, TrialStatus.PRUNED, wall_time_s=held / gpus,
                     error="not run again: the study's GPU-hour cap was spent (--max-gpu-hours)"))
                 continue
+            self.repo.retry_trial(self.study.id, trial.number, "re-run: its controller stopped while it ran",
+                                  self.controller_id, gpu_seconds=held)
             self._submit(dataclasses.replace(adopted, attempt=trial.attempt + 1), config)
 
 

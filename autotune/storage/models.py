@@ -98,6 +98,15 @@ class ClaimRefused(enum.StrEnum):
     CAP = "cap"  # the study's runs, those in flight included, have held its --max-gpu-hours (GpuHourCap)
 
 
+class Adoption(enum.StrEnum):
+    """What `Repository.adopt_trial` did with a stale trial."""
+
+    ADOPTED = "adopted"  # it is the adopter's now
+    TAKEN = "taken"  # not stale any more: another adopter won, or its controller came back; nothing written
+    WAIT = "wait"  # to run again, but runs in flight fill the GPU-hour cap's room for now; nothing written
+    CAP = "cap"  # adopted, but the cap is spent with nothing in flight: ended by the adopter, not run again
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 

@@ -27,7 +27,7 @@ from autotune.errors import StorageError, StudyError
 from autotune.storage._engine import make_engine, shown_url
 from autotune.storage._records import TRIAL_RULES, check_study_values, check_trial_values
 from autotune.storage.migrations import current_revision, ensure_schema, stamped_revision
-from autotune.storage.models import (REJECTED_BASE, SCHEMA_REVISION, TERMINAL_STATUSES, ClaimRefused, StudyRow,
+from autotune.storage.models import (REJECTED_BASE, SCHEMA_REVISION, TERMINAL_STATUSES, Adoption, ClaimRefused, StudyRow,
                                      StudyStatus, TrialNumbering, TrialOrigin, TrialRecordStatus, TrialRow, utcnow)
 
 T = TypeVar("T")
@@ -220,7 +220,7 @@ def _cap_state(s: Session, study_id: int, cap: GpuHourCap, held_gpu_seconds: flo
                starting: int | None = None) -> tuple[bool, int]:
     """Whether the study's runs, each in flight under a live controller counted as a whole run (GpuHourCap), reach
     its cap, and how many runs are in flight: the one reading of the cap by the controller's check, by
-    claim_dispatch's and by retry_trial's, under the study row's lock. `held_gpu_seconds`: time an attempt held
+    claim_dispatch's and by adopt_trial's, under the study row's lock. `held_gpu_seconds`: time an attempt held
     that its row does not count yet; `starting`: the trial about to start again, not counted in flight (a new
     claim is not in the table yet either)."""
     spent = _checked_spent(s, study_id) + held_gpu_seconds
@@ -536,33 +536,47 @@ class Repository:
                 _heartbeat_stale(cutoff)).order_by(TrialRow.number))
             return [_trial(r) for r in rows]
 
-    def adopt_trial(self, study_id: int, number: int, controller_id: str, stale_before: dt.datetime) -> bool:
-        """Take over a stale trial (compare-and-set on its heartbeat, so two adopters cannot both win)."""
+    def adopt_trial(self, study_id: int, number: int, controller_id: str, stale_before: dt.datetime,
+                    cap: GpuHourCap | None = None, held_gpu_seconds: float = 0.0) -> Adoption:
+        """Take over a stale trial (compare-and-set on its heartbeat, so two adopters cannot both win): ADOPTED, or
+        TAKEN when it is no longer stale (another adopter won, its controller came back).
+
+        With a `cap` (the trial is to run again): checked first, under the study row's lock, as claim_dispatch checks
+        a new run, with the time the dead attempt held (`held_gpu_seconds`) counted as spent. WAIT, with nothing
+        written, while runs in flight fill the room (the trial stays stale, counted by nobody; a later pass may find
+        room); CAP, adopted, when the cap is reached with none in flight (spent for good: the adopter ends it, not
+        run again). Review of an earlier version that checked the cap after adopting, at the re-run: two adopters
+        each counted the other's freshly adopted trial in flight, and both waited for ever."""
         with self.session() as s:
+            reached = False
+            if cap is not None:
+                s.scalar(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+                reached, live = _cap_state(s, study_id, cap, held_gpu_seconds=_gpu_time(held_gpu_seconds),
+                                           starting=number)
+                if reached and live:
+                    return Adoption.WAIT
             result = s.execute(update(TrialRow).where(
                 TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.status == TrialRecordStatus.DISPATCHED.value,
                 _heartbeat_stale(stale_before)).values(
                 controller_id=controller_id, heartbeat_at=utcnow()))
-            return result.rowcount == 1
+            if result.rowcount != 1:
+                return Adoption.TAKEN
+            return Adoption.CAP if reached else Adoption.ADOPTED
 
-    def release_trials(self, study_id: int, numbers: list[int], held_gpu_seconds: dict[int, float] | None = None,
-                       disown: bool = False) -> None:
+    def release_trials(self, study_id: int, numbers: list[int], held_gpu_seconds: dict[int, float] | None = None) -> None:
         """Let go of dispatched trials this controller cancelled (an interruption): no heartbeat, so readers
         show them stopped at once and the next controller adopts them without waiting for staleness.
         `held_gpu_seconds`: what each stopped attempt held its GPUs, added to the trial's GPU time (review: an
-        interrupted attempt's hours were never counted, against --max-gpu-hours or in the study's GPU-hours).
-        `disown`: no controller's either, so that the releasing controller too adopts them again (stale_trials
-        leaves a controller's own trials out)."""
+        interrupted attempt's hours were never counted, against --max-gpu-hours or in the study's GPU-hours)."""
         if not numbers:
             return
         held = held_gpu_seconds or {}
-        owner = {"controller_id": None} if disown else {}
         with self.session() as s:
             for number in numbers:
                 s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number,
                                                  TrialRow.status == TrialRecordStatus.DISPATCHED.value)
                           .values(heartbeat_at=None,
-                                  gpu_seconds=TrialRow.gpu_seconds + _gpu_time(held.get(number, 0.0)), **owner))
+                                  gpu_seconds=TrialRow.gpu_seconds + _gpu_time(held.get(number, 0.0))))
 
     def heartbeat_trials(self, study_id: int, numbers: list[int]) -> None:
         if not numbers:
@@ -603,26 +617,14 @@ class Repository:
             s.execute(update(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number).values(**values))
 
     def retry_trial(self, study_id: int, number: int, message: str, controller_id: str,
-                    gpu_seconds: float = 0.0, worker_lost: bool = False,
-                    cap: GpuHourCap | None = None) -> tuple[bool, int]:
-        """A trial goes back to dispatched for its next attempt (its GPU time so far, plus `gpu_seconds`, is kept).
+                    gpu_seconds: float = 0.0, worker_lost: bool = False) -> None:
+        """A trial goes back to dispatched for its next attempt (its GPU time so far is kept).
 
         `worker_lost` counts the attempt as lost to a dead worker or node (column `worker_losses`, the
         messages in artifacts under `losses`): those get one retry; re-runs after a controller death
-        do not count. Returns whether it was written, and how many other runs are in flight: with a `cap`,
-        nothing is written when the study's runs, the others in flight counted as in claim_dispatch and this
-        attempt's `gpu_seconds` included, have held its --max-gpu-hours; with others in flight, a later check may
-        find room again. Checked under the study row's lock, as claim_dispatch checks a new run (the last note: the
-        adopter counted the time spent alone, outside the lock, so two adopters, or an adopter and a new claim,
-        could each start a run into room for one).
+        do not count.
         """
         with self.session() as s:
-            live = 0
-            if cap is not None:
-                s.scalar(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
-                reached, live = _cap_state(s, study_id, cap, held_gpu_seconds=_gpu_time(gpu_seconds), starting=number)
-                if reached:
-                    return False, live
             row = s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
             artifacts = dict(row.artifacts or {})
             if worker_lost:
@@ -632,7 +634,6 @@ class Repository:
             row.dispatched_at = row.heartbeat_at = utcnow()
             row.controller_id, row.artifacts = controller_id, artifacts
             row.gpu_seconds = row.gpu_seconds + _gpu_time(gpu_seconds)
-        return True, live
 
     def worker_losses(self, study_id: int, number: int) -> int:
         """How many attempts of this trial ended because its worker or node died."""

@@ -5,6 +5,7 @@ argument may reach the reader's terminal as a control sequence."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,10 @@ BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
 
 
-def _through_bash(word: str) -> bytes:
+def _through_bash(word: str, locale: str = "C.UTF-8") -> bytes:
     """What bash makes of `word` as one argument (printf writes it back byte for byte)."""
     return subprocess.run([BASH, "-c", f"printf %s {word}"], capture_output=True, check=True,
-                          env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}).stdout
+                          env={"LC_ALL": locale, "PATH": "/usr/bin:/bin"}).stdout
 
 
 HOSTILE = ["plain", "two words", "it's", "a\\b", "$HOME", "`id`", "$(id)", "a;b", "x\ny", "\x1b[31mred\x1b[0m",
@@ -32,11 +33,12 @@ HOSTILE = ["plain", "two words", "it's", "a\\b", "$HOME", "`id`", "$(id)", "a;b"
 
 
 @needs_bash
-@pytest.mark.parametrize("word", HOSTILE)
-def test_a_shell_word_is_the_same_argument_in_bash_and_shows_no_control_character(word):
+@pytest.mark.parametrize("locale", ["C.UTF-8", "C"])
+@pytest.mark.parametrize("word", HOSTILE + ["/tmp/w\udcff"])  # an undecodable byte of argv (surrogateescape)
+def test_a_shell_word_is_the_same_argument_in_bash_in_any_locale_and_shows_no_control_character(word, locale):
     quoted = shell_word(word)
-    assert quoted.isprintable()
-    assert _through_bash(quoted) == word.encode()
+    assert quoted.isprintable() and quoted.isascii() or word.isprintable()
+    assert _through_bash(quoted, locale) == os.fsencode(word)
 
 
 @needs_bash
@@ -98,4 +100,14 @@ def test_a_hostile_command_is_shown_escaped_and_still_the_same_argv(tmp_path):
     assert "echo $'\\x1b[2J\\x1b]0;owned\\x07' $'a\\nb'" in lines[1] and "NOTE=$'x\\x1by'" in lines[1]
     # a variable name a shell cannot assign goes through env(1)
     odd = CommandBackend.launch_lines(make_spec(trial=3), {**options, "env": {"A-B": "1"}})
-    assert odd[1].lstrip().startswith("env A-B=1 AUTOTUNE_TRIAL_DIR=")
+    assert odd[1].lstrip().startswith("env -- A-B=1 AUTOTUNE_TRIAL_DIR=")
+
+
+def test_an_escape_in_the_workdir_reaches_no_line_of_a_dry_run(cli, tmp_path):
+    """Review: the header named the spec files' folder as it stood, so an ESC in --workdir reached the terminal."""
+    work = tmp_path / "w\x1b[31mRED"
+    result = cli("start", "--model", "qwen3_30b", "--budget", "1", "--backend", "command", "--dry-run",
+                 "--command", f"{sys.executable} {FAKE_LAUNCHER}", "--workdir", str(work), env={"RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "w\\x1b[31mRED" in result.stdout.splitlines()[0]
+    assert (work / "dry-run" / "trial0-attempt1" / "spec.json").is_file()

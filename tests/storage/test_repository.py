@@ -13,7 +13,7 @@ from sqlalchemy import inspect, text
 from autotune.errors import StorageError, StudyError
 from autotune.storage import REJECTED_BASE, Repository, current_revision, head_revision, make_engine, upgrade
 from autotune.storage.migrations import VERSION_TABLE, downgrade, stamped_revision
-from autotune.storage.models import SCHEMA_REVISION, ClaimRefused, TrialOrigin, utcnow
+from autotune.storage.models import SCHEMA_REVISION, Adoption, ClaimRefused, TrialOrigin, utcnow
 from autotune.storage.repository import GpuHourCap
 
 
@@ -134,39 +134,46 @@ def _stale(repo: Repository, study, key: str, number: int):
     return trial
 
 
-def test_a_dead_controllers_run_starts_again_only_into_room_under_the_cap(storage_url):
-    """retry_trial with a cap counts what claim_dispatch counts (runs in flight at a whole run each) plus the time
-    the dead attempt held, and writes nothing when that reaches the cap, saying how many runs are in flight (with
-    some, room may come back; with none, the cap is spent)."""
+def test_a_dead_controllers_run_is_adopted_to_run_again_only_into_room_under_the_cap(storage_url):
+    """adopt_trial with a cap counts what claim_dispatch counts (runs in flight at a whole run each) plus the time
+    the dead attempt held: while runs in flight fill the room it writes nothing (WAIT: the trial stays stale, so
+    nobody counts it in flight); with none in flight and the cap reached it adopts the trial to end it (CAP)."""
     repo = Repository.open(storage_url)
     study = new_study(repo, budget=10)
     cap = _cap(1.0, 2000.0)
+    cutoff = utcnow() - dt.timedelta(minutes=5)
     live = repo.claim_dispatch(study.id, {"tp": 1}, "k1", 1, "c1", study.budget, number=1, cap=cap)
     stale = _stale(repo, study, "k2", 2)
-    assert repo.retry_trial(study.id, stale.number, "again", "c2", gpu_seconds=1700.0, cap=cap) == (False, 1)
-    assert repo.trial(study.id, stale.number).attempt == 1 and repo.trial(study.id, stale.number).gpu_seconds == 0
+    before = repo.trial(study.id, stale.number)
+    # 0 spent + 1,700 held + 2,000 in flight >= 3,600
+    assert repo.adopt_trial(study.id, stale.number, "c2", cutoff, cap=cap, held_gpu_seconds=1700.0) is Adoption.WAIT
+    assert repo.trial(study.id, stale.number) == before  # nothing written: still stale, still the dead one's
+    assert [t.number for t in repo.stale_trials(study.id, 60, "c2")] == [stale.number]
     repo.finish_trial(study.id, live.number, "completed", metrics={"step_time_s": 2.0, "tokens_per_s_per_gpu": 5.0},
                       step_times_s=[2.0], gpu_seconds=1000.0)
     # nothing else in flight: 1,000 spent + 1,700 held < 3,600
-    assert repo.retry_trial(study.id, stale.number, "again", "c2", gpu_seconds=1700.0, cap=cap) == (True, 0)
-    trial = repo.trial(study.id, stale.number)
-    assert (trial.attempt, trial.gpu_seconds, trial.controller_id) == (2, 1700.0, "c2")
-    other = _stale(repo, study, "k3", 3)
-    # the re-run in flight counts at the ended runs' mean: 2,700 spent + 1,000 in flight + 0 held >= 3,600
-    assert repo.retry_trial(study.id, other.number, "again", "c2", cap=cap) == (False, 1)
-    assert repo.retry_trial(study.id, other.number, "again", "c2", cap=_cap(2.0, 2000.0)) == (True, 1)
+    assert repo.adopt_trial(study.id, stale.number, "c2", cutoff, cap=cap, held_gpu_seconds=1700.0) is Adoption.ADOPTED
+    assert repo.trial(study.id, stale.number).controller_id == "c2"
+    # the adopted run now counts in flight, at the ended runs' mean: 1,000 spent + 1,000 reach a 2,000 cap
+    third = _stale(repo, study, "k3", 3)
+    assert repo.adopt_trial(study.id, third.number, "c3", cutoff, cap=_cap(2000 / 3600, 2000.0)) is Adoption.WAIT
+    # the cap spent with nothing in flight (2,000 >= 1,900): adopted, to be ended
+    repo.finish_trial(study.id, stale.number, "completed", metrics={"step_time_s": 2.0, "tokens_per_s_per_gpu": 5.0},
+                      step_times_s=[2.0], gpu_seconds=1000.0)
+    assert repo.adopt_trial(study.id, third.number, "c3", cutoff, cap=_cap(1900 / 3600, 2000.0)) is Adoption.CAP
+    assert repo.trial(study.id, third.number).controller_id == "c3"
+    assert repo.adopt_trial(study.id, third.number, "c4", cutoff, cap=cap) is Adoption.TAKEN
 
 
 def test_two_controllers_cannot_both_rerun_a_dead_controllers_run_into_the_last_room(postgres_url):
     """The last note: the adopter checked the time spent alone (no run in flight counted) outside the study row's
-    lock, so two controllers adopting two dead runs at the same moment both started one into room for one (that
-    check passes both here). Round after round, of two adopters each
-    re-running its own dead run at once, at most one starts (both may wait: each counts the other's adopted run in
-    flight; neither overruns)."""
+    lock, so two controllers adopting two dead runs at the same moment both started one into room for one. Round
+    after round, of two adopters each adopting its own dead run at once, exactly one gets it and the other waits
+    (a review of a first fix, which checked at the re-run after adopting: each counted the other's freshly adopted
+    run in flight, and both waited)."""
     setup = Repository.open(postgres_url)
     repos = [Repository.open(postgres_url) for _ in range(2)]
     cap = _cap(1.0, 2000.0)  # one run in flight leaves room for exactly one more
-    started = 0
     for round_number in range(12):
         study = new_study(setup, name=f"adopt{round_number}", budget=10)
         setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
@@ -174,22 +181,13 @@ def test_two_controllers_cannot_both_rerun_a_dead_controllers_run_into_the_last_
         barrier = threading.Barrier(2)
 
         def adopt(index: int):
-            number = dead[index].number
-            assert repos[index].adopt_trial(study.id, number, f"c{index + 1}", utcnow() - dt.timedelta(minutes=5))
             barrier.wait()
-            return repos[index].retry_trial(study.id, number, "re-run", f"c{index + 1}", cap=cap)[0]
+            return repos[index].adopt_trial(study.id, dead[index].number, f"c{index + 1}",
+                                            utcnow() - dt.timedelta(minutes=5), cap=cap)
 
         with ThreadPoolExecutor(2) as pool:
             results = list(pool.map(adopt, range(2)))
-        assert sum(results) <= 1, results
-        started += sum(results)
-        assert sum(t.attempt == 2 for t in setup.trials(study.id)) == sum(results)
-    # one at a time, the first adopter starts its run and the second waits
-    study = new_study(setup, name="adopt-serial", budget=10)
-    setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
-    first, second = (_stale(setup, study, f"k{n}", n) for n in (1, 2))
-    assert repos[0].retry_trial(study.id, first.number, "re-run", "c1", cap=cap) == (True, 1)
-    assert repos[1].retry_trial(study.id, second.number, "re-run", "c2", cap=cap) == (False, 2)
+        assert sorted(results) == [Adoption.ADOPTED, Adoption.WAIT], results
 
 
 def test_rejected_layouts_of_an_optuna_numbered_study_are_numbered_apart(storage_url):
@@ -270,8 +268,8 @@ def test_stale_trials_are_adopted_once(storage_url):
     stale = repo.stale_trials(study.id, -1, "me")
     assert [t.number for t in stale] == [trial.number]
     cutoff = utcnow() + dt.timedelta(seconds=1)
-    assert repo.adopt_trial(study.id, trial.number, "me", cutoff)
-    assert not repo.adopt_trial(study.id, trial.number, "other", utcnow() - dt.timedelta(seconds=60))
+    assert repo.adopt_trial(study.id, trial.number, "me", cutoff) is Adoption.ADOPTED
+    assert repo.adopt_trial(study.id, trial.number, "other", utcnow() - dt.timedelta(seconds=60)) is Adoption.TAKEN
 
 
 def test_upgrade_from_the_first_released_schema(storage_url):
