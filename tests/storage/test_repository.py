@@ -100,25 +100,41 @@ def test_claim_dispatch_refuses_a_run_past_the_gpu_hour_cap(storage_url):
                                origin=TrialOrigin.VALIDATION, cap=_cap(3500 / 3600, 2000.0)) is ClaimRefused.CAP
 
 
+def _room_for_one() -> GpuHourCap:
+    """With one run of 2,000 GPU-s in flight: room for exactly one more (taken when used: its live-after moment is
+    five minutes before now)."""
+    return _cap(1.0, 2000.0)
+
+
+def _races(postgres_url: str, name: str, prepare, act):
+    """Twelve rounds of a study with one run in flight under _room_for_one(), `prepare(repo, study)` done, and two
+    connections calling `act(repo, study, index, prepared)` at the same moment; yields each round's study and
+    its two results."""
+    setup = Repository.open(postgres_url)
+    repos = [Repository.open(postgres_url) for _ in range(2)]
+    for round_number in range(12):
+        study = new_study(setup, name=f"{name}{round_number}", budget=10)
+        setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=_room_for_one())
+        prepared = prepare(setup, study)
+        barrier = threading.Barrier(2)
+
+        def at_once(index: int):
+            barrier.wait()
+            return act(repos[index], study, index, prepared)
+
+        with ThreadPoolExecutor(2) as pool:
+            yield setup, study, list(pool.map(at_once, range(2)))
+
+
 def test_two_controllers_cannot_both_start_a_run_into_the_last_room_under_the_cap(postgres_url):
     """Review: each controller checked the cap alone before claiming, so two controllers of one study could each
     start a run into room for one. claim_dispatch counts the runs in flight under the study row's lock: of two
     claims made at the same moment by two connections, one is refused, round after round."""
-    setup = Repository.open(postgres_url)
-    repos = [Repository.open(postgres_url) for _ in range(2)]
-    cap = _cap(1.0, 2000.0)  # one run in flight leaves room for exactly one more
-    for round_number in range(12):
-        study = new_study(setup, name=f"race{round_number}", budget=10)
-        setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
-        barrier = threading.Barrier(2)
+    def claim(repo, study, index, _):
+        return repo.claim_dispatch(study.id, {"tp": 2 + index}, f"k{index + 1}", index + 1, f"c{index + 1}",
+                                   study.budget, number=index + 1, cap=_room_for_one())
 
-        def claim(index: int):
-            barrier.wait()
-            return repos[index].claim_dispatch(study.id, {"tp": 2 + index}, f"k{index + 1}", index + 1, f"c{index + 1}",
-                                               study.budget, number=index + 1, cap=cap)
-
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(claim, range(2)))
+    for setup, study, results in _races(postgres_url, "race", lambda repo, study: None, claim):
         assert sum(r is ClaimRefused.CAP for r in results) == 1, results
         assert setup.counts(study.id)["dispatched"] == 2
 
@@ -171,22 +187,14 @@ def test_two_controllers_cannot_both_rerun_a_dead_controllers_run_into_the_last_
     after round, of two adopters each adopting its own dead run at once, exactly one gets it and the other waits
     (a review of a first fix, which checked at the re-run after adopting: each counted the other's freshly adopted
     run in flight, and both waited)."""
-    setup = Repository.open(postgres_url)
-    repos = [Repository.open(postgres_url) for _ in range(2)]
-    cap = _cap(1.0, 2000.0)  # one run in flight leaves room for exactly one more
-    for round_number in range(12):
-        study = new_study(setup, name=f"adopt{round_number}", budget=10)
-        setup.claim_dispatch(study.id, {"tp": 1}, "k0", 0, "c0", study.budget, number=0, cap=cap)
-        dead = [_stale(setup, study, f"k{n}", n) for n in (1, 2)]
-        barrier = threading.Barrier(2)
+    def dead_runs(repo, study):
+        return [_stale(repo, study, f"k{n}", n) for n in (1, 2)]
 
-        def adopt(index: int):
-            barrier.wait()
-            return repos[index].adopt_trial(study.id, dead[index].number, f"c{index + 1}",
-                                            utcnow() - dt.timedelta(minutes=5), cap=cap)
+    def adopt(repo, study, index, dead):
+        return repo.adopt_trial(study.id, dead[index].number, f"c{index + 1}", utcnow() - dt.timedelta(minutes=5),
+                                cap=_room_for_one())
 
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(adopt, range(2)))
+    for _, _, results in _races(postgres_url, "adopt", dead_runs, adopt):
         assert sorted(results) == [Adoption.ADOPTED, Adoption.WAIT], results
 
 
