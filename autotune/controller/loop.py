@@ -562,12 +562,13 @@ class Controller:
         from autotune.storage import Adoption
 
         gpus = self.workload.cluster.gpus
-        cap = self._gpu_cap()
+        # the cap only for a trial that must run again (each pass of the loop comes here; its first-run forecast is
+        # taken, as before, where the cap is first needed)
         for trial, outcome, adoption in _recovery.adoptable(
                 self.repo, self.study.id, self.controller_id, STALE_AFTER_HEARTBEATS * HEARTBEAT_S,
                 self.dispatcher.free_slots,
                 outcome_of=lambda t: harvest(self.study.backend_options, self.study.name, t.number, t.attempt, t.config),
-                rerun_cap=lambda t: (cap, _held_until_silent(t, gpus))):
+                rerun_cap=lambda t: (self._gpu_cap(), _held_until_silent(t, gpus))):
             config = LayoutConfig.from_mapping(trial.config)
             adopted = dataclasses.replace(trial, controller_id=self.controller_id)
             held = _held_until_silent(trial, gpus)
