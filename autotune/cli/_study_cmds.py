@@ -82,11 +82,11 @@ def register(sub) -> None:
     p.add_argument("--noise", type=float_in(0.0, 1.0, what="--noise"), help="simulate backend: relative measurement noise (default 0.01)")
     p.add_argument("--sim-seconds", type=float_in(0.0, 86400.0, what="--sim-seconds"), help="simulate backend: real seconds per trial (default 0.05)")
     p.add_argument("--json", action="store_true", help="print only the final summary, as JSON (no live view)")
-    gpu = p.add_argument_group("megatron backend (GPU clusters)")
     p.add_argument("--dry-run", action="store_true",
                    help="megatron and command backends: print how each trial would be launched (per-node commands "
                         "and overrides; the command line) and write the spec files they name (under --workdir); "
                         "run nothing, write no database")
+    gpu = p.add_argument_group("megatron backend (GPU clusters)")
     gpu.add_argument("--workdir", help="where trials write specs, results and traces (default /tmp/autotune-runs)")
     gpu.add_argument("--worker-python", help="the worker image's python (default: python)")
     gpu.add_argument("--nsys-ranks", help="comma-separated ranks to trace with Nsight Systems, e.g. 0")
