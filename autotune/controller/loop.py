@@ -247,13 +247,16 @@ class Controller:
 
     def _done(self) -> bool:
         """Nothing of ours runs: stop when the study is complete, or when we have nothing left to
-        propose; wait (and adopt stale trials) while other controllers' trials still run."""
+        propose; wait (and adopt stale trials) while other controllers' trials still run.
+
+        The space or the GPU-hours used up is waited out as the budget is: another controller's run may be a dead
+        one's, which only a controller still here adopts once its heartbeat goes stale (the last note: one that
+        had used up the space left at once, and the study ended interrupted with the dead run `dispatched`)."""
         counts = self.repo.counts(self.study.id)
-        if counts["running"] == 0 and (counts["dispatched"] >= self.study.budget or self._exhausted or self._capped):
+        nothing_to_start = counts["dispatched"] >= self.study.budget or self._exhausted or self._capped
+        if counts["running"] == 0 and nothing_to_start:
             return True
-        if (self._exhausted or self._capped) and counts["dispatched"] < self.study.budget:
-            return True  # the space or the GPU-hours are used up; other controllers' trials are theirs to finish
-        if counts["dispatched"] >= self.study.budget:
+        if nothing_to_start:
             time.sleep(min(1.0, HEARTBEAT_S / 2))  # only other controllers' trials still run
         return False
 

@@ -446,6 +446,43 @@ def test_a_dead_controllers_run_waits_while_others_in_flight_hold_the_room_under
     repo.close()
 
 
+def test_a_controller_that_used_up_the_space_waits_to_adopt_a_dead_controllers_run(tmp_path, monkeypatch):
+    """The last note: a controller with nothing left to propose left at once while another controller's run was in
+    flight, and when that controller had died the study ended interrupted with its run `dispatched` for ever (only a
+    controller still there adopts it). It now waits, as after the budget: the other controller heartbeats its run
+    until this one has used up the space, then dies; the run is adopted once stale, run again, and the study ends."""
+    import autotune.controller.loop as loop
+
+    monkeypatch.setattr(loop, "HEARTBEAT_S", 1.0)  # stale after 3 s: more than one pass of the loop takes
+    fixes = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "etp": 1, "mbs": 1, "recompute": "none", "dist_opt": True,
+             "sp": False}
+    repo = Repository.open(f"sqlite:///{tmp_path / 'x.db'}")
+    space = load_space("qwen3_30b").fixed(fixes)
+    study = create_study(repo, name="x", space=space, workload=make_workload(space, gpus=16), budget=40,
+                         sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
+    from autotune.config import LayoutConfig
+
+    layout = LayoutConfig.from_mapping({**fixes, "ep": 8})
+    dead = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "dead:1", 40, number=100)
+    passes_after_used_up = []
+
+    def other_controller_alive_until_the_space_is_used_up(controller):
+        if not controller._exhausted:
+            repo.heartbeat_trials(study.id, [dead.number])
+        else:
+            passes_after_used_up.append(1)
+
+    controller = build_controller(repo, study, dispatcher="inprocess")
+    controller.on_tick = other_controller_alive_until_the_space_is_used_up
+    repo.heartbeat_trials(study.id, [dead.number])  # alive when the controller starts (set-up took seconds)
+    summary = controller.run()
+    assert passes_after_used_up, "the space was never used up: the test proves nothing"
+    again = repo.trial(study.id, dead.number)
+    assert (again.status, again.attempt, again.controller_id) == ("completed", 2, controller.controller_id)
+    assert summary.stop_reason == "exhausted" and repo.get_study("x").status == "finished"
+    repo.close()
+
+
 def test_an_imported_runs_hours_are_on_the_board_but_not_of_the_cap(tmp_path):
     """The last note: the live view's room under the cap subtracted the board's GPU-seconds, imported runs'
     included, while the cap counts the study's own runs (Repository.gpu_seconds_spent). The board now says both."""
