@@ -132,9 +132,13 @@ def verdict_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
 
 
 def _stopped(trial: Trial, study_status: str) -> bool:
-    """A dispatched run of an interrupted study that no controller heartbeats any more. Another controller
-    of the same study (several may share one PostgreSQL study) keeps heartbeating its own runs: those run."""
-    if trial.status != "dispatched" or study_status != "interrupted":
+    """A dispatched run that no controller heartbeats any more, by the store's rule of a run to adopt
+    (storage.repository._heartbeat_stale): its study's interruption cancelled it, or its controller died. Another
+    controller of the same study (several may share one PostgreSQL study) keeps heartbeating its own runs: those
+    run. In a running study too (the last note: a dead controller's run, left stale while the GPU-hour cap had no
+    room for it, read `running` until a live controller adopted it)."""
+    del study_status  # the rule is the store's, whatever the study's status says
+    if trial.status != "dispatched":
         return False
     return trial.heartbeat_at is None or _stale_s(trial.heartbeat_at) is not None
 
@@ -648,6 +652,24 @@ def _heartbeat_ahead(study: Study) -> bool:
     return study.status == "running" and beat is not None and heartbeat_ahead_s(beat) is not None
 
 
+def adopted_by_a_live_controller(study_status: str, controller_silent_s: float | None) -> bool:
+    """Whether a stopped run (one nothing heartbeats) is a dead controller's in a study a live controller runs,
+    which that controller adopts (runs again) when a slot and the GPU-hour cap have room, rather than one the
+    study's interruption cancelled, which `resume` runs again."""
+    return study_status == "running" and not controller_silent_s
+
+
+def stopped_note(summary: dict[str, Any]) -> str:
+    """What the board says of its runs that nothing heartbeats (summary["stopped"])."""
+    import shlex
+
+    if adopted_by_a_live_controller(summary["status"], summary.get("controller_silent_s")):
+        return (f"{summary['stopped']} run(s) whose controller stopped: the study's controller runs them again when "
+                "a slot and the GPU-hour cap have room")
+    return (f"{summary['stopped']} run(s) stopped by the interruption (`autotune resume "
+            f"{shlex.quote(summary['study'])}` runs them again)")
+
+
 def shown_status(row: dict[str, Any]) -> str:
     """A row's status as readers see it: a dispatched run is `running`, or `stopped` when the study's
     interruption cancelled it (`resume` runs it again)."""
@@ -787,10 +809,7 @@ def summary_line(summary: dict[str, Any]) -> str:
     if summary.get("controller_silent_s"):
         tag += f" | {silence_note(summary)}"
     if summary.get("stopped"):
-        import shlex
-
-        tag += (f" | {summary['stopped']} run(s) stopped by the interruption (`autotune resume "
-                f"{shlex.quote(summary['study'])}` runs them again)")
+        tag += f" | {stopped_note(summary)}"
     return (f"dispatched {summary['dispatched']}/{summary['budget']} | completed {summary['completed']} | "
             f"OOM {summary['oom']} | pruned {summary['pruned']} | failed {summary['failed']} | "
             # its own count, as on the rows and in JSON (a new-user pass: a timed-out run read "failed 1")

@@ -1170,7 +1170,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             shown = _shown(key, value)
             if key == "status":  # as the leaderboard says it: a dispatched run is running or stopped
                 shown = leaderboard.shown_status({"status": value, "stopped": view["stopped"]})
-                if shown == "stopped":
+                if shown == "stopped" and leaderboard.adopted_by_a_live_controller(
+                        study.status, leaderboard.controller_silence_s(study)):
+                    shown += ": its controller stopped; the study's controller runs it again when there is room"
+                elif shown == "stopped":
                     shown += ": the study's interruption cancelled it; `resume` runs it again"
             if key == "tokens_per_s_per_gpu" and data["tokens_per_s_per_gpu_sd"]:
                 shown = leaderboard.with_sd(value, data["tokens_per_s_per_gpu_sd"]) + " (one run-to-run sd)"

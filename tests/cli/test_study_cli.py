@@ -457,7 +457,17 @@ def test_a_run_the_interruption_cancelled_is_stopped_not_running_and_watch_ends(
     shown = cli("show", "cut", str(cut.number), "--storage", repo.url, env={"COLUMNS": "200"})
     assert "stopped: the study's interruption cancelled it" in shown.stdout and "dispatched" not in shown.stdout
     assert json.loads(cli("show", "cut", str(cut.number), "--json", "--storage", repo.url).stdout)["stopped"] is True
-    repo.set_study_status(study.id, StudyStatus.RUNNING)  # a running study's runs are never called stopped
+    # in a study a live controller runs, a run nothing heartbeats is a dead controller's, which that controller runs
+    # again (the last note: it read `running` while it waited for room under the GPU-hour cap)
+    repo.set_study_status(study.id, StudyStatus.RUNNING)
+    repo.controller_heartbeat(study.id, "live:1")
+    shown = " ".join(cli("show", "cut", str(cut.number), "--storage", repo.url, env={"COLUMNS": "200"}).stdout.split())
+    assert "stopped: its controller stopped; the study's controller runs it again when there is room" in shown
+    board = " ".join(cli("leaderboard", "cut", "--storage", repo.url, env={"COLUMNS": "200"}).stdout.split())
+    assert "1 run(s) whose controller stopped: the study's controller runs them again" in board
+    from autotune.storage.models import utcnow
+
+    heartbeat(utcnow())  # its controller heartbeats it: it runs
     assert "running" in cli("show", "cut", str(cut.number), "--storage", repo.url, env={"COLUMNS": "200"}).stdout
     assert json.loads(cli("status", "--json", "--storage", repo.url).stdout)[0]["running"] == 1
 

@@ -438,6 +438,17 @@ def test_a_dead_controllers_run_waits_while_others_in_flight_hold_the_room_under
     before = repo.trial(study.id, stale)
     controller._adopt_stale()
     assert repo.trial(study.id, stale) == before  # nothing written
+    # the board: not `running` (the last note), but a dead controller's run that the live one runs when there is room
+    from autotune import leaderboard
+    from autotune.storage import StudyStatus
+
+    repo.set_study_status(study.id, StudyStatus.RUNNING)
+    repo.controller_heartbeat(study.id, controller.controller_id)
+    board = leaderboard.build(repo, repo.get_study("wait"), top=5)
+    assert (board.summary["running"], board.summary["stopped"]) == (1, 1)  # the live run, the dead one
+    assert [leaderboard.shown_status(r) for r in board.rows if r["trial"] == stale] == ["stopped"]
+    assert "1 run(s) whose controller stopped: the study's controller runs them again" in \
+        leaderboard.summary_line(board.summary)
     repo.finish_trial(study.id, live.number, "completed", metrics={"tokens_per_s_per_gpu": 7000.0, "step_time_s": 30.0,
                       "peak_mem_gib": 60.0}, gpu_seconds=100.0)
     controller.run()
