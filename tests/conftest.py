@@ -1,7 +1,8 @@
-"""Shared fixtures. Ray is started once per session (it costs seconds and memory), never per test."""
+"""Shared fixtures. Ray is started once per session (per pytest-xdist worker: two, pyproject.toml), never per test."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -34,7 +35,11 @@ def cli():
 
 
 FAKE_LAUNCHER = os.path.join(os.path.dirname(__file__), "fixtures", "fake_launcher.py")
-POSTGRES_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+# pytest-xdist runs the suite in two processes (README): each gets a database of its own on the same server, since
+# the fixture below drops every table of its database before each test
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+POSTGRES_DB = f"test_{_WORKER}" if _WORKER else "test"
+POSTGRES_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES", f"postgresql+psycopg://postgres@127.0.0.1:5432/{POSTGRES_DB}")
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +54,18 @@ def ray_session():
     ray.shutdown()
 
 
+@functools.cache
 def _postgres_available() -> bool:
+    """The server answers, with this process's database (created on first use by an xdist worker)."""
     try:
         import psycopg
 
-        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", connect_timeout=3):
+        if POSTGRES_DB != "test" and "AUTOTUNE_TEST_POSTGRES" not in os.environ:
+            with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", connect_timeout=3,
+                                 autocommit=True) as connection:
+                if connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (POSTGRES_DB,)).fetchone() is None:
+                    connection.execute(f'CREATE DATABASE "{POSTGRES_DB}"')
+        with psycopg.connect(f"host=127.0.0.1 port=5432 user=postgres dbname={POSTGRES_DB}", connect_timeout=3):
             return True
     except Exception:
         return False
