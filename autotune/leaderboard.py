@@ -193,7 +193,9 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
         rows = rows[:top]
     pinned = [board_row(baseline)] if baseline and baseline.number not in {r["trial"] for r in rows} else []
     counts = repo.counts(study.id)
-    stopped = sum(_stopped(t, study.status) for t in dispatched)  # dispatched, but nothing runs them
+    # dispatched, but nothing runs them: runs of the budget only, as counts["running"] is (review: a stale validation
+    # run made `running` -1, and `leaderboard --watch` of a finished study waited for it for ever)
+    stopped = sum(_stopped(t, study.status) for t in dispatched if t.origin == TrialOrigin.STUDY)
     cap = stored_options.max_gpu_hours
     # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
     spent_s = sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED)

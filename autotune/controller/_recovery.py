@@ -46,6 +46,23 @@ def abandoned(open_trials: list, recorded: dict[int, Any], stale_s: float) -> li
     return found
 
 
+def others_ended_lately(trials: list, controller_id: str, within_s: float) -> bool:
+    """Whether a run of another controller ended within the last `within_s`: that controller may be alive and
+    proposing its next run, with nothing in flight for the moment (review: a controller that had used up the space
+    left in such a gap, writing `finished` onto a study another controller still ran, and nobody was left to adopt
+    that one's runs had it died)."""
+    now = utcnow()
+    for trial in trials:
+        if trial.controller_id in (None, controller_id) or trial.finished_at is None:
+            continue
+        ended = trial.finished_at
+        if ended.tzinfo is not None:
+            ended = ended.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        if 0 <= (now - ended).total_seconds() < within_s:
+            return True
+    return False
+
+
 def reconcile(repo, study_id: int, optuna, stale_s: float, tell_trial) -> None:
     """Settle the Optuna trials a dead controller left RUNNING: an unrecorded proposal is failed;
     one whose autotune trial was recorded gets that trial's outcome through `tell_trial(number, trial)`."""

@@ -253,9 +253,17 @@ class Controller:
         one's, which only a controller still here adopts once its heartbeat goes stale (the last note: one that
         had used up the space left at once, and the study ended interrupted with the dead run `dispatched`)."""
         counts = self.repo.counts(self.study.id)
-        nothing_to_start = counts["dispatched"] >= self.study.budget or self._exhausted or self._capped
+        budget_used = counts["dispatched"] >= self.study.budget
+        nothing_to_start = budget_used or self._exhausted or self._capped
         if counts["running"] == 0 and nothing_to_start:
-            return True
+            if budget_used or self._capped or not _recovery.others_ended_lately(
+                    self.repo.trials(self.study.id, dispatched_only=True), self.controller_id,
+                    STALE_AFTER_HEARTBEATS * HEARTBEAT_S):
+                return True
+            # the space used up here, but another controller's run ended moments ago: it may be proposing its next
+            # (this controller's Optuna proposals are not its), so wait a little more for one to adopt
+            time.sleep(min(1.0, HEARTBEAT_S / 2))
+            return False
         if nothing_to_start:
             time.sleep(min(1.0, HEARTBEAT_S / 2))  # only other controllers' trials still run
         return False

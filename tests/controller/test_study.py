@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -457,41 +458,105 @@ def test_a_dead_controllers_run_waits_while_others_in_flight_hold_the_room_under
     repo.close()
 
 
+@contextlib.contextmanager
+def _another_controller_heartbeating(repo, study_id, number, until):
+    """Another controller, alive (heartbeating run `number` every 0.1 s, from a thread: not bound to the pace of the
+    controller's loop) until `until(controller)` holds at one of the controller's loop passes (on_tick), when it dies.
+    Yields the list that then gets the run's owner (the run must still be the other controller's then)."""
+    import threading
+
+    died, owner_then = threading.Event(), []
+
+    def beat():
+        while not died.wait(0.1):
+            repo.heartbeat_trials(study_id, [number])
+
+    def on_tick(controller):
+        if until(controller) and not died.is_set():
+            died.set()
+            owner_then.append(repo.trial(study_id, number).controller_id)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield on_tick, owner_then
+    finally:
+        died.set()
+        thread.join()
+
+
 def test_a_controller_that_used_up_the_space_waits_to_adopt_a_dead_controllers_run(tmp_path, monkeypatch):
     """The last note: a controller with nothing left to propose left at once while another controller's run was in
     flight, and when that controller had died the study ended interrupted with its run `dispatched` for ever (only a
     controller still there adopts it). It now waits, as after the budget: the other controller heartbeats its run
     until this one has used up the space, then dies; the run is adopted once stale, run again, and the study ends."""
     import autotune.controller.loop as loop
+    from autotune.config import LayoutConfig
 
-    monkeypatch.setattr(loop, "HEARTBEAT_S", 1.0)  # stale after 3 s: more than one pass of the loop takes
+    monkeypatch.setattr(loop, "HEARTBEAT_S", 0.5)  # stale after 1.5 s without a heartbeat
     fixes = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "etp": 1, "mbs": 1, "recompute": "none", "dist_opt": True,
              "sp": False}
     repo = Repository.open(f"sqlite:///{tmp_path / 'x.db'}")
     space = load_space("qwen3_30b").fixed(fixes)
     study = create_study(repo, name="x", space=space, workload=make_workload(space, gpus=16), budget=40,
                          sampler="auto", backend="simulate", backend_options={"seconds_per_trial": 0.0}, seed=0)
-    from autotune.config import LayoutConfig
-
     layout = LayoutConfig.from_mapping({**fixes, "ep": 8})
     dead = repo.claim_dispatch(study.id, layout.to_dict(), layout.key(), None, "dead:1", 40, number=100)
-    passes_after_used_up = []
-
-    def other_controller_alive_until_the_space_is_used_up(controller):
-        if not controller._exhausted:
-            repo.heartbeat_trials(study.id, [dead.number])
-        else:
-            passes_after_used_up.append(1)
-
-    controller = build_controller(repo, study, dispatcher="inprocess")
-    controller.on_tick = other_controller_alive_until_the_space_is_used_up
-    repo.heartbeat_trials(study.id, [dead.number])  # alive when the controller starts (set-up took seconds)
-    summary = controller.run()
-    assert passes_after_used_up, "the space was never used up: the test proves nothing"
+    with _another_controller_heartbeating(repo, study.id, dead.number, lambda c: c._exhausted) as (tick, owner_then):
+        controller = build_controller(repo, study, dispatcher="inprocess")
+        controller.on_tick = tick
+        summary = controller.run()
+    assert owner_then == ["dead:1"], "the run was adopted before the space was used up: the test proves nothing"
     again = repo.trial(study.id, dead.number)
     assert (again.status, again.attempt, again.controller_id) == ("completed", 2, controller.controller_id)
     assert summary.stop_reason == "exhausted" and repo.get_study("x").status == "finished"
     repo.close()
+
+
+def test_a_stale_validation_run_is_no_run_of_the_budget_on_the_board(tmp_path):
+    """Review: the board's `stopped` counted a stale validation run, which counts["running"] leaves out, so `running`
+    read -1 in a finished study, and `leaderboard --watch` (which waits for `running` 0) never ended."""
+    import datetime as dt
+
+    from autotune import leaderboard
+    from autotune.storage import StudyStatus, TrialOrigin
+    from autotune.storage.models import TrialRow
+
+    repo, study, _ = _study_with_a_stale_run(tmp_path, "val", cap=1.0, budget=4)
+    done = repo.trial(study.id, 100)
+    with repo.session() as s:  # the dead controller's run is its validation run, not a run of the budget
+        s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.number == 101).delete()
+    validation = repo.claim_dispatch(study.id, done.config, done.config_key, None, "dead:1", 4,
+                                     dispatch_key=f"{done.config_key}#validation", origin=TrialOrigin.VALIDATION,
+                                     number=101)
+    with repo.session() as s:
+        s.query(TrialRow).filter(TrialRow.study_id == study.id, TrialRow.number == validation.number).update(
+            {"heartbeat_at": dt.datetime(2026, 1, 1)})
+    for status in (StudyStatus.FINISHED, StudyStatus.RUNNING):
+        repo.set_study_status(study.id, status)
+        board = leaderboard.build(repo, repo.get_study("val"), top=5)
+        assert (board.summary["running"], board.summary["stopped"]) == (0, 0)  # not -1: the budget's runs only
+        assert [r["stopped"] for r in board.rows if r["trial"] == validation.number] == [True]  # its row says it
+    repo.close()
+
+
+def test_only_another_controllers_run_that_ended_lately_keeps_a_controller_that_used_up_the_space():
+    """Review: with nothing in flight for a moment, a controller that had used up the space left while another
+    controller still ran the study (between its runs, proposing), writing `finished` onto it."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from autotune.controller._recovery import others_ended_lately
+    from autotune.storage.models import utcnow
+
+    now = utcnow()
+    run = lambda who, ago_s: SimpleNamespace(controller_id=who, finished_at=now - dt.timedelta(seconds=ago_s))  # noqa: E731
+    assert others_ended_lately([run("b:1", 2.0)], "a:1", 15.0)
+    assert not others_ended_lately([run("b:1", 20.0), run("a:1", 1.0)], "a:1", 15.0)  # long ago; its own
+    assert not others_ended_lately([SimpleNamespace(controller_id="b:1", finished_at=None)], "a:1", 15.0)
+    aware = SimpleNamespace(controller_id="b:1", finished_at=(now - dt.timedelta(seconds=1)).replace(
+        tzinfo=dt.timezone.utc).astimezone(dt.timezone(dt.timedelta(hours=5))))  # PostgreSQL may hand back an offset
+    assert others_ended_lately([aware], "a:1", 15.0)
 
 
 def test_an_imported_runs_hours_are_on_the_board_but_not_of_the_cap(tmp_path):
