@@ -35,11 +35,22 @@ def cli():
 
 
 FAKE_LAUNCHER = os.path.join(os.path.dirname(__file__), "fixtures", "fake_launcher.py")
-# pytest-xdist runs the suite in two processes (README): each gets a database of its own on the same server, since
-# the fixture below drops every table of its database before each test
+# pytest-xdist runs the suite in two processes (README): each gets a database of its own on the server
+# ($AUTOTUNE_TEST_POSTGRES's or the local one's, named after it with the worker's id), since the fixture below drops
+# every table of its database before each test (two workers on one database broke each other's tests)
+POSTGRES_BASE_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-POSTGRES_DB = f"test_{_WORKER}" if _WORKER else "test"
-POSTGRES_URL = os.environ.get("AUTOTUNE_TEST_POSTGRES", f"postgresql+psycopg://postgres@127.0.0.1:5432/{POSTGRES_DB}")
+
+
+def _worker_url(base: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(base)
+    return url.set(database=f"{url.database}_{_WORKER}").render_as_string(hide_password=False) if _WORKER else base
+
+
+POSTGRES_URL = _worker_url(POSTGRES_BASE_URL)
+_POSTGRES_MISSING: list[str] = []  # why _postgres_available said no: the skip says it
 
 
 @pytest.fixture(scope="session")
@@ -56,18 +67,36 @@ def ray_session():
 
 @functools.cache
 def _postgres_available() -> bool:
-    """The server answers, with this process's database (created on first use by an xdist worker)."""
-    try:
-        import psycopg
+    """The server answers, with this process's database (an xdist worker's made on first use, through the
+    base URL's database)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
 
-        if POSTGRES_DB != "test" and "AUTOTUNE_TEST_POSTGRES" not in os.environ:
-            with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", connect_timeout=3,
-                                 autocommit=True) as connection:
-                if connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (POSTGRES_DB,)).fetchone() is None:
-                    connection.execute(f'CREATE DATABASE "{POSTGRES_DB}"')
-        with psycopg.connect(f"host=127.0.0.1 port=5432 user=postgres dbname={POSTGRES_DB}", connect_timeout=3):
-            return True
-    except Exception:
+    try:
+        if POSTGRES_URL != POSTGRES_BASE_URL:
+            name = make_url(POSTGRES_URL).database
+            engine = create_engine(POSTGRES_BASE_URL, isolation_level="AUTOCOMMIT",
+                                   connect_args={"connect_timeout": 3})
+            try:
+                with engine.connect() as connection:
+                    if connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
+                        quoted = name.replace('"', '""')
+                        try:
+                            connection.execute(text(f'CREATE DATABASE "{quoted}"'))
+                        except Exception:  # another session made it since the check: it exists, which is all we need
+                            if connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"),
+                                                  {"n": name}).first() is None:
+                                raise
+            finally:
+                engine.dispose()
+        engine = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect():
+                return True
+        finally:
+            engine.dispose()
+    except Exception as exc:
+        _POSTGRES_MISSING.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return False
 
 
@@ -75,7 +104,7 @@ def _postgres_available() -> bool:
 def postgres_url():
     """A clean PostgreSQL database (the server on 127.0.0.1:5432); autotune's and Optuna's tables dropped."""
     if not _postgres_available():
-        pytest.skip("no PostgreSQL server on 127.0.0.1:5432")
+        pytest.skip(f"no PostgreSQL database at {POSTGRES_URL}: {_POSTGRES_MISSING[0] if _POSTGRES_MISSING else '?'}")
     from sqlalchemy import create_engine, text
 
     engine = create_engine(POSTGRES_URL)
