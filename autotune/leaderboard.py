@@ -52,14 +52,13 @@ def row_note(trial: Trial) -> str | None:
     return trial.strategy_note or (trial.origin if trial.origin != "study" else None)
 
 
-def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None,
-         study_status: str = "running", backend: str = "") -> dict[str, Any]:
+def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = None, backend: str = "") -> dict[str, Any]:
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     return {
         "trial": trial.number, "status": trial.status, "reason": trial.reason, "config": trial.config,
         # a run the study's interruption cancelled (SIGTERM, Ctrl-C): its record stays dispatched for `resume`
         # to run again, but nothing runs it (found by review: shown as running, and `--watch` never ended)
-        "stopped": _stopped(trial, study_status),
+        "stopped": _stopped(trial),
         "step_time_s": trial.step_time_s if speed else None, "tokens_per_s_per_gpu": speed,
         # how far another run of this layout may land: one run-to-run sd (recommend.RunNoise)
         "tokens_per_s_per_gpu_sd": noise.run_sd(speed) if speed and noise else None,
@@ -131,13 +130,12 @@ def verdict_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
     return ""
 
 
-def _stopped(trial: Trial, study_status: str) -> bool:
+def _stopped(trial: Trial) -> bool:
     """A dispatched run that no controller heartbeats any more, by the store's rule of a run to adopt
     (storage.repository._heartbeat_stale): its study's interruption cancelled it, or its controller died. Another
     controller of the same study (several may share one PostgreSQL study) keeps heartbeating its own runs: those
     run. In a running study too (the last note: a dead controller's run, left stale while the GPU-hour cap had no
     room for it, read `running` until a live controller adopted it)."""
-    del study_status  # the rule is the store's, whatever the study's status says
     if trial.status != "dispatched":
         return False
     return trial.heartbeat_at is None or _stale_s(trial.heartbeat_at) is not None
@@ -185,7 +183,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     stored_options = StudyOptions.from_stored(study.options)
 
     def board_row(trial: Trial) -> dict[str, Any]:
-        row = _row(trial, baseline_speed, noise, study.status, study.backend)
+        row = _row(trial, baseline_speed, noise, study.backend)
         return _with_partial(_with_verdict(row, trial, pick), trial, study.workload, stored_options.warmup_steps)
 
     rows = [board_row(t) for t in shown]
@@ -195,7 +193,7 @@ def build(repo: Repository, study: Study, include_rejected: bool = False, top: i
     counts = repo.counts(study.id)
     # dispatched, but nothing runs them: runs of the budget only, as counts["running"] is (review: a stale validation
     # run made `running` -1, and `leaderboard --watch` of a finished study waited for it for ever)
-    stopped = sum(_stopped(t, study.status) for t in dispatched if t.origin == TrialOrigin.STUDY)
+    stopped = sum(_stopped(t) for t in dispatched if t.origin == TrialOrigin.STUDY)
     cap = stored_options.max_gpu_hours
     # spent as the store sums it (Repository.gpu_seconds_spent), from the rows read above: no query per build
     spent_s = sum(t.gpu_seconds for t in dispatched if t.origin != TrialOrigin.IMPORTED)
@@ -375,7 +373,7 @@ def trial_view(repo: Repository, study: Study, trial: Trial) -> dict[str, Any]:
         "layout_screening_runs": [{"trial": t.number, "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu}
                                   for t in others] if validating else [],
         "predicted": predicted,
-        "stopped": _stopped(trial, study.status),  # dispatched, but the study's interruption cancelled it
+        "stopped": _stopped(trial),  # dispatched, but nothing heartbeats it (interrupted, or its controller died)
         # a run of the recommended layout, or of a layout at risk (found by a new-user pass: only export said so)
         "verdict": _with_verdict({"status": trial.status}, trial, pick)["verdict"],
     }
@@ -673,8 +671,8 @@ def stopped_note(summary: dict[str, Any]) -> str:
 
 
 def shown_status(row: dict[str, Any]) -> str:
-    """A row's status as readers see it: a dispatched run is `running`, or `stopped` when the study's
-    interruption cancelled it (`resume` runs it again)."""
+    """A row's status as readers see it: a dispatched run is `running`, or `stopped` when nothing heartbeats it
+    (the study's interruption cancelled it, or its controller died: stopped_note says what runs it again)."""
     if row["status"] != "dispatched":
         return row["status"]
     return "stopped" if row.get("stopped") else "running"
