@@ -56,8 +56,9 @@ def _row(trial: Trial, baseline_speed: float | None, noise: RunNoise | None = No
     speed = trial.tokens_per_s_per_gpu if trial.status == "completed" else None
     return {
         "trial": trial.number, "status": trial.status, "reason": trial.reason, "config": trial.config,
-        # a run the study's interruption cancelled (SIGTERM, Ctrl-C): its record stays dispatched for `resume`
-        # to run again, but nothing runs it (found by review: shown as running, and `--watch` never ended)
+        # a run nothing heartbeats: the study's interruption (SIGTERM, Ctrl-C) cancelled it, or its controller died;
+        # its record stays dispatched for `resume` or a live controller to run again (found by review: shown as
+        # running, and `--watch` never ended)
         "stopped": _stopped(trial),
         "step_time_s": trial.step_time_s if speed else None, "tokens_per_s_per_gpu": speed,
         # how far another run of this layout may land: one run-to-run sd (recommend.RunNoise)

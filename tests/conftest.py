@@ -79,13 +79,15 @@ def _postgres_available() -> bool:
                                    connect_args={"connect_timeout": 3})
             try:
                 with engine.connect() as connection:
-                    if connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
-                        quoted = name.replace('"', '""')
+                    def exists() -> bool:
+                        query = text("SELECT 1 FROM pg_database WHERE datname = :n")
+                        return connection.execute(query, {"n": name}).first() is not None
+
+                    if not exists():
                         try:
-                            connection.execute(text(f'CREATE DATABASE "{quoted}"'))
+                            connection.execute(text('CREATE DATABASE "{}"'.format(name.replace('"', '""'))))
                         except Exception:  # another session made it since the check: it exists, which is all we need
-                            if connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"),
-                                                  {"n": name}).first() is None:
+                            if not exists():
                                 raise
             finally:
                 engine.dispose()

@@ -256,16 +256,15 @@ class Controller:
         budget_used = counts["dispatched"] >= self.study.budget
         nothing_to_start = budget_used or self._exhausted or self._capped
         if counts["running"] == 0 and nothing_to_start:
-            if budget_used or self._capped or not _recovery.others_ended_lately(
-                    self.repo.trials(self.study.id, dispatched_only=True), self.controller_id,
-                    STALE_AFTER_HEARTBEATS * HEARTBEAT_S):
-                return True
             # the space used up here, but another controller's run ended moments ago: it may be proposing its next
             # (this controller's Optuna proposals are not its), so wait a little more for one to adopt
-            time.sleep(min(1.0, HEARTBEAT_S / 2))
-            return False
+            proposing_elsewhere = not (budget_used or self._capped) and _recovery.others_ended_lately(
+                self.repo.trials(self.study.id, dispatched_only=True), self.controller_id,
+                STALE_AFTER_HEARTBEATS * HEARTBEAT_S)
+            if not proposing_elsewhere:
+                return True
         if nothing_to_start:
-            time.sleep(min(1.0, HEARTBEAT_S / 2))  # only other controllers' trials still run
+            time.sleep(min(1.0, HEARTBEAT_S / 2))  # only other controllers' trials still run, or may start
         return False
 
     def _heartbeat(self) -> None:
